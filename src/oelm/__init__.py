@@ -1,0 +1,53 @@
+"""oelm — Orthogonal ELM transformer training.
+
+Attention query/key projections get a head-wise orthogonal initialization (an independent,
+sign-fixed QR per head) and are frozen, reservoir style, while everything else trains.
+
+Public API::
+
+    from oelm import apply_oelm, OELMConfig, head_wise_orthogonal_
+    report = apply_oelm(model, "oelm_freeze")
+    print(report)  # trainable params: ... || all params: ... || trainable%: ...
+"""
+
+from oelm.errors import ConfigError, DataFormatError, DataNotFoundError, OELMError, UnsupportedModelError
+from oelm.init import global_orthogonal_, head_wise_orthogonal_, matched_std, max_orthogonality_error, normal_
+from oelm.method import (
+    ARCHITECTURES,
+    METHODS,
+    ArchitectureSpec,
+    OELMConfig,
+    ParameterReport,
+    apply_oelm,
+    find_attention_projections,
+    get_method,
+    parameter_report,
+    print_trainable_parameters,
+    register_architecture,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ARCHITECTURES",
+    "METHODS",
+    "ArchitectureSpec",
+    "ConfigError",
+    "DataFormatError",
+    "DataNotFoundError",
+    "OELMConfig",
+    "OELMError",
+    "ParameterReport",
+    "UnsupportedModelError",
+    "apply_oelm",
+    "find_attention_projections",
+    "get_method",
+    "global_orthogonal_",
+    "head_wise_orthogonal_",
+    "matched_std",
+    "max_orthogonality_error",
+    "normal_",
+    "parameter_report",
+    "print_trainable_parameters",
+    "register_architecture",
+]

@@ -1,0 +1,500 @@
+"""The OELM method as a transformation of an existing model: initialize Q/K, freeze, report.
+
+Users meet one call::
+
+    report = apply_oelm(model, "oelm_freeze")   # or an OELMConfig
+    print(report)   # trainable params: 95,310,339 || all params: 109,484,547 || trainable%: 87.0537
+
+``apply_oelm`` finds every attention layer's query and key projections through an
+architecture registry (model type -> module-name patterns and config attributes, not
+if-chains), initializes them (head-wise orthogonal, or an ablation), and freezes them:
+``requires_grad=False``, so an optimizer built from trainable parameters never sees them and
+weight decay cannot move them. It does not need oelm's training loop; any loop or Hugging Face
+``Trainer`` that builds its optimizer from ``requires_grad`` parameters keeps them
+bit-identical.
+
+Named methods (:data:`METHODS`):
+
+========================  =====================================================================
+``baseline``              model untouched, everything trains
+``oelm_freeze``           Q/K rows orthonormalized per head (pretrained weights are orthogonalized,
+                          a fresh model's random init becomes a random orthogonal draw), frozen
+``oelm_random``           Q/K ~ N(0, 0.02^2), frozen: the original project's ablation
+``oelm_random_matched``   Q/K ~ N(0, 1/hidden_size), frozen: same row norm as orthonormal rows
+``oelm_global``           one QR over the whole Q/K matrix (not per head), frozen
+``oelm_qk_ffn``           ``oelm_freeze`` plus the feed-forward weights frozen
+``oelm_ffn_only``         only the feed-forward weights frozen (Q/K train)
+========================  =====================================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+import torch
+from torch import nn
+
+from oelm.errors import ConfigError, UnsupportedModelError
+from oelm.init import global_orthogonal_, head_wise_orthogonal_, max_orthogonality_error, normal_
+
+__all__ = [
+    "OELMConfig",
+    "METHODS",
+    "get_method",
+    "ArchitectureSpec",
+    "ARCHITECTURES",
+    "register_architecture",
+    "ProjectionSite",
+    "find_attention_projections",
+    "ParameterReport",
+    "parameter_report",
+    "apply_oelm",
+    "print_trainable_parameters",
+]
+
+InitName = Literal["none", "orthogonalize", "random_orthogonal", "global_orthogonal", "normal"]
+PARAMETER_GROUPS = (
+    "embeddings",
+    "attention_query",
+    "attention_key",
+    "attention_value",
+    "attention_output",
+    "ffn",
+    "norm",
+    "head",
+    "other",
+)
+
+
+@dataclass(frozen=True)
+class OELMConfig:
+    """What ``apply_oelm`` does to a model. Field ``metadata["help"]`` documents each knob."""
+
+    method: str = field(default="oelm_freeze", metadata={"help": "Name used in reports and run directories."})
+    init: InitName = field(
+        default="orthogonalize",
+        metadata={
+            "help": "Q/K initialization: 'orthogonalize' (QR per head of the current weight), "
+            "'random_orthogonal' (fresh Gaussian draw, then QR per head), 'global_orthogonal' "
+            "(one QR over the whole matrix), 'normal' (Gaussian with normal_std), 'none' (keep)."
+        },
+    )
+    normal_std: float | Literal["matched"] = field(
+        default=0.02,
+        metadata={"help": "Std for init='normal'; 'matched' = 1/sqrt(hidden_size), row norm ~1."},
+    )
+    targets: tuple[str, ...] = field(
+        default=("query", "key"), metadata={"help": "Which projections to initialize and freeze."}
+    )
+    freeze: bool = field(default=True, metadata={"help": "Freeze the target projections."})
+    freeze_bias: bool = field(default=True, metadata={"help": "Freeze the target projections' biases too."})
+    extra_frozen_groups: tuple[str, ...] = field(
+        default=(), metadata={"help": f"Parameter groups frozen in addition, from {PARAMETER_GROUPS}."}
+    )
+    seed: int | None = field(
+        default=None, metadata={"help": "Seed of random draws (random_orthogonal, normal); None: torch's global RNG."}
+    )
+
+    def __post_init__(self) -> None:
+        valid_inits = ("none", "orthogonalize", "random_orthogonal", "global_orthogonal", "normal")
+        if self.init not in valid_inits:
+            raise ConfigError(f"OELMConfig.init={self.init!r} is not one of {valid_inits}")
+        bad = [t for t in self.targets if t not in ("query", "key")]
+        if bad:
+            raise ConfigError(f"OELMConfig.targets has {bad}; allowed: 'query', 'key'")
+        bad = [g for g in self.extra_frozen_groups if g not in PARAMETER_GROUPS]
+        if bad:
+            raise ConfigError(f"OELMConfig.extra_frozen_groups has {bad}; allowed: {PARAMETER_GROUPS}")
+        if self.normal_std != "matched" and not (isinstance(self.normal_std, (int, float)) and self.normal_std > 0):
+            raise ConfigError(f"OELMConfig.normal_std must be a positive number or 'matched', got {self.normal_std!r}")
+
+    def replace(self, **changes: Any) -> "OELMConfig":
+        """A copy with ``changes`` applied (unknown field -> :class:`ConfigError`)."""
+        names = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - names)
+        if unknown:
+            raise ConfigError(f"unknown OELMConfig field(s) {unknown}; valid fields: {sorted(names)}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["targets"] = list(self.targets)
+        d["extra_frozen_groups"] = list(self.extra_frozen_groups)
+        return d
+
+
+METHODS: dict[str, OELMConfig] = {
+    "baseline": OELMConfig(method="baseline", init="none", targets=(), freeze=False),
+    "oelm_freeze": OELMConfig(method="oelm_freeze", init="orthogonalize"),
+    "oelm_random": OELMConfig(method="oelm_random", init="normal", normal_std=0.02),
+    "oelm_random_matched": OELMConfig(method="oelm_random_matched", init="normal", normal_std="matched"),
+    "oelm_global": OELMConfig(method="oelm_global", init="global_orthogonal"),
+    "oelm_qk_ffn": OELMConfig(method="oelm_qk_ffn", init="orthogonalize", extra_frozen_groups=("ffn",)),
+    "oelm_ffn_only": OELMConfig(
+        method="oelm_ffn_only", init="none", targets=(), freeze=False, extra_frozen_groups=("ffn",)
+    ),
+}
+
+
+def get_method(name: str) -> OELMConfig:
+    """The named method's :class:`OELMConfig`; unknown name -> :class:`ConfigError` listing names."""
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise ConfigError(f"unknown method {name!r}; named methods are: {', '.join(METHODS)}") from None
+
+
+# --------------------------------------------------------------------------------------------
+# Architecture registry
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ArchitectureSpec:
+    """How to find the query/key projections of one model type.
+
+    Attributes:
+        model_type: the key (Hugging Face ``config.model_type``, or ``"oelm-gpt"``).
+        attention_pattern: regex matched (``re.search``) against module names from
+            ``model.named_modules()``; it selects each layer's attention module, and its first
+            group is the layer index.
+        query / key: child attribute names of the attention module (``nn.Linear`` each).
+        num_heads_attr: config attribute holding the number of query heads.
+        num_kv_heads_attr: config attribute holding the number of key/value heads (grouped-query
+            attention), or None when K has as many heads as Q.
+        group_patterns: ``(group, regex)`` pairs tried in order on parameter names to build the
+            per-group parameter table; the first match wins, no match -> ``"other"``.
+        matches: optional predicate deciding whether a model is of this type when it has no
+            Hugging Face ``config.model_type``.
+    """
+
+    model_type: str
+    attention_pattern: str
+    query: str
+    key: str
+    num_heads_attr: str
+    num_kv_heads_attr: str | None = None
+    group_patterns: tuple[tuple[str, str], ...] = ()
+    matches: Callable[[nn.Module], bool] | None = None
+
+
+def _is_oelm_gpt(model: nn.Module) -> bool:
+    from oelm.models.gpt import GPTConfig
+
+    return isinstance(getattr(model, "config", None), GPTConfig)
+
+
+ARCHITECTURES: dict[str, ArchitectureSpec] = {}
+
+
+def register_architecture(spec: ArchitectureSpec) -> None:
+    """Add or replace an architecture in :data:`ARCHITECTURES`."""
+    ARCHITECTURES[spec.model_type] = spec
+
+
+register_architecture(
+    ArchitectureSpec(
+        model_type="bert",
+        attention_pattern=r"(?:^|\.)encoder\.layer\.(\d+)\.attention\.self$",
+        query="query",
+        key="key",
+        num_heads_attr="num_attention_heads",
+        group_patterns=(
+            ("norm", r"LayerNorm\."),
+            ("embeddings", r"embeddings\."),
+            ("attention_query", r"attention\.self\.query\."),
+            ("attention_key", r"attention\.self\.key\."),
+            ("attention_value", r"attention\.self\.value\."),
+            ("attention_output", r"attention\.output\.dense\."),
+            ("ffn", r"(intermediate|output)\.dense\."),
+            ("head", r"(^|\.)(pooler|classifier|cls|qa_outputs)\."),
+        ),
+    )
+)
+register_architecture(
+    ArchitectureSpec(
+        model_type="oelm-gpt",
+        attention_pattern=r"(?:^|\.)h\.(\d+)\.attn$",
+        query="q_proj",
+        key="k_proj",
+        num_heads_attr="num_heads",
+        group_patterns=(
+            ("norm", r"(^|\.)ln_(1|2|f)\."),
+            ("embeddings", r"(^|\.)(wte|wpe)\."),
+            ("attention_query", r"attn\.q_proj\."),
+            ("attention_key", r"attn\.k_proj\."),
+            ("attention_value", r"attn\.v_proj\."),
+            ("attention_output", r"attn\.o_proj\."),
+            ("ffn", r"mlp\."),
+            ("head", r"(^|\.)(lm_head|score)\."),
+        ),
+        matches=_is_oelm_gpt,
+    )
+)
+
+
+def _architecture_of(model: nn.Module) -> ArchitectureSpec:
+    for spec in ARCHITECTURES.values():
+        if spec.matches is not None and spec.matches(model):
+            return spec
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type in ARCHITECTURES:
+        return ARCHITECTURES[model_type]
+    raise UnsupportedModelError(
+        f"apply_oelm does not know where the attention query/key projections of "
+        f"{type(model).__name__} (model_type={model_type!r}) are. Supported model types: "
+        f"{', '.join(sorted(ARCHITECTURES))}. To add one, call oelm.method.register_architecture("
+        "ArchitectureSpec(model_type=..., attention_pattern=<regex of the attention module names>, "
+        "query=<child name>, key=<child name>, num_heads_attr=<config attribute>))."
+    )
+
+
+@dataclass
+class ProjectionSite:
+    """One attention layer's query and key projections.
+
+    ``query``/``key`` are the ``nn.Linear`` modules (weights ``[num_heads*head_dim, hidden_size]``
+    and ``[num_kv_heads*head_dim, hidden_size]``); ``*_name`` are their full module names.
+    """
+
+    layer: int
+    attention_name: str
+    query_name: str
+    key_name: str
+    query: nn.Linear
+    key: nn.Linear
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+    def module(self, target: str) -> nn.Linear:
+        return self.query if target == "query" else self.key
+
+    def heads(self, target: str) -> int:
+        return self.num_heads if target == "query" else self.num_kv_heads
+
+
+def find_attention_projections(model: nn.Module) -> list[ProjectionSite]:
+    """Locate every layer's query/key projections, ordered by layer.
+
+    Raises:
+        UnsupportedModelError: unknown model type, or a known type in which no attention module
+            matched (the message says which pattern was searched).
+    """
+    spec = _architecture_of(model)
+    config = getattr(model, "config", None)
+    num_heads = getattr(config, spec.num_heads_attr, None)
+    if not isinstance(num_heads, int):
+        raise UnsupportedModelError(
+            f"{type(model).__name__}.config has no integer {spec.num_heads_attr!r}; cannot split Q/K into heads"
+        )
+    num_kv_heads = getattr(config, spec.num_kv_heads_attr, None) if spec.num_kv_heads_attr else None
+    num_kv_heads = num_kv_heads or num_heads
+    pattern = re.compile(spec.attention_pattern)
+    sites: list[ProjectionSite] = []
+    for name, module in model.named_modules():
+        m = pattern.search(name)
+        if not m:
+            continue
+        q, k = getattr(module, spec.query, None), getattr(module, spec.key, None)
+        if not isinstance(q, nn.Linear) or not isinstance(k, nn.Linear):
+            raise UnsupportedModelError(
+                f"attention module {name!r} ({type(module).__name__}) has no nn.Linear "
+                f"{spec.query!r}/{spec.key!r} children, as the {spec.model_type!r} registry entry expects"
+            )
+        if q.out_features % num_heads:
+            raise UnsupportedModelError(
+                f"{name}.{spec.query} has {q.out_features} outputs, not divisible by num_heads={num_heads}"
+            )
+        sites.append(
+            ProjectionSite(
+                layer=int(m.group(1)),
+                attention_name=name,
+                query_name=f"{name}.{spec.query}",
+                key_name=f"{name}.{spec.key}",
+                query=q,
+                key=k,
+                num_heads=num_heads,
+                num_kv_heads=num_kv_heads,
+                head_dim=q.out_features // num_heads,
+            )
+        )
+    if not sites:
+        raise UnsupportedModelError(
+            f"no attention module of {type(model).__name__} matched the {spec.model_type!r} pattern "
+            f"{spec.attention_pattern!r}"
+        )
+    return sorted(sites, key=lambda s: s.layer)
+
+
+# --------------------------------------------------------------------------------------------
+# Parameter report
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ParameterReport:
+    """Trainable/frozen parameter counts of a model, overall and per group.
+
+    Counts are numbers of scalar parameters; tied weights are counted once. ``groups`` maps a
+    group name (embeddings, attention_query/key/value/output, ffn, norm, head, other) to
+    ``{"total", "trainable", "frozen"}``. ``projections`` lists where Q/K were found (empty for a
+    report made without ``apply_oelm``).
+    """
+
+    method: str
+    total: int
+    trainable: int
+    frozen: int
+    groups: dict[str, dict[str, int]]
+    projections: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def trainable_percent(self) -> float:
+        """Trainable share of all parameters, in %."""
+        return 100.0 * self.trainable / self.total if self.total else 0.0
+
+    def __str__(self) -> str:
+        return (
+            f"trainable params: {self.trainable:,} || all params: {self.total:,} "
+            f"|| trainable%: {self.trainable_percent:.4f}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "total": self.total,
+            "trainable": self.trainable,
+            "frozen": self.frozen,
+            "trainable_percent": self.trainable_percent,
+            "groups": self.groups,
+            "projections": self.projections,
+        }
+
+    def table(self) -> str:
+        """The per-group table as aligned plain text."""
+        lines = [f"{'group':<18}{'total':>14}{'trainable':>14}{'frozen':>14}"]
+        for g, c in self.groups.items():
+            lines.append(f"{g:<18}{c['total']:>14,}{c['trainable']:>14,}{c['frozen']:>14,}")
+        lines.append(f"{'all':<18}{self.total:>14,}{self.trainable:>14,}{self.frozen:>14,}")
+        return "\n".join(lines)
+
+
+def _group_of(name: str, patterns: tuple[tuple[str, str], ...]) -> str:
+    for group, regex in patterns:
+        if re.search(regex, name):
+            return group
+    return "other"
+
+
+def parameter_report(model: nn.Module, method: str = "") -> ParameterReport:
+    """Count total/trainable/frozen parameters of ``model``, overall and per group.
+
+    Groups come from the model's registry entry; a model of unknown type gets only ``"other"``.
+    """
+    try:
+        patterns = _architecture_of(model).group_patterns
+    except UnsupportedModelError:
+        patterns = ()
+    groups = {g: {"total": 0, "trainable": 0, "frozen": 0} for g in PARAMETER_GROUPS}
+    for name, p in model.named_parameters():  # named_parameters() yields tied weights once
+        g = groups[_group_of(name, patterns)]
+        g["total"] += p.numel()
+        g["trainable" if p.requires_grad else "frozen"] += p.numel()
+    groups = {k: v for k, v in groups.items() if v["total"]}
+    total = sum(v["total"] for v in groups.values())
+    trainable = sum(v["trainable"] for v in groups.values())
+    return ParameterReport(method=method, total=total, trainable=trainable, frozen=total - trainable, groups=groups)
+
+
+def print_trainable_parameters(model: nn.Module) -> None:
+    """Print the PEFT-style line ``trainable params: … || all params: … || trainable%: …``."""
+    print(parameter_report(model))
+
+
+# --------------------------------------------------------------------------------------------
+# apply_oelm
+# --------------------------------------------------------------------------------------------
+
+
+def _init_projection(weight: torch.Tensor, heads: int, config: OELMConfig, generator: torch.Generator | None) -> None:
+    if config.init == "orthogonalize":
+        head_wise_orthogonal_(weight, heads)
+    elif config.init == "random_orthogonal":
+        normal_(weight, std=1.0, generator=generator)
+        head_wise_orthogonal_(weight, heads)
+    elif config.init == "global_orthogonal":
+        global_orthogonal_(weight)
+    elif config.init == "normal":
+        normal_(weight, std=config.normal_std, generator=generator)
+
+
+def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, seed: int | None = None) -> ParameterReport:
+    """Apply an OELM method to ``model`` in place and return its parameter report.
+
+    Steps: find every layer's query/key projections (:func:`find_attention_projections`);
+    initialize the ``config.targets`` weights per ``config.init`` (biases are left as they are);
+    set ``requires_grad=False`` on them (and on their biases if ``config.freeze_bias``) and on
+    every parameter of ``config.extra_frozen_groups``. ``baseline`` changes nothing.
+
+    The report is also stored on the model as ``model.oelm_report`` and the config as
+    ``model.oelm_config``.
+
+    Args:
+        model: a supported model (Hugging Face BERT family, oelm's GPT); see :data:`ARCHITECTURES`.
+        config: an :class:`OELMConfig` or a name from :data:`METHODS`.
+        seed: overrides ``config.seed`` for random draws.
+
+    Returns:
+        :class:`ParameterReport`; ``str(report)`` is the PEFT-style line.
+
+    Raises:
+        ConfigError: unknown method name.
+        UnsupportedModelError: the model's query/key projections cannot be found.
+    """
+    if isinstance(config, str):
+        config = get_method(config)
+    if seed is not None:
+        config = config.replace(seed=seed)
+    needs_sites = bool(config.targets) or bool(config.extra_frozen_groups)
+    sites = find_attention_projections(model) if needs_sites else []
+    generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
+
+    projections = []
+    for site in sites:
+        for target in config.targets:
+            linear, heads = site.module(target), site.heads(target)
+            if config.init != "none":
+                _init_projection(linear.weight, heads, config, generator)
+            if config.freeze:
+                linear.weight.requires_grad_(False)
+                if linear.bias is not None and config.freeze_bias:
+                    linear.bias.requires_grad_(False)
+            projections.append(
+                {
+                    "layer": site.layer,
+                    "target": target,
+                    "module": site.query_name if target == "query" else site.key_name,
+                    "shape": list(linear.weight.shape),
+                    "num_heads": heads,
+                    "head_dim": site.head_dim,
+                    "bias": linear.bias is not None,
+                    "frozen": not linear.weight.requires_grad,
+                    "max_orthogonality_error": max_orthogonality_error(linear.weight, heads),
+                }
+            )
+
+    if config.extra_frozen_groups:
+        patterns = _architecture_of(model).group_patterns
+        for name, p in model.named_parameters():
+            if _group_of(name, patterns) in config.extra_frozen_groups:
+                p.requires_grad_(False)
+
+    report = parameter_report(model, method=config.method)
+    report.projections = projections
+    model.oelm_report = report
+    model.oelm_config = config
+    return report
