@@ -1,0 +1,520 @@
+"""A small decoder-only transformer (GPT-2 style) with separate q/k/v/o attention projections.
+
+Read top-down: CausalSelfAttention -> MLP -> Block -> GPTConfig -> GPTModel -> the two heads
+(GPTForCausalLM, GPTForSequenceClassification) -> presets and builders. Layer norms are
+``nn.LayerNorm(..., bias=config.bias)`` (bias is optional in torch >= 2.1), so no custom class.
+
+Notation used in shape comments: B batch, T sequence length, C = hidden_size,
+nh = num_heads, hs = head_dim = C / nh, F = intermediate_size, V = vocab_size.
+
+One block (pre-LayerNorm residual, as in GPT-2)::
+
+    x = x + Attn(LN_1(x))          Attn(x) = concat_h softmax(Q_h K_h^T / sqrt(hs) + M) V_h  W_o
+    x = x + MLP(LN_2(x))           MLP(x)  = GELU(x W_fc + b_fc) W_proj + b_proj
+
+with Q = x W_q, K = x W_k, V = x W_v (each C x C) and M the causal (and padding) mask. The
+query/key projections are the separate ``q_proj`` / ``k_proj`` linears on purpose: OELM
+re-initialises exactly these two head-wise orthogonal and freezes them, so they must not be
+fused into one ``c_attn`` matrix as in GPT-2.
+
+Padding: ``attention_mask`` is ``[B, T]`` with 1 for a real token and 0 for padding. Padded
+keys are never attended to, and position ids count real tokens only
+(``cumsum(attention_mask) - 1``), so a left-padded row gives the same hidden states at its
+real tokens as the unpadded row; right padding never matters to earlier tokens (causality).
+
+Errors: :class:`oelm.errors.ConfigError` (a ``ValueError``) for an invalid config, an unknown
+preset/override/task, or an input longer than ``context_length``; ``ValueError`` for inputs
+of the wrong rank or mismatched mask shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.modeling_outputs import CausalLMOutput, SequenceClassifierOutput
+
+from oelm.errors import ConfigError
+
+__all__ = [
+    "GPTConfig",
+    "PRESETS",
+    "gpt_config",
+    "CausalSelfAttention",
+    "MLP",
+    "Block",
+    "GPTModel",
+    "GPTForCausalLM",
+    "GPTForSequenceClassification",
+    "build_gpt",
+    "TASKS",
+]
+
+
+def _attention_mask_4d(attention_mask: torch.Tensor, T: int) -> torch.Tensor:
+    """Combine the causal mask with a key padding mask into one boolean SDPA ``attn_mask``.
+
+    Args:
+        attention_mask: ``[B, T]``, nonzero = real token, 0 = padding.
+        T: sequence length.
+
+    Returns:
+        ``[B, 1, T, T]`` bool, True where query i may attend key j: ``j <= i`` and key j is
+        real. Every query may also attend itself, so a pad query with no real key before it
+        (left padding) never has an all-False row: backends disagree on a softmax over
+        nothing (torch 2.13 on CPU returns zeros, older or fused kernels NaN, which would then
+        reach the gradients). Those rows belong to pad positions and are ignored downstream.
+    """
+    device = attention_mask.device
+    causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()  # (T, T)
+    keep = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T) over keys
+    diag = torch.eye(T, dtype=torch.bool, device=device)  # (T, T)
+    return causal & (keep | diag)  # (B, 1, T, T)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention with separate query, key, value and output projections.
+
+    ``y = softmax(Q K^T / sqrt(hs) + M) V`` per head, heads concatenated, then ``o_proj``.
+    Attributes ``q_proj, k_proj, v_proj, o_proj`` are ``nn.Linear(C, C, bias=config.bias)``;
+    head h of the query (key) projection is rows ``h*hs:(h+1)*hs`` of ``q_proj.weight``.
+
+    Input ``x`` is ``[B, T, C]``; optional ``attention_mask`` ``[B, T]`` (1 token, 0 pad).
+    Output is ``[B, T, C]``.
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        C = config.hidden_size
+        self.num_heads = config.num_heads
+        self.head_dim = config.head_dim
+        self.dropout = config.dropout
+        self.q_proj = nn.Linear(C, C, bias=config.bias)
+        self.k_proj = nn.Linear(C, C, bias=config.bias)
+        self.v_proj = nn.Linear(C, C, bias=config.bias)
+        self.o_proj = nn.Linear(C, C, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        B, T, C = x.shape
+        nh, hs = self.num_heads, self.head_dim
+        q = self.q_proj(x).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = self.k_proj(x).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        v = self.v_proj(x).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        dropout_p = self.dropout if self.training else 0.0
+        if attention_mask is None:
+            # Fast path: SDPA builds the causal mask itself (and can pick a fused kernel).
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        else:
+            mask = _attention_mask_4d(attention_mask, T)  # (B, 1, T, T), broadcast over heads
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        # y: (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side
+        return self.resid_dropout(self.o_proj(y))
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward: ``proj(GELU(fc(x)))`` then dropout; ``[B, T, C] -> [B, T, C]``.
+
+    ``fc`` is ``Linear(C, F)``, ``proj`` is ``Linear(F, C)``.
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.fc = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.bias)
+        self.act = nn.GELU()
+        self.proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.act(self.fc(x))  # (B, T, F)
+        return self.dropout(self.proj(h))  # (B, T, C)
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: ``x + attn(ln_1(x))``, then ``x + mlp(ln_2(x))``."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), attention_mask)  # (B, T, C)
+        x = x + self.mlp(self.ln_2(x))  # (B, T, C)
+        return x
+
+
+_POSITIVE_INTS = (
+    "vocab_size",
+    "context_length",
+    "num_layers",
+    "num_heads",
+    "hidden_size",
+    "intermediate_size",
+    "num_labels",
+)
+
+
+@dataclass
+class GPTConfig:
+    """Hyper-parameters of :class:`GPTModel` and its heads. Validated on construction.
+
+    Raises:
+        ConfigError: a size is not a positive int, ``hidden_size`` is not divisible by
+            ``num_heads``, ``dropout`` is outside [0, 1), ``layer_norm_eps`` <= 0, or
+            ``pad_token_id`` is outside [0, vocab_size).
+    """
+
+    vocab_size: int = 50304  # GPT-2's 50257 rounded up to a multiple of 64 (faster matmuls)
+    context_length: int = 512  # max sequence length; learned position embeddings
+    num_layers: int = 6
+    num_heads: int = 8
+    hidden_size: int = 512
+    intermediate_size: int = 2048  # d_ff of the MLP, usually 4 * hidden_size
+    dropout: float = 0.0  # embeddings, attention probabilities, residual branches
+    bias: bool = True  # biases in linears and layer norms
+    layer_norm_eps: float = 1e-5
+    num_labels: int = 2  # used by GPTForSequenceClassification only
+    pad_token_id: int | None = None  # lets the classifier find the last real token without a mask
+    tie_word_embeddings: bool = True  # lm_head shares the token-embedding matrix
+
+    def __post_init__(self) -> None:
+        for name in _POSITIVE_INTS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"GPTConfig.{name} must be a positive int, got {value!r}")
+        if self.hidden_size % self.num_heads != 0:
+            raise ConfigError(
+                f"GPTConfig.hidden_size={self.hidden_size} is not divisible by "
+                f"num_heads={self.num_heads}; pick hidden_size as a multiple of num_heads"
+            )
+        if not 0.0 <= float(self.dropout) < 1.0:
+            raise ConfigError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}")
+        if not float(self.layer_norm_eps) > 0.0:
+            raise ConfigError(f"GPTConfig.layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
+        if self.pad_token_id is not None and (
+            isinstance(self.pad_token_id, bool)
+            or not isinstance(self.pad_token_id, int)
+            or not 0 <= self.pad_token_id < self.vocab_size
+        ):
+            raise ConfigError(
+                f"GPTConfig.pad_token_id must be None or an int in [0, vocab_size={self.vocab_size}), "
+                f"got {self.pad_token_id!r}"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head, ``hidden_size // num_heads``."""
+        return self.hidden_size // self.num_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict of every field (YAML/JSON friendly)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GPTConfig:
+        """Build from a dict such as :meth:`to_dict` returns; missing keys take the defaults.
+
+        Raises:
+            ConfigError: a key is not a GPTConfig field (named in the message), or a value
+                fails validation.
+        """
+        _check_keys(data, "GPTConfig")
+        return cls(**data)
+
+
+def _check_keys(keys: Any, where: str) -> None:
+    valid = [f.name for f in dataclasses.fields(GPTConfig)]
+    unknown = sorted(k for k in keys if k not in valid)
+    if unknown:
+        raise ConfigError(
+            f"unknown {where} key(s) {', '.join(map(repr, unknown))}; valid keys: {', '.join(valid)}"
+        )
+
+
+def _init_weights(module: nn.Module) -> None:
+    """GPT-2 init: linear and embedding weights ~ N(0, 0.02), biases 0, layer norms (1, 0)."""
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+    elif isinstance(module, nn.LayerNorm):
+        if module.weight is not None:
+            nn.init.ones_(module.weight)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+
+class _GPTBase(nn.Module):
+    """Parameter counting and FLOP arithmetic shared by GPTModel and its heads."""
+
+    config: GPTConfig
+
+    def _backbone(self) -> GPTModel:
+        return self.transformer  # type: ignore[attr-defined]
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        """The token-embedding table ``wte`` (``[V, C]``)."""
+        return self._backbone().wte
+
+    def _embedding_tables(self) -> list[nn.Parameter]:
+        """Parameters that are only looked up, never multiplied with activations."""
+        backbone = self._backbone()
+        return [backbone.wte.weight, backbone.wpe.weight]
+
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        """Number of parameters; a tensor shared by two modules (tied embeddings) counts once.
+
+        With ``exclude_embeddings=True`` the lookup tables (token and position embeddings)
+        are left out, except that a token-embedding matrix tied to ``lm_head`` is kept: it is
+        the output projection, a real matmul per token. This is the ``N`` of
+        :meth:`flops_per_token`.
+        """
+        excluded = {id(p) for p in self._embedding_tables()} if exclude_embeddings else set()
+        # parameters() already yields a shared tensor once
+        return sum(p.numel() for p in self.parameters() if id(p) not in excluded)
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs (forward + backward) per token at sequence length ``seq_len``.
+
+        ``6 N + 12 L C T`` from PaLM (Chowdhery et al., 2022, appendix B): each of the ``N``
+        matmul parameters costs 2 FLOPs forward and 4 backward per token, and attention's
+        ``Q K^T`` and ``P V`` add ``2 * 2 * L * C * T`` forward, times 3 with the backward.
+        ``N = num_parameters(exclude_embeddings=True)``; ``L = num_layers``, ``C = hidden_size``,
+        ``T = seq_len``. The formula ignores the causal mask's saved work (it counts full
+        ``T x T`` attention, as PaLM and nanoGPT's MFU do).
+
+        Raises:
+            ValueError: ``seq_len`` is not in ``[1, context_length]``.
+        """
+        if not 1 <= int(seq_len) <= self.config.context_length:
+            raise ValueError(
+                f"seq_len must be in [1, context_length={self.config.context_length}], got {seq_len}"
+            )
+        cfg = self.config
+        n = self.num_parameters(exclude_embeddings=True)
+        return float(6 * n + 12 * cfg.num_layers * cfg.hidden_size * int(seq_len))
+
+
+class GPTModel(_GPTBase):
+    """Token + position embeddings, ``num_layers`` blocks, final LayerNorm.
+
+    ``forward(input_ids [B, T] long, attention_mask [B, T] | None) -> hidden states [B, T, C]``.
+
+    Raises:
+        ConfigError: ``T > context_length``.
+        ValueError: ``input_ids`` is not 2-D, or ``attention_mask`` has a different shape.
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.wpe = nn.Embedding(config.context_length, config.hidden_size)
+        self.drop = nn.Dropout(config.dropout)
+        self.h = nn.ModuleList([Block(config) for _ in range(config.num_layers)])
+        self.ln_f = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=config.bias)
+
+        self.apply(_init_weights)
+        # Each block adds two branches (attention, MLP) to the residual stream, so at init the
+        # stream is a sum of 2L roughly independent terms and its variance grows with depth.
+        # Scaling the std of the layers that write into it by 1/sqrt(2L) keeps that variance
+        # independent of L (GPT-2 paper, Radford et al. 2019, section 2.3).
+        residual_std = 0.02 / math.sqrt(2 * config.num_layers)
+        for block in self.h:
+            nn.init.normal_(block.attn.o_proj.weight, mean=0.0, std=residual_std)
+            nn.init.normal_(block.mlp.proj.weight, mean=0.0, std=residual_std)
+
+    def _backbone(self) -> GPTModel:
+        return self
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [batch, seq_len], got shape {tuple(input_ids.shape)}")
+        B, T = input_ids.shape
+        if T > self.config.context_length:
+            raise ConfigError(
+                f"sequence length {T} exceeds context_length={self.config.context_length}; "
+                "truncate the inputs (max_length) or build the model with a larger context_length"
+            )
+        if attention_mask is None:
+            pos = torch.arange(T, device=input_ids.device)  # (T,)
+        else:
+            if attention_mask.shape != input_ids.shape:
+                raise ValueError(
+                    f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {(B, T)}"
+                )
+            # Count real tokens only, so left padding does not shift the positions.
+            pos = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
+        x = self.drop(self.wte(input_ids) + self.wpe(pos))  # (B, T, C)
+        for block in self.h:
+            x = block(x, attention_mask)  # (B, T, C)
+        return self.ln_f(x)  # (B, T, C)
+
+
+class GPTForCausalLM(_GPTBase):
+    """GPTModel plus a language-modelling head ``lm_head: Linear(C, V, bias=False)``.
+
+    With ``tie_word_embeddings`` the head's weight *is* ``transformer.wte.weight``.
+
+    ``forward(input_ids [B, T], attention_mask [B, T] | None, labels [B, T] | None)`` returns
+    ``CausalLMOutput(loss, logits [B, T, V])``. Labels follow the Hugging Face convention:
+    pass the input ids; the shift happens here (``logits[:, t]`` predicts ``labels[:, t+1]``),
+    positions labelled ``-100`` are ignored, and the loss is the mean cross-entropy over the
+    remaining tokens. ``attention_mask`` does not mask the loss: label pads with ``-100``.
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.transformer = GPTModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.transformer.wte.weight
+        else:
+            _init_weights(self.lm_head)
+
+    def _embedding_tables(self) -> list[nn.Parameter]:
+        # A tied wte is also the output projection, so it stays in the FLOP count.
+        return [p for p in super()._embedding_tables() if p is not self.lm_head.weight]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> CausalLMOutput:
+        x = self.transformer(input_ids, attention_mask)  # (B, T, C)
+        logits = self.lm_head(x)  # (B, T, V)
+        loss = None
+        if labels is not None:
+            shift_logits = logits[:, :-1, :]  # (B, T-1, V): predictions for positions 1..T-1
+            shift_labels = labels[:, 1:]  # (B, T-1)
+            loss = F.cross_entropy(
+                shift_logits.reshape(-1, shift_logits.size(-1)).float(),
+                shift_labels.reshape(-1),
+                ignore_index=-100,
+            )
+        return CausalLMOutput(loss=loss, logits=logits)
+
+
+class GPTForSequenceClassification(_GPTBase):
+    """GPTModel (still causal) plus ``score: Linear(C, num_labels)`` on the last real token.
+
+    The pooled vector of row b is ``hidden[b, last_b]`` where ``last_b`` is the last position
+    with ``attention_mask == 1``; without a mask, the last position whose token is not
+    ``config.pad_token_id``; without either, position ``T - 1``. Works for right and left
+    padding. Because attention is causal, only the last token has seen the whole text.
+
+    ``forward(input_ids [B, T], attention_mask [B, T] | None, labels [B] | None)`` returns
+    ``SequenceClassifierOutput(loss, logits [B, num_labels])``; loss is the mean
+    cross-entropy (``ignore_index=-100``).
+    """
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.transformer = GPTModel(config)
+        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=config.bias)
+        _init_weights(self.score)
+
+    def _last_token_index(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``[B]`` index of each row's last real token (0 for a row with none)."""
+        B, T = input_ids.shape
+        if attention_mask is not None:
+            keep = attention_mask.bool()  # (B, T)
+        elif self.config.pad_token_id is not None:
+            keep = input_ids != self.config.pad_token_id  # (B, T)
+        else:
+            return torch.full((B,), T - 1, dtype=torch.long, device=input_ids.device)
+        pos = torch.arange(T, device=input_ids.device)  # (T,)
+        return (keep.long() * pos).amax(dim=-1)  # (B,)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> SequenceClassifierOutput:
+        x = self.transformer(input_ids, attention_mask)  # (B, T, C)
+        last = self._last_token_index(input_ids, attention_mask)  # (B,)
+        pooled = x[torch.arange(x.size(0), device=x.device), last]  # (B, C)
+        logits = self.score(pooled)  # (B, num_labels)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.float(), labels.reshape(-1).long(), ignore_index=-100)
+        return SequenceClassifierOutput(loss=loss, logits=logits)
+
+
+PRESETS: dict[str, GPTConfig] = {
+    # The original OELM project's model.
+    "gpt-medium-512": GPTConfig(
+        context_length=512, num_layers=6, num_heads=8, hidden_size=512, intermediate_size=2048
+    ),
+    # Small enough to train on a laptop CPU.
+    "gpt-tiny": GPTConfig(
+        context_length=256, num_layers=4, num_heads=4, hidden_size=128, intermediate_size=512
+    ),
+}
+
+
+def gpt_config(preset: str, **overrides: Any) -> GPTConfig:
+    """A fresh copy of ``PRESETS[preset]`` with ``overrides`` applied (and re-validated).
+
+    Raises:
+        ConfigError: unknown preset (the message lists the valid ones), unknown override key
+            (named), or an override that fails validation.
+    """
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown GPT preset {preset!r}; valid presets: {', '.join(PRESETS)}")
+    _check_keys(overrides, "GPTConfig override")
+    return dataclasses.replace(PRESETS[preset], **overrides)
+
+
+TASKS: dict[str, type[_GPTBase]] = {
+    "causal_lm": GPTForCausalLM,
+    "sequence_classification": GPTForSequenceClassification,
+}
+
+
+def build_gpt(
+    preset_or_config: str | GPTConfig, task: str = "causal_lm", **overrides: Any
+) -> GPTForCausalLM | GPTForSequenceClassification:
+    """Build a freshly initialised model from a preset name or a GPTConfig.
+
+    Example: ``build_gpt("gpt-tiny", "sequence_classification", num_labels=2, vocab_size=30522)``.
+
+    Args:
+        preset_or_config: a key of :data:`PRESETS` or a :class:`GPTConfig` (not modified).
+        task: ``"causal_lm"`` or ``"sequence_classification"``.
+        **overrides: GPTConfig fields to change.
+
+    Raises:
+        ConfigError: unknown task, preset or override key, or an invalid resulting config.
+    """
+    if task not in TASKS:
+        raise ConfigError(f"unknown task {task!r}; valid tasks: {', '.join(TASKS)}")
+    if isinstance(preset_or_config, GPTConfig):
+        _check_keys(overrides, "GPTConfig override")
+        config = dataclasses.replace(preset_or_config, **overrides)
+    elif isinstance(preset_or_config, str):
+        config = gpt_config(preset_or_config, **overrides)
+    else:
+        raise ConfigError(
+            f"build_gpt expects a preset name or a GPTConfig, got {type(preset_or_config).__name__}"
+        )
+    return TASKS[task](config)
