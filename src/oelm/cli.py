@@ -1,0 +1,175 @@
+"""Command line: ``oelm run | inspect | report | env``.
+
+Every deliberate error (bad config, missing data, unsupported model) is printed as one line
+``oelm: error: ...`` with exit status 2; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+# Set before torch is imported: on small CPU machines busy-waiting OpenMP threads slowed a
+# training step ~20x; and Hub look-ups hang ~50 s when the Hub is unreachable.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from oelm.errors import OELMError  # noqa: E402
+
+
+def _print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, show_lines=False)
+    for i, h in enumerate(header):
+        table.add_column(h, justify="left" if i == 0 else "right")
+    for r in rows:
+        table.add_row(*r)
+    Console(width=max(120, len(" ".join(header)) + 20)).print(table)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from oelm.config import load_config
+    from oelm.experiment import comparison_rows, run_experiment
+
+    config = load_config(args.config, args.overrides)
+    out = Path(args.output_dir or config.output_dir or Path("outputs") / config.name)
+    print(f"oelm run: {config.name} -> {out}")
+    comparison = run_experiment(config, out)
+    header, rows = comparison_rows(comparison)
+    _print_table(f"{config.name}: {comparison['task']} / {comparison['model']}", header, rows)
+    print(f"results: {out / 'comparison.json'}  report: {out / 'report.md'}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from oelm.config import config_from_dict
+    from oelm.experiment import compare_results, comparison_rows, render_report
+    from oelm.io import read_json, write_json_atomic, write_text_atomic
+    import yaml
+
+    out = Path(args.dir)
+    cfg_path = out / "config.yaml"
+    if not cfg_path.is_file():
+        raise OELMError(f"{out} is not an oelm output directory (no config.yaml); pass the --output-dir of `oelm run`")
+    config = config_from_dict(yaml.safe_load(cfg_path.read_text()), source=str(cfg_path))
+    results: dict[str, list[dict]] = {m.name: [] for m in config.methods}
+    for path in sorted((out / "runs").glob("*/result.json")):
+        r = read_json(path)
+        results.setdefault(r["method"], []).append(r)
+    if not any(results.values()):
+        raise OELMError(f"no finished runs under {out / 'runs'}")
+    comparison = compare_results(config, results)
+    write_json_atomic(out / "comparison.json", comparison)
+    write_text_atomic(out / "report.md", render_report(comparison))
+    header, rows = comparison_rows(comparison)
+    _print_table(f"{config.name}", header, rows)
+    print(f"report: {out / 'report.md'}")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from accelerate.utils import set_seed
+
+    from oelm.config import load_config
+    from oelm.experiment import build_model
+    from oelm.method import METHODS, apply_oelm
+
+    if args.config:
+        config = load_config(args.config)
+    else:
+        from oelm.config import config_from_dict
+
+        if not (args.model or args.gpt):
+            raise OELMError("give a CONFIG file, --model NAME_OR_DIR or --gpt PRESET")
+        model_cfg = {"pretrained": args.model} if args.model else {"gpt": args.gpt, "gpt_overrides": {"vocab_size": 50257}}
+        config = config_from_dict(
+            {"name": "inspect", "task": {"dataset": "sst2"}, "model": model_cfg, "methods": [{"name": "baseline"}]}
+        )
+    methods = args.method or [m.name for m in config.methods]
+    entries = {m.name: m for m in config.methods}
+    for name in methods:
+        set_seed(0)
+        model, _ = build_model(config, None, task_type="classification", num_labels=args.num_labels)
+        cfg = entries[name].oelm_config() if name in entries else METHODS.get(name)
+        if cfg is None:
+            raise OELMError(f"unknown method {name!r}; named methods: {', '.join(METHODS)}")
+        report = apply_oelm(model, cfg, seed=0)
+        print(f"\n== {config.model.display_name} / {name}")
+        if report.projections:
+            rows = [
+                [str(p["layer"]), p["target"], p["module"], "x".join(map(str, p["shape"])), str(p["num_heads"]),
+                 str(p["head_dim"]), "yes" if p["frozen"] else "no", f"{p['max_orthogonality_error']:.1e}"]
+                for p in report.projections
+            ]
+            if rows:
+                _print_table("query/key projections found", ["layer", "target", "module", "shape", "heads", "head_dim", "frozen", "max |WWᵀ-I|"], rows)
+        print(report.table())
+        print(report)
+    return 0
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    from oelm.environment import capture_environment
+
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    print(json.dumps(capture_environment(device, probe=not args.no_probe), indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="oelm", description="Orthogonal ELM transformer training and comparisons.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="run every method x seed of an experiment config, then compare")
+    p.add_argument("config", help="experiment YAML, e.g. configs/quickstart.yaml")
+    p.add_argument("--output-dir", help="default: the config's output_dir, else outputs/<name>")
+    p.add_argument("overrides", nargs="*", help="key=value overrides with dotted keys, e.g. training.epochs=2 seeds=[0,1,2]")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("report", help="rebuild comparison.json and report.md from finished runs")
+    p.add_argument("dir", help="an `oelm run` output directory")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("inspect", help="show where Q/K projections are and the parameter table per method")
+    p.add_argument("config", nargs="?", help="experiment YAML (its model and methods)")
+    p.add_argument("--model", help="Hugging Face id or local dir")
+    p.add_argument("--gpt", help="oelm GPT preset (gpt-tiny, gpt-medium-512)")
+    p.add_argument("--method", action="append", help="method name (repeatable); default: the config's methods")
+    p.add_argument("--num-labels", type=int, default=2)
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("env", help="print the environment record (versions, device, matmul speed probe)")
+    p.add_argument("--no-probe", action="store_true")
+    p.set_defaults(func=cmd_env)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    # Overrides may come before or after options (`oelm run C --output-dir D a=1 b=2`); argparse
+    # stops filling a positional list at the first option, so collect the rest here.
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if getattr(args, "command", None) == "run" and all("=" in e and not e.startswith("-") for e in extra):
+            args.overrides = list(args.overrides) + extra
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        return args.func(args)
+    except OELMError as exc:
+        print(f"oelm: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("oelm: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

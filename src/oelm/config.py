@@ -1,0 +1,288 @@
+"""Experiment configuration: a YAML file validated by Pydantic, overridable from the CLI.
+
+An experiment is data (``configs/<name>.yaml``)::
+
+    name: quickstart
+    task: {dataset: sst2, train_samples: 8000, max_length: 128}
+    model: {pretrained: sentence-transformers/all-MiniLM-L6-v2}
+    methods:
+      - {name: baseline, learning_rate: 1.0e-4}
+      - {name: oelm_freeze, learning_rate: 2.0e-4}
+    seeds: [0]
+    training: {epochs: 1, batch_size: 32}
+
+Unknown keys and wrong types are errors that name the key (with the closest valid key
+suggested). ``key=value`` overrides use dotted paths (``training.epochs=2``,
+``seeds=[0,1,2]``); values are parsed as YAML.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from oelm.errors import ConfigError
+from oelm.method import METHODS, OELMConfig, get_method
+
+__all__ = [
+    "TaskConfig",
+    "ModelConfig",
+    "MethodEntry",
+    "TrainingConfig",
+    "ExperimentConfig",
+    "load_config",
+    "parse_overrides",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TaskConfig(_Strict):
+    """Which data, how much of it, and how it is tokenized."""
+
+    dataset: str = Field(description="Registered dataset name (oelm.data.DATASETS), e.g. sst2, tinystories.")
+    data_dir: str | None = Field(None, description="Folder laid out like shared/data; default: $OELM_DATA_DIR.")
+    train_split: str = "train"
+    validation_split: str = "validation"
+    test_split: str | None = Field(None, description="Evaluated once at the end with the best checkpoint; never used for selection.")
+    train_samples: int | None = Field(None, gt=0, description="Random training subset (documents for LM); None = all.")
+    validation_samples: int | None = Field(None, gt=0, description="Random validation subset; None = all.")
+    subset_seed: int = Field(0, description="Seed of the subsets; fixed across methods and seeds so all runs see the same data.")
+    max_length: int = Field(128, gt=0, description="Classification: truncation length in tokens.")
+    block_size: int = Field(256, gt=1, description="Language modelling: tokens per packed block.")
+    tokenizer: str | None = Field(
+        None,
+        description="Language modelling / oelm GPT: 'gpt2' (local files under <data_dir>/tokenizers/gpt2) or "
+        "'bpe-<vocab_size>' trained on the training split. Pretrained models use their own tokenizer.",
+    )
+
+
+class ModelConfig(_Strict):
+    """Exactly one of ``pretrained`` (a Hugging Face id or local dir) and ``gpt`` (an oelm GPT preset)."""
+
+    pretrained: str | None = Field(None, description="Hugging Face model id or local directory.")
+    gpt: str | None = Field(None, description="oelm GPT preset: gpt-tiny, gpt-medium-512.")
+    gpt_overrides: dict[str, Any] = Field(default_factory=dict, description="GPTConfig fields to override.")
+    trust_remote_code: bool = False
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ModelConfig":
+        if (self.pretrained is None) == (self.gpt is None):
+            raise ValueError("set exactly one of model.pretrained (Hugging Face id / local dir) and model.gpt (preset name)")
+        return self
+
+    @property
+    def display_name(self) -> str:
+        return self.pretrained or f"oelm-{self.gpt}"
+
+
+class MethodEntry(_Strict):
+    """One method of the comparison: a named method, optionally modified, with its learning rate."""
+
+    name: str = Field(description="Run name; a named method (oelm.METHODS) unless `base` is given.")
+    base: str | None = Field(None, description="Named method this one starts from (default: `name`).")
+    learning_rate: float | None = Field(None, gt=0, description="Overrides training.learning_rate for this method.")
+    init: Literal["none", "orthogonalize", "random_orthogonal", "global_orthogonal", "normal"] | None = None
+    normal_std: float | Literal["matched"] | None = None
+    targets: list[Literal["query", "key"]] | None = None
+    freeze: bool | None = None
+    freeze_bias: bool | None = None
+    extra_frozen_groups: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _known_base(self) -> "MethodEntry":
+        base = self.base or self.name
+        if base not in METHODS:
+            raise ValueError(
+                f"method {self.name!r} is not a named method ({', '.join(METHODS)}); "
+                "to define a new one, give `base:` naming the method it starts from"
+            )
+        return self
+
+    def oelm_config(self) -> OELMConfig:
+        """The :class:`OELMConfig` this entry describes."""
+        changes: dict[str, Any] = {"method": self.name}
+        for key in ("init", "normal_std", "freeze", "freeze_bias"):
+            if getattr(self, key) is not None:
+                changes[key] = getattr(self, key)
+        if self.targets is not None:
+            changes["targets"] = tuple(self.targets)
+        if self.extra_frozen_groups is not None:
+            changes["extra_frozen_groups"] = tuple(self.extra_frozen_groups)
+        return get_method(self.base or self.name).replace(**changes)
+
+
+class TrainingConfig(_Strict):
+    """Optimization, evaluation cadence and timing knobs (same for every method unless overridden)."""
+
+    epochs: float = Field(1.0, gt=0, description="Passes over the training data (fractions allowed).")
+    max_steps: int | None = Field(None, gt=0, description="Optimizer steps; overrides epochs when set.")
+    batch_size: int = Field(32, gt=0)
+    eval_batch_size: int = Field(128, gt=0)
+    learning_rate: float = Field(1e-4, gt=0)
+    weight_decay: float = Field(0.01, ge=0, description="AdamW decoupled decay on 2-D+ trainable weights only.")
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = Field(1e-8, gt=0)
+    warmup_ratio: float = Field(0.1, ge=0, lt=1, description="Linear warmup as a fraction of the steps.")
+    warmup_steps: int | None = Field(None, ge=0, description="Overrides warmup_ratio.")
+    schedule: Literal["linear", "cosine", "constant"] = "linear"
+    max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping; None disables it.")
+    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    eval_every: int | None = Field(None, gt=0, description="Validate every N optimizer steps (and at the end).")
+    evals_per_epoch: int = Field(2, gt=0, description="Used when eval_every is not set.")
+    log_every: int = Field(10, gt=0, description="Steps between metric log lines and timer flushes.")
+    timing_warmup_steps: int = Field(5, ge=0, description="First steps excluded from per-step statistics.")
+    num_workers: int = Field(0, ge=0)
+    save_best_checkpoint: bool = Field(True, description="Keep the best-on-validation weights (safetensors).")
+    tensorboard: bool = True
+    progress_bar: bool = True
+
+
+class ExperimentConfig(_Strict):
+    """A comparison: one task and model, several methods, several seeds."""
+
+    name: str
+    description: str = ""
+    task: TaskConfig
+    model: ModelConfig
+    methods: list[MethodEntry] = Field(min_length=1)
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    output_dir: str | None = Field(None, description="Default: outputs/<name>.")
+    reference: dict[str, float] = Field(
+        default_factory=dict, description="Published numbers to show beside ours (method -> metric)."
+    )
+    reference_source: str = ""
+
+    @model_validator(mode="after")
+    def _unique_methods(self) -> "ExperimentConfig":
+        names = [m.name for m in self.methods]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"methods has duplicate names {dup}")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds has duplicates: {self.seeds}")
+        return self
+
+    def learning_rate(self, method: MethodEntry) -> float:
+        return method.learning_rate or self.training.learning_rate
+
+
+# --------------------------------------------------------------------------------------------
+# Loading, overrides and error messages
+# --------------------------------------------------------------------------------------------
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The Pydantic model class holding the field at ``loc`` (for suggestions)."""
+    model: type[BaseModel] | None = ExperimentConfig
+    for part in loc[:-1]:
+        if model is None or isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        ann = field.annotation
+        args = getattr(ann, "__args__", ()) or ()
+        candidates = [ann, *args]
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+    return model
+
+
+def _format_validation_error(err: ValidationError, source: str) -> ConfigError:
+    lines = [f"invalid experiment config {source}:"]
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        path = ".".join(str(p) for p in loc) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            hint = ""
+            model = _model_at(loc)
+            if model is not None:
+                close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(model.model_fields)}"
+            lines.append(f"  - {path}: unknown key{hint}")
+        elif e["type"] == "missing":
+            lines.append(f"  - {path}: required key is missing")
+        else:
+            got = e.get("input")
+            got_s = repr(got) if not isinstance(got, dict) else "a mapping"
+            lines.append(f"  - {path}: {e['msg']} (got {got_s})")
+    return ConfigError("\n".join(lines))
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """Turn ``["training.epochs=2", "seeds=[0,1]"]`` into a nested dict (values parsed as YAML).
+
+    Raises:
+        ConfigError: an override without ``=`` or with an empty key.
+    """
+    nested: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. training.epochs=2)")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from None
+        node = nested
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r} conflicts with an earlier override of {part!r}")
+        node[parts[-1]] = value
+    return nested
+
+
+def _merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in changes.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def config_from_dict(data: dict[str, Any], source: str = "(dict)") -> ExperimentConfig:
+    """Validate a config mapping. Raises :class:`ConfigError` naming every bad key."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"experiment config {source} must be a YAML mapping at the top level, got {type(data).__name__}")
+    try:
+        return ExperimentConfig.model_validate(data)
+    except ValidationError as err:
+        raise _format_validation_error(err, source) from None
+    except ConfigError as err:
+        raise ConfigError(f"invalid experiment config {source}: {err}") from None
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Read, merge overrides into, and validate an experiment YAML file.
+
+    Raises:
+        ConfigError: missing file, malformed YAML (with line/column), unknown keys (with the
+            closest valid key), wrong types or out-of-range values.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist (configs live under configs/, e.g. configs/quickstart.yaml)")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"config file {path} is not valid YAML{where}: {problem}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text ({exc})") from None
+    if data is None:
+        raise ConfigError(f"config file {path} is empty")
+    if overrides:
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {path} must be a YAML mapping at the top level")
+        data = _merge(data, parse_overrides(overrides))
+    return config_from_dict(data, source=str(path))

