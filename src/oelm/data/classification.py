@@ -1,0 +1,225 @@
+"""Classification data: load a split as a DataFrame, subsample it, tokenize it, batch it.
+
+    load_classification("sst2", "train")      → DataFrame[text, label]         (67,349 rows)
+    subsample(df, 8000, seed=0)               → DataFrame                      (8,000 rows)
+    encode_classification(df, tok, ("text",), max_length=128)
+                                              → Dataset of unpadded examples
+    DataLoader(ds, collate_fn=classification_collator(tok))
+                                              → {input_ids: [B, T_batch], attention_mask: [B, T_batch],
+                                                 (token_type_ids,) labels: [B]}
+
+Padding is per batch (to the longest example in it), never to ``max_length``: on SST-2 the
+median sentence is ~10 tokens, so padding everything to 128 would waste most of the compute.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from oelm.data.registry import DatasetSpec, find_local_files, get_dataset_spec, holdout_indices, load_hub_split, resolve_split
+from oelm.errors import ConfigError, DataFormatError
+
+__all__ = ["ClassificationDataset", "classification_collator", "encode_classification", "load_classification", "subsample"]
+
+
+def load_classification(
+    name: str,
+    split: str,
+    data_dir: str | os.PathLike | None = None,
+    *,
+    holdout_seed: int = 0,
+    allow_unlabeled: bool = False,
+) -> pd.DataFrame:
+    """One split of a registered classification dataset.
+
+    Args:
+        name: registered dataset (``oelm.data.DATASETS``), e.g. "sst2".
+        split: "train", "validation", "test", or a dataset-specific name ("validation_matched").
+        data_dir: folder laid out like ``shared/data``; default ``$OELM_DATA_DIR``. When the split
+            is not there, the Hub copy is used (unless ``HF_HUB_OFFLINE=1``).
+        holdout_seed: seed of the train/validation hold-out, for datasets without a validation
+            split (``spec.validation_holdout``); "train" then excludes exactly the validation rows.
+        allow_unlabeled: accept rows with label -1 (no gold label, e.g. the XNLI test file) —
+            for writing predictions only; such a split cannot be scored.
+
+    Returns:
+        DataFrame with columns ``spec.text_columns`` (str) + ``"label"`` (int64, in
+        ``[0, len(label_names))``), index ``0..n-1``, rows in file order.
+
+    Raises:
+        ConfigError: unknown dataset or split, or a language-modelling dataset.
+        DataNotFoundError: neither under the data dir nor reachable on the Hub.
+        DataFormatError: missing columns, null text, non-integer or out-of-range labels, an
+            unlabeled split (without ``allow_unlabeled``), or no rows.
+    """
+    spec = get_dataset_spec(name)
+    if spec.task_type != "classification":
+        raise ConfigError(f"dataset {name!r} is a {spec.task_type} task; use oelm.data.load_documents")
+    stored, part = resolve_split(spec, split)
+    paths = find_local_files(spec, stored, data_dir, split)
+    if paths is not None:
+        origin = ", ".join(str(p) for p in paths)
+        frame = _read_parquet(spec, split, paths)
+        frame = _apply_row_filter(spec, split, frame, origin)
+    else:
+        frame = load_hub_split(spec, stored, data_dir, split).to_pandas()
+        frame = frame.rename(columns=dict(spec.hub_columns))
+        origin = f"Hub {spec.hub_id} ({spec.hub_config or 'default'}, split {spec.hub_splits[stored]})"
+    df = _to_layout(spec, split, frame, origin, allow_unlabeled)
+    if part is not None:
+        train_idx, val_idx = holdout_indices(len(df), spec.validation_holdout, holdout_seed)
+        df = df.iloc[val_idx if part == "validation" else train_idx].reset_index(drop=True)
+    return df
+
+
+def _read_parquet(spec: DatasetSpec, split: str, paths: list[Path]) -> pd.DataFrame:
+    frames = []
+    for path in paths:
+        try:
+            frames.append(pd.read_parquet(path))
+        except Exception as exc:  # pyarrow raises several types for a damaged or non-parquet file
+            raise DataFormatError(
+                f"{spec.name}/{split}: cannot read {path} as Parquet ({type(exc).__name__}: {exc}). "
+                "Fix: replace it with the file from shared/data (see its MANIFEST.md for the sha256)."
+            ) from exc
+    return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+
+
+def _apply_row_filter(spec: DatasetSpec, split: str, frame: pd.DataFrame, origin: str) -> pd.DataFrame:
+    for column, value in spec.row_filter.items():
+        if column not in frame.columns:
+            raise DataFormatError(
+                f"{spec.name}/{split}: {origin} lacks column {column!r}, needed to keep rows with {column} == {value!r}; "
+                f"found columns {list(frame.columns)}. Fix: use the file from shared/data (MANIFEST.md)."
+            )
+        frame = frame[frame[column] == value]
+    return frame
+
+
+def _to_layout(spec: DatasetSpec, split: str, frame: pd.DataFrame, origin: str, allow_unlabeled: bool) -> pd.DataFrame:
+    """Select and check ``text_columns + label``; see :func:`load_classification` for the rules."""
+    where = f"{spec.name}/{split} ({origin})"
+    required = [*spec.text_columns, spec.label_column]
+    missing = [c for c in required if c not in frame.columns]
+    if missing:
+        raise DataFormatError(
+            f"{where}: missing column(s) {missing}; found {list(frame.columns)}. Expected columns {required} "
+            "(Parquet laid out like shared/data: text columns + int64 label)."
+        )
+    df = frame[required].rename(columns={spec.label_column: "label"}).reset_index(drop=True)
+    if df.empty:
+        filt = "".join(f" with {c} == {v!r}" for c, v in spec.row_filter.items())
+        raise DataFormatError(f"{where}: the split has no rows{filt}. Fix: use the file from shared/data (MANIFEST.md).")
+    for column in spec.text_columns:
+        nulls = int(df[column].isna().sum())
+        if nulls:
+            raise DataFormatError(f"{where}: column {column!r} has {nulls} missing text value(s); drop or fill them.")
+        df[column] = df[column].astype(str)
+    df["label"] = _integer_labels(df["label"], where)
+    unlabeled = int((df["label"] == -1).sum())
+    if unlabeled and not allow_unlabeled:
+        scope = "the split is unlabeled" if unlabeled == len(df) else f"{unlabeled} of {len(df)} rows are unlabeled"
+        raise DataFormatError(
+            f"{where}: {scope} (label = -1, no gold label), so it cannot be trained on or scored. "
+            f"Use a labeled split, or pass allow_unlabeled=True to load it for predictions only. {spec.notes}".rstrip()
+        )
+    labels = df["label"][df["label"] != -1] if allow_unlabeled else df["label"]
+    upper = len(spec.label_names) if spec.label_names else None
+    bad = labels[(labels < 0) | (labels >= upper)] if upper else labels[labels < 0]
+    if len(bad):
+        allowed = f"0..{upper - 1} ({', '.join(spec.label_names)})" if upper else ">= 0"
+        shown = sorted(set(bad.tolist()))[:5]
+        raise DataFormatError(f"{where}: {len(bad)} label(s) out of range, e.g. {shown}; labels must be {allowed}.")
+    return df
+
+
+def _integer_labels(labels: pd.Series, where: str) -> pd.Series:
+    if pd.api.types.is_bool_dtype(labels) or not pd.api.types.is_numeric_dtype(labels):
+        raise DataFormatError(f"{where}: column 'label' must hold integer class ids, got dtype {labels.dtype}.")
+    if labels.isna().any() or not np.all(np.equal(np.mod(labels.to_numpy(dtype=float), 1), 0)):
+        raise DataFormatError(f"{where}: column 'label' must hold integer class ids (found missing or fractional values).")
+    return labels.astype("int64")
+
+
+def subsample(df: pd.DataFrame, n: int | None, seed: int) -> pd.DataFrame:
+    """A deterministic random subset of ``n`` rows, kept in their original order (index reset).
+
+    ``n`` None or ``>= len(df)``: ``df`` unchanged. Not stratified: class balance follows the
+    split's. The same ``(len(df), n, seed)`` always picks the same rows (legacy ``RandomState``,
+    whose stream NumPy keeps frozen).
+
+    Raises:
+        ConfigError: ``n`` is negative.
+    """
+    if n is None or n >= len(df):
+        return df
+    if n < 0:
+        raise ConfigError(f"subsample size must be >= 0 or None, got {n}")
+    idx = np.sort(np.random.RandomState(seed).permutation(len(df))[:n])
+    return df.iloc[idx].reset_index(drop=True)
+
+
+class ClassificationDataset(torch.utils.data.Dataset):
+    """Tokenized, unpadded examples: item i is ``{input_ids: list[int], attention_mask: list[int],
+    [token_type_ids: list[int]], labels: int}``; lengths vary (<= max_length)."""
+
+    def __init__(self, encodings: dict[str, list[list[int]]], labels: Sequence[int]):
+        self.encodings = encodings
+        self.labels = list(labels)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        item = {key: values[i] for key, values in self.encodings.items()}
+        item["labels"] = self.labels[i]
+        return item
+
+
+def encode_classification(df: pd.DataFrame, tokenizer, text_columns: Sequence[str], max_length: int) -> ClassificationDataset:
+    """Tokenize every row (single text or sentence pair) without padding, truncated to ``max_length``.
+
+    Sentence pairs are truncated longest-first, so both sentences keep tokens. Special tokens
+    ([CLS]/[SEP] for BERT; none for GPT-2) are added by the tokenizer and count toward ``max_length``.
+
+    Raises:
+        DataFormatError: ``df`` lacks a text column or the ``label`` column.
+        ConfigError: not one or two text columns, or ``max_length`` < 1.
+    """
+    text_columns = tuple(text_columns)
+    if not 1 <= len(text_columns) <= 2:
+        raise ConfigError(f"text_columns must be one column or a sentence pair, got {text_columns}")
+    if max_length < 1:
+        raise ConfigError(f"max_length must be >= 1, got {max_length}")
+    missing = [c for c in (*text_columns, "label") if c not in df.columns]
+    if missing:
+        raise DataFormatError(f"cannot encode: DataFrame lacks column(s) {missing}; found {list(df.columns)}")
+    texts = [df[c].tolist() for c in text_columns]
+    encodings = tokenizer(*texts, truncation=True, max_length=max_length, padding=False)
+    return ClassificationDataset(dict(encodings), df["label"].astype("int64").tolist())
+
+
+def classification_collator(tokenizer, pad_to_multiple_of: int | None = None) -> Callable[[list[dict]], dict[str, torch.Tensor]]:
+    """A ``collate_fn`` that pads each batch to its longest example (``DataCollatorWithPadding``).
+
+    Output: ``input_ids`` / ``attention_mask`` (/ ``token_type_ids``) LongTensor ``[B, T_batch]``,
+    ``labels`` LongTensor ``[B]``. Padding follows ``tokenizer.padding_side``.
+
+    Raises:
+        DataFormatError: the tokenizer has no pad token.
+    """
+    from transformers import DataCollatorWithPadding
+
+    if tokenizer.pad_token is None:
+        raise DataFormatError(
+            f"tokenizer {type(tokenizer).__name__} has no pad token, so batches cannot be padded. Fix: "
+            "tokenizer.pad_token = tokenizer.eos_token (GPT-2 style; the attention mask hides the padding), or "
+            "tokenizer.add_special_tokens({'pad_token': '[PAD]'}) and resize the model's embeddings."
+        )
+    return DataCollatorWithPadding(tokenizer=tokenizer, padding="longest", pad_to_multiple_of=pad_to_multiple_of, return_tensors="pt")
