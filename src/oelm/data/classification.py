@@ -176,6 +176,11 @@ class ClassificationDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.labels)
 
+    @property
+    def lengths(self) -> list[int]:
+        """Tokens per example (for length-grouped batching and length-sorted evaluation)."""
+        return [len(ids) for ids in self.encodings["input_ids"]]
+
     def __getitem__(self, i: int) -> dict[str, Any]:
         item = {key: values[i] for key, values in self.encodings.items()}
         item["labels"] = self.labels[i]
