@@ -115,3 +115,36 @@ def test_duplicate_methods_rejected(tmp_path):
 def test_schema_defaults():
     c = ExperimentConfig.model_validate({"name": "x", "task": {"dataset": "sst2"}, "model": {"gpt": "gpt-tiny"}, "methods": [{"name": "baseline"}]})
     assert c.training.max_grad_norm == 1.0 and c.training.weight_decay == 0.01 and c.seeds == [0]
+
+
+@pytest.mark.parametrize("name", ["bert-base-sst2", "bert-base-mnli", "bert-base-xnli"])
+def test_original_bert_configs_build_on_the_bert_base_architecture(name):
+    """bert-base-uncased cannot be downloaded here; BertConfig() is its architecture (vocab 30,522,
+    hidden 768, 12 layers, 12 heads), so each config's methods are applied to that."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from oelm.data import get_dataset_spec
+    from oelm.method import apply_oelm
+
+    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "original" / f"{name}.yaml")
+    num_labels = len(get_dataset_spec(config.task.dataset).label_names)
+    for entry in config.methods:
+        model = BertForSequenceClassification(BertConfig(num_labels=num_labels))
+        report = apply_oelm(model, entry.oelm_config(), seed=0)
+        if entry.name == "baseline":
+            assert report.frozen == 0
+        else:
+            assert report.frozen == 12 * 2 * (768 * 768 + 768)
+            if num_labels == 3:  # the original project's "87.1% trainable"
+                assert round(report.trainable_percent, 1) == 87.1
+
+
+def test_original_gpt_config_builds():
+    from oelm.experiment import build_model
+    from oelm.method import apply_oelm
+
+    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "original" / "gpt-medium-tinystories.yaml")
+    model, _ = build_model(config, None, task_type="language_modeling")
+    assert (model.config.hidden_size, model.config.num_layers, model.config.num_heads, model.config.context_length) == (512, 6, 8, 512)
+    report = apply_oelm(model, config.methods[1].oelm_config(), seed=0)
+    assert report.frozen == 6 * 2 * (512 * 512 + 512)

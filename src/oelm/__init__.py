@@ -10,9 +10,17 @@ Public API::
     print(report)  # trainable params: ... || all params: ... || trainable%: ...
 """
 
-from oelm.errors import ConfigError, DataFormatError, DataNotFoundError, OELMError, UnsupportedModelError
-from oelm.init import global_orthogonal_, head_wise_orthogonal_, matched_std, max_orthogonality_error, normal_
-from oelm.method import (
+import os as _os
+
+# Defaults that must be in place before torch loads its OpenMP runtime (importing oelm imports
+# torch): on small CPU machines busy-waiting OpenMP threads made a training step ~20x slower.
+# setdefault only: a value the user set wins.
+_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+_os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from oelm.errors import ConfigError, DataFormatError, DataNotFoundError, OELMError, UnsupportedModelError  # noqa: E402
+from oelm.init import global_orthogonal_, head_wise_orthogonal_, matched_std, max_orthogonality_error, normal_  # noqa: E402
+from oelm.method import (  # noqa: E402
     ARCHITECTURES,
     METHODS,
     ArchitectureSpec,

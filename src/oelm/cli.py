@@ -8,16 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
-# Set before torch is imported: on small CPU machines busy-waiting OpenMP threads slowed a
-# training step ~20x; and Hub look-ups hang ~50 s when the Hub is unreachable.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-from oelm.errors import OELMError  # noqa: E402
+from oelm.errors import OELMError  # importing oelm sets OMP_WAIT_POLICY before torch loads
 
 
 def _print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
