@@ -43,10 +43,6 @@ _PACKAGES = ("torch", "transformers", "accelerate", "datasets", "tokenizers", "n
 _ENV_VARS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "CUDA_VISIBLE_DEVICES", "HF_HUB_OFFLINE")
 
 
-def _as_device(device: torch.device | str) -> torch.device:
-    return device if isinstance(device, torch.device) else torch.device(device)
-
-
 # -- speed probe -------------------------------------------------------------------------------
 
 
@@ -68,7 +64,7 @@ def matmul_probe(
         ``{"gflops": GFLOP/s, "size": n, "dtype": "float32", "device": "cpu",
         "seconds": timed wall seconds, "matmuls": count}``.
     """
-    device = _as_device(device)
+    device = torch.device(device)
     generator = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(size, size, generator=generator).to(device=device, dtype=dtype)
     b = torch.randn(size, size, generator=generator).to(device=device, dtype=dtype)
@@ -145,7 +141,7 @@ def peak_flops(device: torch.device | str) -> float | None:
     A100 312e12 (NVIDIA datasheets, dense = half the "with sparsity" figure). The peak is a
     BF16 figure: MFU of an FP32 run against it is not meaningful.
     """
-    device = _as_device(device)
+    device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
     return _peak_flops_for_name(torch.cuda.get_device_name(device))
@@ -284,7 +280,7 @@ def capture_environment(device: torch.device | str = "cpu", probe: bool = True) 
     memory use / utilization of every physical GPU), and ``matmul_probe`` (see
     :func:`matmul_probe`; None when ``probe`` is False).
     """
-    device = _as_device(device)
+    device = torch.device(device)
     return {
         "timestamp_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "python": sys.version.split()[0],

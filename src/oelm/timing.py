@@ -62,16 +62,12 @@ __all__ = [
 ]
 
 
-def _as_device(device: torch.device | str) -> torch.device:
-    return device if isinstance(device, torch.device) else torch.device(device)
-
-
 def cuda_synchronize_if_needed(device: torch.device | str) -> None:
     """Wait for all queued kernels on ``device`` when it runs asynchronously (CUDA, MPS).
 
     A no-op on CPU. Use it at coarse boundaries only (phases, end of training), never per step.
     """
-    device = _as_device(device)
+    device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elif device.type == "mps":
@@ -161,7 +157,7 @@ class StepTimer:
     def __init__(self, device: torch.device | str = "cpu", warmup_steps: int = 5) -> None:
         if warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
-        self.device = _as_device(device)
+        self.device = torch.device(device)
         self.warmup_steps = int(warmup_steps)
         self._use_events = self.device.type == "cuda"
         self._sync_each_mark = self.device.type == "mps"

