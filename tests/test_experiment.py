@@ -87,6 +87,15 @@ def test_comparison_and_report(sst2_run):
     assert "| oelm_freeze |" in report and "best val accuracy" in report
 
 
+def test_report_command_rebuilds_comparison(sst2_run):
+    before = json.loads((sst2_run / "comparison.json").read_text())
+    (sst2_run / "comparison.json").unlink()
+    (sst2_run / "report.md").unlink()
+    assert main(["report", str(sst2_run)]) == 0
+    after = json.loads((sst2_run / "comparison.json").read_text())
+    assert after == before and "| oelm_random |" in (sst2_run / "report.md").read_text()
+
+
 def test_rerun_keeps_finished_runs(sst2_run, capsys):
     path = sst2_run / "runs" / "baseline-seed0" / "result.json"
     before = path.read_bytes(), path.stat().st_mtime_ns

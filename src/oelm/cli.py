@@ -42,9 +42,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from oelm.config import config_from_dict
-    from oelm.experiment import compare_results, comparison_rows, render_report
-    from oelm.io import read_json, write_json_atomic, write_text_atomic
     import yaml
+
+    from oelm.experiment import comparison_rows, write_comparison
+    from oelm.io import read_json
 
     out = Path(args.dir)
     cfg_path = out / "config.yaml"
@@ -57,9 +58,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         results.setdefault(r["method"], []).append(r)
     if not any(results.values()):
         raise OELMError(f"no finished runs under {out / 'runs'}")
-    comparison = compare_results(config, results)
-    write_json_atomic(out / "comparison.json", comparison)
-    write_text_atomic(out / "report.md", render_report(comparison))
+    comparison = write_comparison(config, results, out)
     header, rows = comparison_rows(comparison)
     _print_table(f"{config.name}", header, rows)
     print(f"report: {out / 'report.md'}")

@@ -39,7 +39,16 @@ from oelm.errors import ConfigError, OELMError
 from oelm.io import read_json, write_json_atomic, write_text_atomic
 from oelm.method import apply_oelm
 
-__all__ = ["PreparedData", "prepare_data", "build_model", "run_order", "run_experiment", "compare_results", "render_report"]
+__all__ = [
+    "PreparedData",
+    "prepare_data",
+    "build_model",
+    "run_order",
+    "run_experiment",
+    "compare_results",
+    "render_report",
+    "write_comparison",
+]
 
 
 @dataclass
@@ -61,14 +70,6 @@ class PreparedData:
 def _cache_dir() -> Path:
     """Tokenizer and token caches: ``$OELM_CACHE_DIR``, default ``~/.cache/oelm``."""
     return Path(os.environ.get("OELM_CACHE_DIR", Path.home() / ".cache" / "oelm"))
-
-
-def _sample_docs(docs: list[str], n: int | None, seed: int) -> list[str]:
-    if n is None or n >= len(docs):
-        return docs
-    g = torch.Generator().manual_seed(seed)
-    idx = sorted(torch.randperm(len(docs), generator=g)[:n].tolist())
-    return [docs[i] for i in idx]
 
 
 def _load_splits(task, load: Callable, sample: Callable) -> dict[str, Any]:
@@ -126,9 +127,9 @@ def prepare_data(config: ExperimentConfig, tokenizer=None) -> PreparedData:
             summary={k: {"examples": len(df)} for k, df in frames.items()},
         )
 
-    from oelm.data import LMBlockDataset, load_documents, pack_documents
+    from oelm.data import LMBlockDataset, load_documents, pack_documents, subsample
 
-    docs = _load_splits(task, load_documents, _sample_docs)
+    docs = _load_splits(task, load_documents, subsample)
     if tokenizer is None:
         tokenizer = _gpt_tokenizer(config, docs["train"])
     blocks = {k: pack_documents(d, tokenizer, task.block_size, cache_dir=_cache_dir() / "tokens") for k, d in docs.items()}
@@ -161,7 +162,11 @@ def build_model(config: ExperimentConfig, data: PreparedData | None, *, task_typ
         from oelm.models.pretrained import load_pretrained
 
         return load_pretrained(
-            config.model.pretrained, hf_task, num_labels=num_labels, trust_remote_code=config.model.trust_remote_code
+            config.model.pretrained,
+            hf_task,
+            num_labels=num_labels,
+            trust_remote_code=config.model.trust_remote_code,
+            tokenizer=data.tokenizer if data else None,
         )
     from oelm.models.gpt import build_gpt
 
@@ -357,6 +362,12 @@ def run_experiment(
         )
         results[method].append(result)
 
+    return write_comparison(config, results, out)
+
+
+def write_comparison(config: ExperimentConfig, results: dict[str, list[dict]], out: Path) -> dict[str, Any]:
+    """Compare ``results`` (method -> run results) and write ``comparison.json`` and ``report.md``
+    atomically into ``out``. Returns the comparison."""
     comparison = compare_results(config, results)
     write_json_atomic(out / "comparison.json", comparison)
     write_text_atomic(out / "report.md", render_report(comparison))

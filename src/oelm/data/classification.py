@@ -147,22 +147,25 @@ def _integer_labels(labels: pd.Series, where: str) -> pd.Series:
     return labels.astype("int64")
 
 
-def subsample(df: pd.DataFrame, n: int | None, seed: int) -> pd.DataFrame:
-    """A deterministic random subset of ``n`` rows, kept in their original order (index reset).
+def subsample(data, n: int | None, seed: int):
+    """A deterministic random subset of ``n`` rows (DataFrame) or items (list), in original order.
 
-    ``n`` None or ``>= len(df)``: ``df`` unchanged. Not stratified: class balance follows the
-    split's. The same ``(len(df), n, seed)`` always picks the same rows (legacy ``RandomState``,
-    whose stream NumPy keeps frozen).
+    ``n`` None or ``>= len(data)``: ``data`` unchanged. Not stratified: class balance follows the
+    split's. The same ``(len(data), n, seed)`` always picks the same positions (legacy
+    ``RandomState``, whose stream NumPy keeps frozen), whether ``data`` is a DataFrame of
+    examples or a list of documents. A DataFrame comes back with its index reset.
 
     Raises:
         ConfigError: ``n`` is negative.
     """
-    if n is None or n >= len(df):
-        return df
+    if n is None or n >= len(data):
+        return data
     if n < 0:
         raise ConfigError(f"subsample size must be >= 0 or None, got {n}")
-    idx = np.sort(np.random.RandomState(seed).permutation(len(df))[:n])
-    return df.iloc[idx].reset_index(drop=True)
+    idx = np.sort(np.random.RandomState(seed).permutation(len(data))[:n])
+    if isinstance(data, pd.DataFrame):
+        return data.iloc[idx].reset_index(drop=True)
+    return [data[i] for i in idx]
 
 
 class ClassificationDataset(torch.utils.data.Dataset):

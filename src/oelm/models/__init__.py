@@ -1,29 +1,7 @@
-"""Models trained with OELM: a small GPT (decoder-only transformer) with separate q/k/v/o projections."""
+"""Models trained with OELM: a small GPT (decoder-only transformer) with separate q/k/v/o projections.
 
-from oelm.models.gpt import (
-    MLP,
-    PRESETS,
-    TASKS,
-    Block,
-    CausalSelfAttention,
-    GPTConfig,
-    GPTForCausalLM,
-    GPTForSequenceClassification,
-    GPTModel,
-    build_gpt,
-    gpt_config,
-)
+Pretrained Hugging Face checkpoints are loaded by :mod:`oelm.models.pretrained`.
+"""
 
-__all__ = [
-    "GPTConfig",
-    "PRESETS",
-    "gpt_config",
-    "CausalSelfAttention",
-    "MLP",
-    "Block",
-    "GPTModel",
-    "GPTForCausalLM",
-    "GPTForSequenceClassification",
-    "build_gpt",
-    "TASKS",
-]
+from oelm.models.gpt import *  # noqa: F401,F403 - re-export; the public names are listed once, in gpt.__all__
+from oelm.models.gpt import __all__  # noqa: F401

@@ -68,8 +68,12 @@ def load_tokenizer(name: str, *, trust_remote_code: bool = False):
         raise _not_found(name, exc) from None
 
 
-def load_pretrained(name: str, task: str, *, num_labels: int | None = None, trust_remote_code: bool = False):
+def load_pretrained(
+    name: str, task: str, *, num_labels: int | None = None, trust_remote_code: bool = False, tokenizer=None
+):
     """Load ``(model, tokenizer)`` for ``task`` ("sequence_classification" or "causal_lm").
+
+    ``tokenizer``: an already loaded tokenizer of the same checkpoint, returned as is.
 
     Raises:
         DataNotFoundError: neither a local copy nor the Hub could provide the checkpoint; the
@@ -78,7 +82,8 @@ def load_pretrained(name: str, task: str, *, num_labels: int | None = None, trus
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
-    tokenizer = load_tokenizer(name, trust_remote_code=trust_remote_code)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(name, trust_remote_code=trust_remote_code)
     source = resolve_pretrained(name)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the "classifier weights newly initialized" report is expected
