@@ -25,3 +25,30 @@ class DataFormatError(OELMError, ValueError):
 
 class UnsupportedModelError(OELMError, TypeError):
     """``apply_oelm`` cannot find attention query/key projections in the given model."""
+
+
+class RunFaultError(OELMError):
+    """A training run stopped on a fault inside the run (not bad input).
+
+    Attributes:
+        kind: ``"nan"`` (NaN/Inf loss or gradients), ``"oom"`` (out of memory), ``"disk_full"``
+            (no space left while writing a checkpoint or result), or another short tag.
+        step: the optimizer step at which the fault was detected (None if before training).
+
+    The experiment runner records ``kind``, ``step`` and the message in the run's result with
+    ``status: "failed"`` and goes on with the next run of the matrix.
+    """
+
+    def __init__(self, message: str, *, kind: str, step: int | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.step = step
+
+
+class RunInterruptedError(OELMError):
+    """A run was stopped by SIGTERM/SIGINT after saving a checkpoint; rerunning resumes it."""
+
+    def __init__(self, message: str, *, step: int | None = None, signal_name: str = "SIGTERM") -> None:
+        super().__init__(message)
+        self.step = step
+        self.signal_name = signal_name

@@ -29,7 +29,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from oelm.config import TrainingConfig
-from oelm.errors import OELMError
+from oelm.errors import OELMError, RunFaultError
 from oelm.timing import PhaseTimer, StepTimer
 
 __all__ = ["TrainingDivergedError", "TrainResult", "build_optimizer", "evaluate", "train", "higher_is_better"]
@@ -37,8 +37,11 @@ __all__ = ["TrainingDivergedError", "TrainResult", "build_optimizer", "evaluate"
 Metric = Literal["accuracy", "perplexity"]
 
 
-class TrainingDivergedError(OELMError):
-    """The training loss became NaN or infinite."""
+class TrainingDivergedError(RunFaultError):
+    """The training loss became NaN or infinite (``kind == "nan"``)."""
+
+    def __init__(self, message: str, *, step: int | None = None) -> None:
+        super().__init__(message, kind="nan", step=step)
 
 
 def higher_is_better(metric: Metric) -> bool:
@@ -320,7 +323,8 @@ def train(
                     if not math.isfinite(last_loss):
                         raise TrainingDivergedError(
                             f"training loss became {last_loss} at step {step} (learning rate {learning_rate}); "
-                            "lower the learning rate or enable gradient clipping (training.max_grad_norm)"
+                            "lower the learning rate or enable gradient clipping (training.max_grad_norm)",
+                            step=step,
                         )
                     running_loss.zero_()
                     running_n = 0
