@@ -41,11 +41,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from oelm.config import config_from_dict
     import yaml
 
-    from oelm.experiment import comparison_rows, write_comparison
-    from oelm.io import read_json
+    from oelm.config import config_from_dict
+    from oelm.report import comparison_rows, load_results, write_comparison
 
     out = Path(args.dir)
     cfg_path = out / "config.yaml"
@@ -53,15 +52,15 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise OELMError(f"{out} is not an oelm output directory (no config.yaml); pass the --output-dir of `oelm run`")
     config = config_from_dict(yaml.safe_load(cfg_path.read_text()), source=str(cfg_path))
     results: dict[str, list[dict]] = {m.name: [] for m in config.methods}
-    for path in sorted((out / "runs").glob("*/result.json")):
-        r = read_json(path)
-        results.setdefault(r["method"], []).append(r)
+    results.update(load_results(out))
     if not any(results.values()):
-        raise OELMError(f"no finished runs under {out / 'runs'}")
+        raise OELMError(f"no runs under {out / 'runs'} (no runs/*/result.json); run `oelm run` with --output-dir {out} first")
     comparison = write_comparison(config, results, out)
     header, rows = comparison_rows(comparison)
     _print_table(f"{config.name}", header, rows)
-    print(f"report: {out / 'report.md'}")
+    for w in comparison.get("warnings", []):
+        print(f"warning: {w}")
+    print(f"report: {out / 'report.md'}  {out / 'report.html'}  numbers: {out / 'comparison.json'}")
     return 0
 
 
@@ -126,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="key=value overrides with dotted keys, e.g. training.epochs=2 seeds=[0,1,2]")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("report", help="rebuild comparison.json and report.md from finished runs")
+    p = sub.add_parser("report", help="write comparison.json, original_layout.json, report.md and a self-contained report.html from the runs")
     p.add_argument("dir", help="an `oelm run` output directory")
     p.set_defaults(func=cmd_report)
 

@@ -21,11 +21,8 @@ Rules kept here:
 
 from __future__ import annotations
 
-import math
 import os
-import platform
 import re
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -38,6 +35,7 @@ from oelm.config import ExperimentConfig, MethodEntry
 from oelm.errors import ConfigError, OELMError
 from oelm.io import read_json, write_json_atomic, write_text_atomic
 from oelm.method import apply_oelm
+from oelm.report import compare_results, comparison_rows, render_report, write_comparison  # noqa: F401 (re-exported)
 
 __all__ = [
     "PreparedData",
@@ -363,174 +361,3 @@ def run_experiment(
         results[method].append(result)
 
     return write_comparison(config, results, out)
-
-
-def write_comparison(config: ExperimentConfig, results: dict[str, list[dict]], out: Path) -> dict[str, Any]:
-    """Compare ``results`` (method -> run results) and write ``comparison.json`` and ``report.md``
-    atomically into ``out``. Returns the comparison."""
-    comparison = compare_results(config, results)
-    write_json_atomic(out / "comparison.json", comparison)
-    write_text_atomic(out / "report.md", render_report(comparison))
-    return comparison
-
-
-# --------------------------------------------------------------------------------------------
-# Comparison and report
-# --------------------------------------------------------------------------------------------
-
-
-def _mean_std(values: list[float]) -> dict[str, float | int | None]:
-    vals = [v for v in values if v is not None and math.isfinite(v)]
-    if not vals:
-        return {"mean": None, "std": None, "n": 0}
-    return {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0, "n": len(vals)}
-
-
-def _pct(a: float | None, b: float | None) -> float | None:
-    """(a - b) / b in %."""
-    if a is None or b is None or b == 0:
-        return None
-    return 100.0 * (a - b) / b
-
-
-def compare_results(config: ExperimentConfig, results: dict[str, list[dict]]) -> dict[str, Any]:
-    """Aggregate each method over seeds and compare it with ``baseline``.
-
-    Per method: mean/std over seeds of best validation, final validation, test, total seconds,
-    median step ms and tokens/s. Against baseline (when present): ``metric_gap`` (method -
-    baseline, in metric units: accuracy points or perplexity), ``metric_gap_relative_percent``,
-    ``total_time_gap_percent`` and ``per_step_gap_percent`` ((method - baseline) / baseline; negative
-    = faster), ``speedup`` (baseline total seconds / method total seconds) and
-    ``parameters_saved_percent`` (trainable parameters fewer than baseline, in % of baseline's).
-    """
-    methods: dict[str, Any] = {}
-    metric = None
-    for name, runs in results.items():
-        if not runs:
-            continue
-        metric = runs[0]["performance"]["metric"]
-        methods[name] = {
-            "seeds": [r["seed"] for r in runs],
-            "best_validation": _mean_std([r["performance"]["best_validation"] for r in runs]),
-            "final_validation": _mean_std([r["performance"]["final_validation"] for r in runs]),
-            "test": _mean_std([r["performance"].get("test") for r in runs]),
-            "total_seconds": _mean_std([r["timing"]["total_seconds"] for r in runs]),
-            "train_seconds": _mean_std([r["timing"]["train_seconds"] for r in runs]),
-            "step_ms_median": _mean_std([r["timing"]["per_step_ms"]["median"] for r in runs]),
-            "tokens_per_second": _mean_std([r["timing"]["tokens_per_second"] for r in runs]),
-            "parameters": runs[0]["parameters"],
-            "learning_rate": runs[0]["method_config"]["learning_rate"],
-            "devices": sorted({r["timing"]["device"] for r in runs}),
-            "probe_drift_percent": {
-                r["seed"]: r["environment"].get("matmul_probe_drift_percent") for r in runs
-            },
-        }
-    base = methods.get("baseline")
-    gaps = {}
-    if base:
-        for name, m in methods.items():
-            if name == "baseline":
-                continue
-            bv, mv = base["best_validation"]["mean"], m["best_validation"]["mean"]
-            bt, mt = base["total_seconds"]["mean"], m["total_seconds"]["mean"]
-            bs, ms = base["step_ms_median"]["mean"], m["step_ms_median"]["mean"]
-            btr, mtr = base["parameters"]["trainable"], m["parameters"]["trainable"]
-            gaps[name] = {
-                "metric_gap": None if bv is None or mv is None else mv - bv,
-                "metric_gap_relative_percent": _pct(mv, bv),
-                "total_time_gap_percent": _pct(mt, bt),
-                "per_step_gap_percent": _pct(ms, bs),
-                "speedup": (bt / mt) if bt and mt else None,
-                "parameters_saved_percent": 100.0 * (btr - mtr) / btr if btr else None,
-            }
-    return {
-        "name": config.name,
-        "task": config.task.dataset,
-        "model": config.model.display_name,
-        "metric": metric,
-        "higher_is_better": metric == "accuracy",
-        "seeds": config.seeds,
-        "methods": methods,
-        "vs_baseline": gaps,
-        "reference": config.reference,
-        "reference_source": config.reference_source,
-        "host": platform.node(),
-    }
-
-
-def _fmt(stat: dict | None, digits: int = 2) -> str:
-    if not stat or stat.get("mean") is None:
-        return "–"
-    s = f"{stat['mean']:.{digits}f}"
-    return s + (f" ± {stat['std']:.{digits}f}" if stat.get("n", 0) > 1 else "")
-
-
-def _signed(v: float | None, digits: int = 2, suffix: str = "") -> str:
-    return "–" if v is None else f"{v:+.{digits}f}{suffix}"
-
-
-def comparison_rows(comparison: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the comparison table (shared by report.md and the console)."""
-    metric = comparison["metric"] or "metric"
-    unit = " (%)" if metric == "accuracy" else ""
-    header = [
-        "method", f"best val {metric}{unit}", "Δ vs baseline", "trainable %", "total s", "Δ time %",
-        "step ms (median)", "Δ step %", "tokens/s", "lr",
-    ]
-    if comparison.get("reference"):
-        header.insert(2, "published")
-    rows = []
-    for name, m in comparison["methods"].items():
-        gap = comparison["vs_baseline"].get(name, {})
-        row = [
-            name,
-            _fmt(m["best_validation"]),
-            _signed(gap.get("metric_gap")),
-            f"{m['parameters']['trainable_percent']:.2f}",
-            _fmt(m["total_seconds"], 1),
-            _signed(gap.get("total_time_gap_percent"), 1),
-            _fmt(m["step_ms_median"], 1),
-            _signed(gap.get("per_step_gap_percent"), 1),
-            _fmt(m["tokens_per_second"], 0),
-            f"{m['learning_rate']:g}",
-        ]
-        if comparison.get("reference"):
-            ref = comparison["reference"].get(name)
-            row.insert(2, "–" if ref is None else f"{ref:g}")
-        rows.append(row)
-    return header, rows
-
-
-def render_report(comparison: dict[str, Any]) -> str:
-    """``report.md``: the comparison table plus what a reader needs to judge it."""
-    header, rows = comparison_rows(comparison)
-    lines = [
-        f"# {comparison['name']}: {comparison['task']} with {comparison['model']}",
-        "",
-        f"Seeds: {comparison['seeds']}. Best validation {comparison['metric']} is selected on the validation split only; "
-        "Δ columns are method − baseline (time and step: relative, negative = faster). "
-        "Values are mean ± std over seeds where more than one seed ran.",
-        "",
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join("---" for _ in header) + "|",
-    ]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    if comparison.get("reference_source"):
-        lines += ["", f"Published numbers: {comparison['reference_source']}."]
-    devices = sorted({d for m in comparison["methods"].values() for d in m["devices"]})
-    lines += ["", f"Devices: {', '.join(devices)}. Host: {comparison['host']}."]
-    if len(devices) > 1:
-        lines.append("**Warning:** runs of this comparison ran on different devices; timings are not comparable.")
-    drifted = [
-        f"{name} seed {seed}: {d:+.0f}%"
-        for name, m in comparison["methods"].items()
-        for seed, d in m.get("probe_drift_percent", {}).items()
-        if d is not None and abs(d) > DRIFT_WARNING_PERCENT
-    ]
-    if drifted:
-        lines.append(
-            f"**Warning:** the matrix-multiply speed probe changed by more than {DRIFT_WARNING_PERCENT:.0f}% "
-            f"between the start and end of some runs ({'; '.join(drifted)}): the machine's speed drifted, so "
-            "time differences of that size are not evidence."
-        )
-    return "\n".join(lines) + "\n"

@@ -1,0 +1,67 @@
+"""Reporting: statistics over seeds, plots, ``report.md`` / ``report.html`` and JSON exports.
+
+``write_comparison(config, results, out)`` is called at the end of every ``oelm run`` and by
+``oelm report DIR``; it writes into ``out``:
+
+* ``comparison.json`` — every number of the report (:func:`compare_results`);
+* ``original_layout.json`` — the original project's layout (:func:`original_layout`);
+* ``report.md`` with its plots under ``report_files/*.png``;
+* ``report.html`` — the same content in one self-contained file (plots embedded as base64 PNG).
+
+Modules: :mod:`oelm.report.stats` (the statistics and their formulas), :mod:`.compare`
+(aggregation of run results), :mod:`.plots` (matplotlib figures), :mod:`.render` (markdown/HTML).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from oelm.io import write_json_atomic, write_text_atomic
+from oelm.report.compare import compare_results, original_layout, run_records, step_times_of
+from oelm.report.render import build_sections, comparison_rows, render_html, render_markdown
+
+__all__ = ["write_comparison", "compare_results", "original_layout", "comparison_rows", "render_report", "load_results"]
+
+
+def render_report(comparison: dict[str, Any], out: str | Path | None = None) -> str:
+    """``report.md`` text for ``comparison`` (without plots when ``out`` is None)."""
+    text, _ = render_markdown(comparison, build_sections(comparison, Path(out) if out else None))
+    return text
+
+
+def load_results(out: str | Path) -> dict[str, list[dict]]:
+    """method -> run results of every ``runs/*/result.json`` under ``out`` (sorted by seed)."""
+    from oelm.io import read_json
+
+    results: dict[str, list[dict]] = {}
+    for path in sorted(Path(out).glob("runs/*/result.json")):
+        r = read_json(path)
+        results.setdefault(r["method"], []).append(r)
+    for runs in results.values():
+        runs.sort(key=lambda r: r["seed"])
+    return results
+
+
+def write_comparison(config, results: dict[str, list[dict]], out: str | Path) -> dict[str, Any]:
+    """Compare ``results`` (method -> run results) and write comparison.json, original_layout.json,
+    report.md (+ report_files/*.png) and report.html atomically into ``out``. Returns the comparison."""
+    out = Path(out)
+    comparison = compare_results(config, results, out)
+    write_json_atomic(out / "comparison.json", comparison)
+    write_json_atomic(out / "original_layout.json", original_layout(comparison))
+    step_ms: dict[str, list[float]] = {}
+    for name, runs in results.items():
+        keep = set(comparison["methods"].get(name, {}).get("included_seeds", []))
+        step_ms[name] = [t for r in runs if r["seed"] in keep for t in step_times_of(r, run_records(out, r))[0]]
+    sections = build_sections(comparison, out, step_ms)
+    md, images = render_markdown(comparison, sections)
+    for rel, png in images.items():
+        path = out / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".png.tmp")
+        tmp.write_bytes(png)
+        tmp.replace(path)
+    write_text_atomic(out / "report.md", md)
+    write_text_atomic(out / "report.html", render_html(comparison, sections))
+    return comparison

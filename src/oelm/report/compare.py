@@ -1,0 +1,375 @@
+"""Aggregate an experiment's runs into ``comparison.json`` and the original project's layout.
+
+Inputs are what ``oelm run`` writes: per run ``runs/<method>-seed<k>/result.json`` (the results
+dicts passed in) and ``metrics.jsonl`` (read from the output directory when it is given).
+Fields added by later versions of the runner are used when present and never required:
+``result["timing"]["step_ms"]`` (every measured step), ``result["status"]`` / ``["failure"]``,
+``result["learning_rate"]``, ``result["data"]["num_labels"]`` and ``sweep.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+from pathlib import Path
+from typing import Any
+
+from oelm.io import read_json
+from oelm.report.stats import (
+    CHANCE_MARGIN_POINTS,
+    collapse_reasons,
+    paired_difference,
+    step_time_stats,
+    summarize,
+    time_to_target,
+)
+
+__all__ = ["compare_results", "original_layout", "read_metrics", "run_records", "num_labels_of", "device_label", "learning_rate_of", "step_times_of"]
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Records of one ``metrics.jsonl`` (a missing file gives []; a torn last line is skipped)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a run killed mid-write leaves half a line
+    return records
+
+
+def run_records(out: str | Path | None, result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``metrics.jsonl`` records of ``result``'s run under ``out`` ([] when ``out`` is None)."""
+    if out is None:
+        return []
+    from oelm.experiment import run_name  # lazy: oelm.experiment imports this package
+
+    return read_metrics(Path(out) / "runs" / run_name(result["method"], result["seed"]) / "metrics.jsonl")
+
+
+def num_labels_of(result: dict[str, Any]) -> int | None:
+    """Classes of a classification run: ``data.num_labels``, else the dataset registry's label names."""
+    n = (result.get("data") or {}).get("num_labels")
+    if isinstance(n, int) and n > 0:
+        return n
+    task = result.get("task") or ((result.get("config") or {}).get("task") or {}).get("dataset")
+    if not task:
+        return None
+    try:
+        from oelm.data import get_dataset_spec
+
+        spec = get_dataset_spec(task)
+    except Exception:  # an unregistered task in an old output: the chance rule is skipped
+        return None
+    return len(spec.label_names) if spec.label_names else None
+
+
+def learning_rate_of(result: dict[str, Any]) -> float | None:
+    """``result["learning_rate"]``, else ``result["method_config"]["learning_rate"]``."""
+    lr = result.get("learning_rate")
+    return lr if lr is not None else (result.get("method_config") or {}).get("learning_rate")
+
+
+def device_label(result: dict[str, Any]) -> str:
+    """Which machine and device a run used: ``host / device (GPU name or CPU model)``."""
+    env = result.get("environment") or {}
+    device = (result.get("timing") or {}).get("device") or env.get("device") or "?"
+    name = (env.get("cuda") or {}).get("name") or env.get("cpu_model") or ""
+    host = env.get("hostname") or "?"
+    return f"{host} / {device}" + (f" ({name})" if name else "")
+
+
+def step_times_of(result: dict[str, Any], records: list[dict[str, Any]]) -> tuple[list[float], str]:
+    """Every measured step time (``timing.step_ms``), else the step times logged at log steps."""
+    timing = result.get("timing") or {}
+    if timing.get("step_ms"):
+        return [float(x) for x in timing["step_ms"] if x is not None], "every step"
+    warm = timing.get("timing_warmup_steps_excluded") or 0
+    logged = [r["step_ms"] for r in records if r.get("type") == "train" and r.get("step_ms") is not None and r.get("step", 0) > warm]
+    return [float(x) for x in logged], "sampled at log steps"
+
+
+def _pct(a: float | None, b: float | None) -> float | None:
+    """(a - b) / b in %."""
+    if a is None or b is None or b == 0:
+        return None
+    return 100.0 * (a - b) / b
+
+
+def compare_results(config, results: dict[str, list[dict]], out: str | Path | None = None) -> dict[str, Any]:
+    """Aggregate each method over seeds, compare with ``baseline``, flag collapsed runs.
+
+    Args:
+        config: the :class:`~oelm.config.ExperimentConfig`.
+        results: method -> run results (``result.json`` dicts), any status.
+        out: the output directory, to read each run's ``metrics.jsonl`` (time-to-target, the
+            perplexity collapse rule, logged step times) and an optional ``sweep.json``.
+
+    Per method (sound runs only; collapsed runs listed under ``excluded``): ``summarize`` (mean,
+    std, n, 95% t interval) of best/final validation, test, total and train seconds, median step
+    ms and tokens/s; ``step_times`` (:func:`~oelm.report.stats.step_time_stats` of all sound runs'
+    steps pooled); parameters, learning rate, devices, speed-probe drift per seed.
+
+    Against baseline: ``metric_gap`` (method − baseline means, in metric units: accuracy points
+    or perplexity), ``metric_gap_relative_percent``, ``total_time_gap_percent`` and
+    ``per_step_gap_percent`` ((method − baseline) / baseline in %; negative = faster),
+    ``speedup`` (baseline mean total seconds / method's), ``parameters_saved_percent``
+    (trainable parameters fewer than baseline's, in % of baseline's), and paired by seed
+    (:func:`~oelm.report.stats.paired_difference`): ``paired_metric`` (best validation) and
+    ``paired_seconds`` (total seconds).
+
+    Time to target: the target is baseline's mean final validation value over its sound seeds;
+    per method and seed the first evaluation reaching it (step, seconds), or None.
+    """
+    higher = None
+    metric = None
+    methods: dict[str, Any] = {}
+    collapsed: list[dict[str, Any]] = []
+    records_of: dict[tuple[str, int], list[dict]] = {}
+    for name, runs in results.items():
+        if not runs:
+            continue
+        runs = sorted(runs, key=lambda r: r["seed"])
+        sound, excluded, per_run, steps_all, step_source = [], [], [], [], None
+        for r in runs:
+            recs = run_records(out, r)
+            records_of[(name, r["seed"])] = recs
+            perf = r.get("performance") or {}
+            metric = metric or perf.get("metric")
+            reasons = collapse_reasons(r, recs, num_labels=num_labels_of(r))
+            per_run.append({
+                "seed": r["seed"],
+                "status": r.get("status", "finished"),
+                "best_validation": perf.get("best_validation"),
+                "final_validation": perf.get("final_validation"),
+                "test": perf.get("test"),
+                "total_seconds": (r.get("timing") or {}).get("total_seconds"),
+                "learning_rate": learning_rate_of(r),
+                "device": device_label(r),
+                "collapse": reasons,
+            })
+            if reasons:
+                excluded.append({"seed": r["seed"], "reasons": reasons})
+                collapsed.append({"method": name, "seed": r["seed"], "reasons": reasons})
+                continue
+            sound.append(r)
+            times, step_source = step_times_of(r, recs)
+            steps_all.extend(times)
+
+        def col(get):
+            return summarize([get(r) for r in sound])
+
+        def timing(key):
+            return lambda r: (r.get("timing") or {}).get(key)
+
+        groups = (runs[0].get("parameters") or {})
+        methods[name] = {
+            "seeds": [r["seed"] for r in runs],
+            "included_seeds": [r["seed"] for r in sound],
+            "excluded": excluded,
+            "best_validation": col(lambda r: r["performance"].get("best_validation")),
+            "final_validation": col(lambda r: r["performance"].get("final_validation")),
+            "test": col(lambda r: r["performance"].get("test")),
+            "total_seconds": col(timing("total_seconds")),
+            "train_seconds": col(timing("train_seconds")),
+            "step_ms_median": col(lambda r: ((r.get("timing") or {}).get("per_step_ms") or {}).get("median")),
+            "tokens_per_second": col(timing("tokens_per_second")),
+            "step_times": step_time_stats(steps_all) | {"source": step_source},
+            "parameters": groups,
+            "learning_rate": learning_rate_of(runs[0]),
+            "devices": sorted({device_label(r) for r in runs}),
+            "probe_drift_percent": {r["seed"]: (r.get("environment") or {}).get("matmul_probe_drift_percent") for r in runs},
+            "runs": per_run,
+        }
+    higher = metric == "accuracy"
+
+    base = methods.get("baseline")
+    gaps: dict[str, Any] = {}
+    if base:
+        base_runs = {r["seed"]: r for r in base["runs"] if not r["collapse"]}
+        for name, m in methods.items():
+            if name == "baseline":
+                continue
+            bv, mv = base["best_validation"]["mean"], m["best_validation"]["mean"]
+            bt, mt = base["total_seconds"]["mean"], m["total_seconds"]["mean"]
+            bs, ms = base["step_ms_median"]["mean"], m["step_ms_median"]["mean"]
+            btr = (base["parameters"] or {}).get("trainable")
+            mtr = (m["parameters"] or {}).get("trainable")
+            mine = {r["seed"]: r for r in m["runs"] if not r["collapse"]}
+            gaps[name] = {
+                "metric_gap": None if bv is None or mv is None else mv - bv,
+                "metric_gap_relative_percent": _pct(mv, bv),
+                "total_time_gap_percent": _pct(mt, bt),
+                "per_step_gap_percent": _pct(ms, bs),
+                "speedup": (bt / mt) if bt and mt else None,
+                "parameters_saved_percent": 100.0 * (btr - mtr) / btr if btr and mtr is not None else None,
+                "paired_metric": paired_difference(
+                    {s: r["best_validation"] for s, r in base_runs.items()}, {s: r["best_validation"] for s, r in mine.items()}
+                ),
+                "paired_seconds": paired_difference(
+                    {s: r["total_seconds"] for s, r in base_runs.items()}, {s: r["total_seconds"] for s, r in mine.items()}
+                ),
+            }
+
+    ttt = None
+    if base and base["final_validation"]["mean"] is not None and out is not None:
+        target = base["final_validation"]["mean"]
+        ttt = {"metric": metric, "target": target, "higher_is_better": higher, "methods": {}}
+        for name, m in methods.items():
+            per_seed = {}
+            for r in m["runs"]:
+                if r["collapse"]:
+                    continue
+                per_seed[r["seed"]] = time_to_target(records_of[(name, r["seed"])], metric, target, higher)
+            hit = [v for v in per_seed.values() if v is not None]
+            ttt["methods"][name] = {
+                "runs": per_seed,
+                "reached": len(hit),
+                "n": len(per_seed),
+                "steps": summarize([v["step"] for v in hit]),
+                "seconds": summarize([v["seconds"] for v in hit]),
+            }
+
+    sweep = None
+    if out is not None and (Path(out) / "sweep.json").is_file():
+        sweep = read_json(Path(out) / "sweep.json")
+
+    all_results = [r for runs in results.values() for r in runs]
+    comparison = {
+        "name": config.name,
+        "task": config.task.dataset,
+        "model": config.model.display_name,
+        "metric": metric,
+        "higher_is_better": higher,
+        "seeds": config.seeds,
+        "methods": methods,
+        "vs_baseline": gaps,
+        "time_to_target": ttt,
+        "collapsed": collapsed,
+        "collapse_rule": {
+            "chance_margin_points": CHANCE_MARGIN_POINTS,
+            "num_labels": next((n for n in (num_labels_of(r) for r in all_results) if n), None),
+        },
+        "sweep": sweep,
+        "reference": dict(config.reference),
+        "reference_source": config.reference_source,
+        "environment": _environment(all_results),
+        "host": platform.node(),
+    }
+    comparison["warnings"] = _warnings(comparison)
+    return comparison
+
+
+def _environment(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the runs ran on: devices, versions and the speed probe per run."""
+    envs = [(r, r.get("environment") or {}) for r in results]
+    first = envs[0][1] if envs else {}
+    return {
+        "devices": sorted({device_label(r) for r, _ in envs}),
+        "python": first.get("python"),
+        "platform": first.get("platform"),
+        "packages": first.get("packages") or {},
+        "cpu_model": first.get("cpu_model"),
+        "torch_num_threads": first.get("torch_num_threads"),
+        "cuda": {k: (first.get("cuda") or {}).get(k) for k in ("name", "torch_cuda", "cudnn", "driver_version")} if first.get("cuda") else None,
+        "mixed_precision": sorted({str((r.get("timing") or {}).get("mixed_precision")) for r, _ in envs}),
+        "probe": [
+            {
+                "run": f"{r['method']}-seed{r['seed']}",
+                "gflops_before": (e.get("matmul_probe") or {}).get("gflops"),
+                "gflops_after": (e.get("matmul_probe_after") or {}).get("gflops"),
+                "drift_percent": e.get("matmul_probe_drift_percent"),
+            }
+            for r, e in envs
+        ],
+    }
+
+
+def _warnings(c: dict[str, Any]) -> list[str]:
+    """Reasons a reader should distrust part of the comparison (devices, drift, collapses)."""
+    from oelm.experiment import DRIFT_WARNING_PERCENT  # lazy: oelm.experiment imports this package
+
+    out = []
+    devices = c["environment"]["devices"]
+    if len(devices) > 1:
+        out.append(f"runs of this comparison ran on different devices ({'; '.join(devices)}): timings are not comparable.")
+    drifted = [
+        f"{p['run']}: {p['drift_percent']:+.0f}%"
+        for p in c["environment"]["probe"]
+        if p["drift_percent"] is not None and abs(p["drift_percent"]) > DRIFT_WARNING_PERCENT
+    ]
+    if drifted:
+        out.append(
+            f"the matrix-multiply speed probe changed by more than {DRIFT_WARNING_PERCENT:.0f}% between the start and end "
+            f"of some runs ({'; '.join(drifted)}): the machine's speed drifted, so time differences of that size are not evidence."
+        )
+    for x in c["collapsed"]:
+        out.append(f"{x['method']} seed {x['seed']} excluded from the means: {'; '.join(x['reasons'])}.")
+    return out
+
+
+def _finite_or_none(v: Any) -> Any:
+    return v if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+
+def original_layout(comparison: dict[str, Any], method: str = "oelm_freeze") -> dict[str, Any]:
+    """The original project's JSON layout: ``{"baseline", <method>, "comparison"}``.
+
+    Per method (means over its sound seeds): ``best_<metric>``, ``final_<metric>``, ``test_<metric>``,
+    ``total_time_seconds``, ``avg_step_time_ms`` (mean of the per-run median step times),
+    ``trainable_params``, ``total_params``, ``trainable_percent``, ``learning_rate``, ``seeds``.
+
+    ``comparison`` (``method`` against baseline):
+
+    * ``accuracy_gap`` — method − baseline best validation, in metric units (accuracy points, or
+      perplexity for language modelling; the key keeps the original name);
+    * ``time_analysis.total_gap_seconds`` — method − baseline mean total seconds (negative = faster);
+    * ``time_analysis.total_gap_percent`` — that gap in % of baseline's total seconds;
+    * ``time_analysis.per_step_gap`` — method − baseline median step time, in ms;
+    * ``time_analysis.speedup_ratio`` — baseline total seconds / method total seconds (> 1 = faster).
+
+    Missing methods or values are None.
+    """
+    metric = comparison.get("metric") or "metric"
+
+    def block(name: str) -> dict[str, Any] | None:
+        m = comparison["methods"].get(name)
+        if not m:
+            return None
+        p = m.get("parameters") or {}
+        return {
+            f"best_{metric}": m["best_validation"]["mean"],
+            f"final_{metric}": m["final_validation"]["mean"],
+            f"test_{metric}": m["test"]["mean"],
+            "total_time_seconds": m["total_seconds"]["mean"],
+            "avg_step_time_ms": m["step_ms_median"]["mean"],
+            "trainable_params": p.get("trainable"),
+            "total_params": p.get("total"),
+            "trainable_percent": p.get("trainable_percent"),
+            "learning_rate": m.get("learning_rate"),
+            "seeds": m["included_seeds"],
+        }
+
+    base, other = block("baseline"), block(method)
+    comp: dict[str, Any] = {"method": method, "metric": metric, "accuracy_gap": None, "time_analysis": {
+        "total_gap_seconds": None, "total_gap_percent": None, "per_step_gap": None, "speedup_ratio": None}}
+    if base and other:
+        def diff(key):
+            a, b = other[key], base[key]
+            return None if a is None or b is None else a - b
+
+        bt, mt = base["total_time_seconds"], other["total_time_seconds"]
+        comp["accuracy_gap"] = diff(f"best_{metric}")
+        comp["time_analysis"] = {
+            "total_gap_seconds": diff("total_time_seconds"),
+            "total_gap_percent": _pct(mt, bt),
+            "per_step_gap": diff("avg_step_time_ms"),
+            "speedup_ratio": bt / mt if bt and mt else None,
+        }
+    return {"baseline": base, method: other, "comparison": comp}

@@ -1,0 +1,128 @@
+"""Plots of a comparison as PNG bytes (matplotlib, Agg backend: no display needed).
+
+* :func:`learning_curves` — train loss and validation metric against step and against wall time,
+  per method: the mean over seeds as a line, the min–max range over seeds as a band;
+* :func:`final_metric_bars` — best validation metric per method, mean with 95% t-interval error
+  bars and every seed as a dot;
+* :func:`step_time_boxes` — per-step time distribution per method (box = quartiles, whiskers =
+  1.5 IQR, the matplotlib default).
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # before pyplot: headless, deterministic
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+__all__ = ["learning_curves", "final_metric_bars", "step_time_boxes", "method_colors"]
+
+_PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
+
+
+def method_colors(methods: list[str]) -> dict[str, str]:
+    """A fixed colour per method, in the order given (baseline first in every plot)."""
+    return {m: _PALETTE[i % len(_PALETTE)] for i, m in enumerate(methods)}
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _band(curves: list[dict[int, tuple[float, float]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Steps every seed logged; per step mean/min/max of the value and mean wall time.
+
+    ``curves``: per seed, step -> (value, elapsed_seconds). Returns steps, mean, low, high, seconds.
+    """
+    steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+    vals = np.array([[c[s][0] for s in steps] for c in curves], dtype=float).reshape(len(curves), len(steps))
+    secs = np.array([[c[s][1] for s in steps] for c in curves], dtype=float).reshape(len(curves), len(steps))
+    return np.array(steps), vals.mean(0), vals.min(0), vals.max(0), secs.mean(0)
+
+
+def learning_curves(curves: dict[str, dict[str, list[dict[int, tuple[float, float]]]]], metric: str) -> bytes:
+    """2×2 panel: train loss / validation ``metric`` (rows) vs step / wall seconds (columns).
+
+    Args:
+        curves: method -> {"train": [per seed: step -> (loss, elapsed_seconds)],
+            "eval": [per seed: step -> (metric value, elapsed_seconds)]}.
+        metric: "accuracy" (%) or "perplexity" (log-scale axis).
+    """
+    colors = method_colors(list(curves))
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    for row, (kind, label) in enumerate((("train", "train loss"), ("eval", f"validation {metric}" + (" (%)" if metric == "accuracy" else "")))):
+        for col, xlabel in enumerate(("step", "wall time since run start (s)")):
+            ax = axes[row][col]
+            for method, per_kind in curves.items():
+                seeds = [c for c in per_kind.get(kind, []) if c]
+                if not seeds:
+                    continue
+                steps, mean, lo, hi, secs = _band(seeds)
+                if len(steps) == 0:
+                    continue
+                x = steps if col == 0 else secs
+                ax.plot(x, mean, color=colors[method], label=f"{method} (n={len(seeds)})", lw=1.6, marker="o" if kind == "eval" else None, ms=3)
+                if len(seeds) > 1:
+                    ax.fill_between(x, lo, hi, color=colors[method], alpha=0.18, lw=0)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(label)
+            if kind == "eval" and metric == "perplexity":
+                ax.set_yscale("log")
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("Learning curves: mean over seeds, band = min–max over seeds", fontsize=11)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def final_metric_bars(comparison: dict[str, Any]) -> bytes:
+    """Best validation metric per method: bar = mean of sound seeds, error bar = 95% t-interval,
+    dots = individual seeds (collapsed runs excluded, as in the table)."""
+    metric = comparison.get("metric") or "metric"
+    methods = list(comparison["methods"])
+    colors = method_colors(methods)
+    fig, ax = plt.subplots(figsize=(1.6 * max(len(methods), 2) + 2, 4))
+    for i, m in enumerate(methods):
+        s = comparison["methods"][m]["best_validation"]
+        if s["mean"] is None:
+            ax.text(i, 0, "no sound run", ha="center", va="bottom", fontsize=8)
+            continue
+        err = None
+        if s.get("ci95"):
+            err = [[s["mean"] - s["ci95"][0]], [s["ci95"][1] - s["mean"]]]
+        ax.bar(i, s["mean"], color=colors[m], alpha=0.75, yerr=err, capsize=6, width=0.6)
+        ax.scatter([i] * len(s["values"]), s["values"], color="black", s=12, zorder=3)
+    ax.set_xticks(range(len(methods)), methods)
+    ax.set_ylabel(f"best validation {metric}" + (" (%)" if metric == "accuracy" else ""))
+    vals = [v for m in methods for v in comparison["methods"][m]["best_validation"]["values"]]
+    if vals and metric == "accuracy":
+        ax.set_ylim(max(0.0, min(vals) - 10), min(100.0, max(vals) + 5))
+    ax.set_title("Best validation metric: mean, 95% CI (Student t), seeds as dots", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def step_time_boxes(step_ms: dict[str, list[float]]) -> bytes:
+    """Per-step time (ms) distribution per method, all sound seeds pooled."""
+    methods = [m for m, v in step_ms.items() if v]
+    colors = method_colors(list(step_ms))
+    fig, ax = plt.subplots(figsize=(1.6 * max(len(methods), 2) + 2, 4))
+    if methods:
+        box = ax.boxplot([step_ms[m] for m in methods], patch_artist=True, widths=0.5)
+        ax.set_xticks(range(1, len(methods) + 1), [f"{m}\n(n={len(step_ms[m])})" for m in methods])
+        for patch, m in zip(box["boxes"], methods):
+            patch.set_facecolor(colors[m])
+            patch.set_alpha(0.6)
+    ax.set_ylabel("step time (ms)")
+    ax.set_title("Step time: box = quartiles, whiskers = 1.5 IQR", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return _png(fig)

@@ -1,0 +1,357 @@
+"""``report.md`` and a self-contained ``report.html`` from one comparison.
+
+Both are rendered from the same list of sections (:func:`build_sections`), so they always say
+the same thing. The markdown links its plots as PNG files under ``report_files/``; the HTML
+embeds them as base64 ``data:image/png`` URIs with inline CSS and no external URL, so it opens
+anywhere without a network.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from oelm.report import plots
+from oelm.report.compare import read_metrics
+
+__all__ = ["Section", "comparison_rows", "build_sections", "render_markdown", "render_html", "curves_from_runs"]
+
+
+@dataclass
+class Section:
+    """A titled part of the report: paragraphs, tables ``(header, rows)``, images ``(name, png, alt)``."""
+
+    title: str
+    blocks: list[tuple[str, Any]] = field(default_factory=list)
+
+    def text(self, s: str) -> "Section":
+        self.blocks.append(("text", s))
+        return self
+
+    def table(self, header: list[str], rows: list[list[str]]) -> "Section":
+        self.blocks.append(("table", (header, rows)))
+        return self
+
+    def image(self, name: str, png: bytes, alt: str) -> "Section":
+        self.blocks.append(("image", (name, png, alt)))
+        return self
+
+    def items(self, items: list[str]) -> "Section":
+        self.blocks.append(("list", items))
+        return self
+
+
+def _num(v: Any, digits: int = 2) -> str:
+    return "–" if v is None else f"{v:.{digits}f}"
+
+
+def _fmt(stat: dict | None, digits: int = 2) -> str:
+    """``mean ± std`` (std only with more than one seed); "–" without a value."""
+    if not stat or stat.get("mean") is None:
+        return "–"
+    s = f"{stat['mean']:.{digits}f}"
+    return s + (f" ± {stat['std']:.{digits}f}" if stat.get("n", 0) > 1 else "")
+
+
+def _ci(stat: dict | None, digits: int = 2) -> str:
+    if not stat or not stat.get("ci95"):
+        return "n/a"
+    lo, hi = stat["ci95"]
+    return f"[{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def _signed(v: float | None, digits: int = 2, suffix: str = "") -> str:
+    return "–" if v is None else f"{v:+.{digits}f}{suffix}"
+
+
+def _p(p: float | None) -> str:
+    if p is None:
+        return "n/a"
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def comparison_rows(comparison: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the comparison table (report and console), in the original project's
+    layout — method, our metric, the published number beside it, the gap to baseline, trainable
+    share, time and its gap — plus the 95% CI, step time, throughput and learning rate."""
+    metric = comparison["metric"] or "metric"
+    unit = " (%)" if metric == "accuracy" else ""
+    header = [
+        "method", f"best val {metric}{unit}", "95% CI", "Δ vs baseline", "trainable %", "total s", "Δ time %",
+        "step ms (median)", "Δ step %", "tokens/s", "lr", "seeds",
+    ]
+    if comparison.get("reference"):
+        header.insert(3, "published")
+    rows = []
+    for name, m in comparison["methods"].items():
+        gap = comparison["vs_baseline"].get(name, {})
+        params = m.get("parameters") or {}
+        seeds = f"{len(m['included_seeds'])}/{len(m['seeds'])}" if "included_seeds" in m else str(len(m.get("seeds", [])))
+        row = [
+            name,
+            _fmt(m["best_validation"]),
+            _ci(m["best_validation"]),
+            _signed(gap.get("metric_gap")),
+            _num(params.get("trainable_percent")),
+            _fmt(m["total_seconds"], 1),
+            _signed(gap.get("total_time_gap_percent"), 1),
+            _fmt(m["step_ms_median"], 1),
+            _signed(gap.get("per_step_gap_percent"), 1),
+            _fmt(m["tokens_per_second"], 0),
+            "–" if m.get("learning_rate") is None else f"{m['learning_rate']:g}",
+            seeds,
+        ]
+        if comparison.get("reference"):
+            ref = comparison["reference"].get(name)
+            row.insert(3, "–" if ref is None else f"{ref:g}")
+        rows.append(row)
+    return header, rows
+
+
+def curves_from_runs(out: Path, comparison: dict[str, Any]) -> dict[str, dict[str, list[dict[int, tuple[float, float]]]]]:
+    """Per method and sound seed, step -> (value, elapsed_seconds) of train loss and validation metric."""
+    from oelm.experiment import run_name  # lazy: oelm.experiment imports this package
+
+    metric = comparison.get("metric")
+    curves: dict[str, dict[str, list]] = {}
+    for method, m in comparison["methods"].items():
+        curves[method] = {"train": [], "eval": []}
+        for seed in m.get("included_seeds", m["seeds"]):
+            recs = read_metrics(out / "runs" / run_name(method, seed) / "metrics.jsonl")
+            for kind, key in (("train", "loss"), ("eval", metric)):
+                c = {
+                    int(r["step"]): (float(r[key]), float(r.get("elapsed_seconds") or 0.0))
+                    for r in recs
+                    if r.get("type") == kind and isinstance(r.get(key), (int, float))
+                }
+                curves[method][kind].append(c)
+    return curves
+
+
+def build_sections(comparison: dict[str, Any], out: Path | None, step_ms: dict[str, list[float]] | None = None) -> list[Section]:
+    """Every section of the report, in reading order (plots only when ``out`` holds the runs)."""
+    c = comparison
+    metric = c.get("metric") or "metric"
+    unit = " (%)" if metric == "accuracy" else ""
+    sections: list[Section] = []
+
+    intro = Section("Summary").text(
+        f"Task **{c['task']}**, model **{c['model']}**, methods {', '.join(c['methods'])}, seeds {c['seeds']}. "
+        f"The headline number is the best validation {metric} of each run (selected on the validation split only; "
+        "a test split, where configured, is evaluated once with the selected weights). "
+        "Values are mean ± sample std (ddof=1) over the sound seeds; 95% CI = mean ± t(0.975, n−1)·s/√n (Student t). "
+        "Δ columns are method − baseline (time and step: relative, negative = faster)."
+    )
+    sections.append(intro)
+    if c.get("warnings"):
+        sections.append(Section("Warnings").items(c["warnings"]))
+
+    header, rows = comparison_rows(c)
+    s = Section("Comparison").table(header, rows)
+    if c.get("reference_source"):
+        s.text(f"Published numbers: {c['reference_source']}. They come from the original setting (model size, data, "
+               "budget); a CPU-scale run is not expected to match them, only to show the same ordering.")
+    if any(m["test"]["mean"] is not None for m in c["methods"].values()):
+        s.table(["method", f"test {metric}{unit}", "95% CI"], [[n, _fmt(m["test"]), _ci(m["test"])] for n, m in c["methods"].items()])
+    sections.append(s)
+
+    if c.get("vs_baseline"):
+        s = Section("Difference to baseline, paired by seed")
+        s.text("Per seed, method − baseline; mean with 95% CI (Student t) and the two-sided p-value of a **paired t-test** "
+               "(scipy.stats.ttest_rel). With fewer than 2 seed pairs there is no interval and no p-value (n/a).")
+        rows = []
+        for n, g in c["vs_baseline"].items():
+            pm, ps = g.get("paired_metric") or {}, g.get("paired_seconds") or {}
+            rows.append([n, str(pm.get("n", 0)), _signed(pm.get("mean")), _ci(pm), _p(pm.get("p_value")),
+                         _signed(ps.get("mean"), 1), _ci(ps, 1), _p(ps.get("p_value")), _num(g.get("speedup"), 3)])
+        s.table(["method", "pairs", f"Δ best val {metric}", "95% CI", "p", "Δ total s", "95% CI", "p", "speedup ×"], rows)
+        sections.append(s)
+
+    s = Section("Runs")
+    rows = []
+    for n, m in c["methods"].items():
+        for r in m.get("runs", []):
+            rows.append([n, str(r["seed"]), r["status"], _num(r["best_validation"]), _num(r["final_validation"]),
+                         _num(r["test"]), _num(r["total_seconds"], 1),
+                         "–" if r["learning_rate"] is None else f"{r['learning_rate']:g}",
+                         "; ".join(r["collapse"]) or "ok"])
+    s.table(["method", "seed", "status", f"best val{unit}", f"final val{unit}", "test", "total s", "lr", "collapse check"], rows)
+    rule = c.get("collapse_rule") or {}
+    chance = f"100/{rule['num_labels']} + {rule['chance_margin_points']:g} points" if rule.get("num_labels") else "not applied (number of labels unknown)"
+    s.text(
+        "Collapse rule: a run is excluded from every mean (and listed here) if it did not finish (failed or interrupted), "
+        "if any training loss or its validation value is non-finite, if an accuracy run's final validation accuracy is at "
+        f"or below chance ({chance}), or if a perplexity run's final validation perplexity is not below its first evaluation."
+    )
+    sections.append(s)
+
+    if c.get("sweep"):
+        sw = c["sweep"]
+        s = Section("Learning-rate sweep (validation only)")
+        s.text(f"Selection metric: {sw.get('selection_metric', metric)}; the selected learning rate of each method is marked. "
+               "The test split is never used for this choice.")
+        rows = []
+        for n, entries in (sw.get("methods") or {}).items():
+            for e in entries:
+                rows.append([n, f"{e.get('learning_rate'):g}" if e.get("learning_rate") is not None else "–", str(e.get("seed", "–")),
+                             _num(e.get("best_validation")), str(e.get("status", "–")), "✔" if e.get("selected") else ""])
+        s.table(["method", "lr", "seed", f"best val {metric}", "status", "selected"], rows)
+        sections.append(s)
+
+    if out is not None:
+        curves = curves_from_runs(out, c)
+        if any(v for m in curves.values() for v in m["eval"] + m["train"]):
+            sections.append(Section("Learning curves").image("learning_curves.png", plots.learning_curves(curves, metric),
+                                                             "train loss and validation metric vs step and wall time"))
+    if any(m["best_validation"]["mean"] is not None for m in c["methods"].values()):
+        sections.append(Section("Best validation metric with 95% CI").image(
+            "final_metric.png", plots.final_metric_bars(c), "bar chart of best validation metric with 95% confidence intervals"))
+
+    s = Section("Step time")
+    rows = []
+    for n, m in c["methods"].items():
+        st = m.get("step_times") or {}
+        rows.append([n, str(st.get("n", 0)), _num(st.get("median"), 1), _num(st.get("q1"), 1), _num(st.get("q3"), 1),
+                     _num(st.get("iqr"), 1), _num(st.get("cv"), 3), st.get("source") or "–"])
+    s.table(["method", "steps", "median ms", "Q1", "Q3", "IQR ms", "CV", "source"], rows)
+    s.text("Warm-up steps are excluded. CV = sample std / mean. \"sampled at log steps\": older runs kept only the step "
+           "time at each log line, not every step.")
+    if step_ms and any(step_ms.values()):
+        s.image("step_times.png", plots.step_time_boxes(step_ms), "box plots of step time per method")
+    sections.append(s)
+
+    t = c.get("time_to_target")
+    if t:
+        s = Section("Time to target (MLPerf-style)")
+        cmp = "≥" if t["higher_is_better"] else "≤"
+        s.text(f"Target: baseline's mean final validation {metric} = {t['target']:.3f}{unit}. For each run, the first "
+               f"validation evaluation with {metric} {cmp} target: its step and wall time since the run began (evaluation "
+               "time included). Means are over the seeds that reached it.")
+        rows = []
+        for n, x in t["methods"].items():
+            per = ", ".join(
+                f"s{seed}: " + ("not reached" if v is None else f"{v['step']} steps / {_num(v['seconds'], 1)} s")
+                for seed, v in x["runs"].items()
+            )
+            rows.append([n, f"{x['reached']}/{x['n']}", _num(x["steps"]["mean"], 1) if x["reached"] else "not reached",
+                         _num(x["seconds"]["mean"], 1) if x["reached"] else "not reached", per])
+        s.table(["method", "reached", "mean steps", "mean seconds", "per seed"], rows)
+        sections.append(s)
+
+    groups = sorted({g for m in c["methods"].values() for g in ((m.get("parameters") or {}).get("groups") or {})})
+    if groups:
+        s = Section("Parameters per group (trainable / total)")
+        names = list(c["methods"])
+        rows = []
+        for g in groups:
+            row = [g]
+            for n in names:
+                d = ((c["methods"][n].get("parameters") or {}).get("groups") or {}).get(g)
+                row.append("–" if d is None else f"{d['trainable']:,} / {d['total']:,}")
+            rows.append(row)
+        row = ["all"]
+        for n in names:
+            p = c["methods"][n].get("parameters") or {}
+            row.append(f"{p.get('trainable', 0):,} / {p.get('total', 0):,} ({_num(p.get('trainable_percent'))}%)")
+        rows.append(row)
+        s.table(["group", *names], rows)
+        sections.append(s)
+
+    env = c.get("environment") or {}
+    s = Section("Environment")
+    pk = env.get("packages") or {}
+    items = [f"Devices: {'; '.join(env.get('devices') or []) or '–'}",
+             f"Python {env.get('python') or '–'} on {env.get('platform') or '–'}; torch threads {env.get('torch_num_threads', '–')}",
+             "Packages: " + ", ".join(f"{k} {v}" for k, v in pk.items() if v),
+             f"Mixed precision: {', '.join(env.get('mixed_precision') or []) or '–'}"]
+    if env.get("cuda"):
+        items.append("CUDA: " + ", ".join(f"{k} {v}" for k, v in env["cuda"].items() if v))
+    items.append(f"Report host: {c.get('host', '–')}")
+    s.items(items)
+    probe = env.get("probe") or []
+    if probe:
+        s.table(["run", "probe GFLOP/s before", "after", "drift %"],
+                [[p["run"], _num(p["gflops_before"], 1), _num(p["gflops_after"], 1), _signed(p["drift_percent"], 1)] for p in probe])
+        s.text("The probe times a fixed matrix multiply before and after each run; a change above 10% means the machine's "
+               "speed drifted during the run.")
+    sections.append(s)
+    return sections
+
+
+def _md_cell(s: str) -> str:
+    return str(s).replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(comparison: dict[str, Any], sections: list[Section], image_dir: str = "report_files") -> tuple[str, dict[str, bytes]]:
+    """Markdown text and the images it links (``image_dir/<name>`` -> PNG bytes)."""
+    lines = [f"# {comparison['name']}: {comparison['task']} with {comparison['model']}", ""]
+    images: dict[str, bytes] = {}
+    for sec in sections:
+        lines += [f"## {sec.title}", ""]
+        for kind, body in sec.blocks:
+            if kind == "text":
+                lines += [body, ""]
+            elif kind == "list":
+                lines += [f"- {_md_cell(i)}" for i in body] + [""]
+            elif kind == "table":
+                header, rows = body
+                lines.append("| " + " | ".join(_md_cell(h) for h in header) + " |")
+                lines.append("|" + "|".join("---" for _ in header) + "|")
+                lines += ["| " + " | ".join(_md_cell(x) for x in r) + " |" for r in rows]
+                lines.append("")
+            elif kind == "image":
+                name, png, alt = body
+                images[f"{image_dir}/{name}"] = png
+                lines += [f"![{alt}]({image_dir}/{name})", ""]
+    return "\n".join(lines).rstrip() + "\n", images
+
+
+_CSS = """
+body{font-family:-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222;line-height:1.45}
+h1{font-size:1.6em;border-bottom:2px solid #444;padding-bottom:.2em}h2{font-size:1.25em;margin-top:1.8em;border-bottom:1px solid #ccc}
+table{border-collapse:collapse;margin:.8em 0;font-size:.88em}th,td{border:1px solid #ccc;padding:.3em .55em;text-align:right}
+th{background:#f0f0f0}td:first-child,th:first-child{text-align:left}tr:nth-child(even) td{background:#fafafa}
+img{max-width:100%;height:auto;border:1px solid #ddd;margin:.5em 0}.warnings li{color:#8a1f11}
+code{background:#f4f4f4;padding:0 .2em}
+"""
+
+
+def _inline_md(s: str) -> str:
+    """Escape, then turn ``**bold**`` into <b>."""
+    parts = html.escape(s).split("**")
+    return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
+
+
+def render_html(comparison: dict[str, Any], sections: list[Section]) -> str:
+    """One self-contained HTML page: inline CSS, plots as base64 PNG data URIs, no external URL."""
+    title = f"oelm report: {comparison['name']}"
+    body = [f"<h1>{html.escape(comparison['name'])}: {html.escape(str(comparison['task']))} with {html.escape(str(comparison['model']))}</h1>"]
+    for sec in sections:
+        sid = sec.title.lower().split()[0].strip(":,()")
+        body.append(f'<h2 id="{html.escape(sid)}">{html.escape(sec.title)}</h2>')
+        for kind, b in sec.blocks:
+            if kind == "text":
+                body.append(f"<p>{_inline_md(b)}</p>")
+            elif kind == "list":
+                cls = ' class="warnings"' if sec.title == "Warnings" else ""
+                body.append(f"<ul{cls}>" + "".join(f"<li>{_inline_md(i)}</li>" for i in b) + "</ul>")
+            elif kind == "table":
+                header, rows = b
+                t = ['<table class="comparison">' if sec.title == "Comparison" else "<table>"]
+                t.append("<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>")
+                t += ["<tr>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in r) + "</tr>" for r in rows]
+                t.append("</table>")
+                body.append("".join(t))
+            elif kind == "image":
+                name, png, alt = b
+                data = base64.b64encode(png).decode("ascii")
+                body.append(f'<img alt="{html.escape(alt)}" data-name="{html.escape(name)}" src="data:image/png;base64,{data}">')
+    body.append("<p><small>Generated by <code>oelm report</code>; numbers in comparison.json, the original project's "
+                "layout in original_layout.json.</small></p>")
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )

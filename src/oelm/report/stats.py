@@ -1,0 +1,199 @@
+"""Statistics of a comparison: seed summaries, paired differences, step-time spread, collapse
+detection and time-to-target. Pure functions on plain numbers and result dicts (no plotting).
+
+Methods (all over seeds, i.e. over independent runs of one method):
+
+* :func:`summarize` — mean, sample standard deviation (``ddof=1``) and the 95% confidence
+  interval of the mean with Student's t: ``mean ± t(0.975, n-1) · s / sqrt(n)``. One value has
+  no spread: ``std`` 0 and no interval (None), never an invented one.
+* :func:`paired_difference` — differences ``d_s = method_s − baseline_s`` for the seeds ``s``
+  both ran; mean, 95% t interval of the mean difference and the two-sided p-value of the paired
+  t-test (``scipy.stats.ttest_rel``: ``t = mean(d) / (s_d / sqrt(n))``, ``n-1`` degrees of
+  freedom). Fewer than 2 pairs: interval and p-value are None ("n/a" in the report).
+* :func:`step_time_stats` — median, quartiles (numpy's default linear interpolation), IQR = Q3 −
+  Q1 and the coefficient of variation CV = s / mean (ddof=1) of per-step times in ms.
+* :func:`collapse_reasons` — why a run must not be averaged in (see its docstring for the rule).
+* :func:`time_to_target` — MLPerf-style "time to quality": the first validation evaluation at
+  which a run reaches a target value, with its step and wall-clock seconds since the run began.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+from scipy import stats as _st
+
+__all__ = [
+    "CHANCE_MARGIN_POINTS",
+    "summarize",
+    "paired_difference",
+    "step_time_stats",
+    "collapse_reasons",
+    "reaches",
+    "time_to_target",
+]
+
+#: An accuracy run whose final validation accuracy is at most ``100 / num_labels`` plus this many
+#: points is "at chance". Two points covers a classifier that predicts the majority class on a
+#: near-balanced validation set (e.g. SST-2: 50.9% positive).
+CHANCE_MARGIN_POINTS = 2.0
+
+
+def _finite(values: Iterable[Any]) -> list[float]:
+    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+
+
+def _t_interval(mean: float, std: float, n: int) -> list[float] | None:
+    """95% Student-t interval of a mean from ``n`` values with sample std ``std``; None for n < 2."""
+    if n < 2:
+        return None
+    half = float(_st.t.ppf(0.975, n - 1)) * std / math.sqrt(n)
+    return [mean - half, mean + half]
+
+
+def summarize(values: Iterable[Any]) -> dict[str, Any]:
+    """Mean, sample std (ddof=1), n and 95% Student-t confidence interval of the mean.
+
+    Non-numbers and non-finite values are dropped (a diverged run is flagged elsewhere, not
+    averaged in). Returns ``{"mean", "std", "n", "ci95": [low, high] | None, "values"}``; with no
+    value every statistic is None and n is 0; with one value std is 0.0 and ci95 None.
+    """
+    vals = _finite(values)
+    n = len(vals)
+    if n == 0:
+        return {"mean": None, "std": None, "n": 0, "ci95": None, "values": []}
+    mean = float(np.mean(vals))
+    std = float(np.std(vals, ddof=1)) if n > 1 else 0.0
+    return {"mean": mean, "std": std, "n": n, "ci95": _t_interval(mean, std, n), "values": vals}
+
+
+def paired_difference(baseline: dict[int, Any], other: dict[int, Any]) -> dict[str, Any]:
+    """Paired difference ``other − baseline`` over the seeds both have (finite values only).
+
+    Args:
+        baseline, other: seed -> value (e.g. best validation accuracy in %, or seconds).
+
+    Returns:
+        ``{"test": "paired t-test", "n", "seeds", "mean", "std", "ci95", "p_value"}``: mean and
+        sample std of the per-seed differences; ci95 (Student t, n-1 df) and the two-sided
+        p-value of ``scipy.stats.ttest_rel`` — both None when fewer than 2 pairs exist, and the
+        p-value also None when every difference is identical (the t statistic is undefined).
+    """
+    seeds = sorted(s for s in baseline if s in other and _finite([baseline[s]]) and _finite([other[s]]))
+    diffs = [float(other[s]) - float(baseline[s]) for s in seeds]
+    n = len(diffs)
+    out: dict[str, Any] = {"test": "paired t-test", "n": n, "seeds": seeds, "mean": None, "std": None, "ci95": None, "p_value": None}
+    if n == 0:
+        return out
+    out["mean"] = float(np.mean(diffs))
+    out["std"] = float(np.std(diffs, ddof=1)) if n > 1 else 0.0
+    if n >= 2:
+        out["ci95"] = _t_interval(out["mean"], out["std"], n)
+        if out["std"] > 0:
+            p = float(_st.ttest_rel([float(other[s]) for s in seeds], [float(baseline[s]) for s in seeds]).pvalue)
+            out["p_value"] = p if math.isfinite(p) else None
+    return out
+
+
+def step_time_stats(step_ms: Sequence[float]) -> dict[str, Any]:
+    """Spread of per-step times (ms): ``{"n", "median", "q1", "q3", "iqr", "mean", "cv"}``.
+
+    Quartiles use numpy's linear interpolation; IQR = Q3 − Q1 (ms); CV = sample std / mean
+    (dimensionless; None for fewer than 2 steps). Empty input gives n = 0 and None elsewhere.
+    """
+    vals = _finite(step_ms)
+    if not vals:
+        return {"n": 0, "median": None, "q1": None, "q3": None, "iqr": None, "mean": None, "cv": None}
+    a = np.asarray(vals)
+    q1, med, q3 = (float(x) for x in np.percentile(a, [25, 50, 75]))
+    mean = float(a.mean())
+    cv = float(a.std(ddof=1) / mean) if len(a) > 1 and mean > 0 else None
+    return {"n": len(vals), "median": med, "q1": q1, "q3": q3, "iqr": q3 - q1, "mean": mean, "cv": cv}
+
+
+def collapse_reasons(
+    result: dict[str, Any],
+    records: Sequence[dict[str, Any]] = (),
+    *,
+    num_labels: int | None = None,
+    chance_margin: float = CHANCE_MARGIN_POINTS,
+) -> list[str]:
+    """Why a run must be excluded from the means (empty list: the run is sound).
+
+    The rule, in order:
+
+    1. ``status`` is not ``"finished"`` (a failed run, with ``failure.kind`` such as nan/oom, or
+       an interrupted one);
+    2. a non-finite loss: any train record's ``loss`` in ``metrics.jsonl`` (``records``), or the
+       final train loss, or the best/final validation value is NaN/Inf/missing;
+    3. accuracy runs: final validation accuracy ``<= 100 / num_labels + chance_margin`` points
+       (skipped when ``num_labels`` is unknown);
+    4. perplexity runs: the final validation perplexity is not below the first validation
+       evaluation's (needs at least two evaluations in ``records``).
+
+    Args:
+        result: a run's ``result.json`` content.
+        records: the run's ``metrics.jsonl`` records (may be empty for old outputs).
+        num_labels: classes of the task (for the chance rule).
+        chance_margin: points above chance still counted as chance.
+    """
+    reasons: list[str] = []
+    status = result.get("status", "finished")
+    if status != "finished":
+        failure = result.get("failure") or {}
+        detail = ", ".join(f"{k} {failure[k]}" for k in ("kind", "step") if failure.get(k) is not None)
+        reasons.append(f"{status}" + (f" ({detail})" if detail else ""))
+        return reasons
+    perf = result.get("performance") or {}
+    losses = [r.get("loss") for r in records if r.get("type") == "train"]
+    bad_loss = [x for x in losses if not _finite([x])]
+    final_loss = perf.get("final_train_loss")
+    if bad_loss or (final_loss is not None and not _finite([final_loss])):
+        reasons.append("non-finite training loss")
+    for key in ("best_validation", "final_validation"):
+        if not _finite([perf.get(key)]):
+            reasons.append(f"non-finite {key.replace('_', ' ')}")
+    if reasons:
+        return reasons
+    metric = perf.get("metric")
+    final = float(perf["final_validation"])
+    if metric == "accuracy" and num_labels:
+        chance = 100.0 / num_labels
+        if final <= chance + chance_margin:
+            reasons.append(f"at chance: final validation accuracy {final:.2f}% <= {chance:.2f}% + {chance_margin:g}")
+    elif metric == "perplexity":
+        evals = [r for r in records if r.get("type") == "eval" and _finite([r.get("perplexity")])]
+        if len(evals) >= 2:
+            first = float(min(evals, key=lambda r: r.get("step", 0))["perplexity"])
+            if not final < first:
+                reasons.append(f"no learning: final validation perplexity {final:.2f} not below first evaluation {first:.2f}")
+    return reasons
+
+
+def reaches(value: float, target: float, higher_is_better: bool) -> bool:
+    """Has ``value`` reached ``target``? (``>=`` for accuracy, ``<=`` for perplexity)."""
+    return value >= target if higher_is_better else value <= target
+
+
+def time_to_target(
+    records: Sequence[dict[str, Any]], metric: str, target: float, higher_is_better: bool
+) -> dict[str, Any] | None:
+    """First validation evaluation reaching ``target`` (MLPerf "time to quality").
+
+    Args:
+        records: a run's ``metrics.jsonl`` records; ``{"type": "eval", "step", <metric>,
+            "elapsed_seconds"}`` are used, in step order.
+        metric: "accuracy" or "perplexity" (the record key).
+        target: the value to reach (the report uses baseline's mean final validation value).
+
+    Returns:
+        ``{"step", "seconds", "value"}`` (seconds: wall time since the run began, evaluation time
+        included, as MLPerf counts it), or None when no evaluation reached the target.
+    """
+    evals = sorted((r for r in records if r.get("type") == "eval" and _finite([r.get(metric)])), key=lambda r: r["step"])
+    for r in evals:
+        if reaches(float(r[metric]), target, higher_is_better):
+            return {"step": int(r["step"]), "seconds": r.get("elapsed_seconds"), "value": float(r[metric])}
+    return None
