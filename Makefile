@@ -17,7 +17,7 @@ export HF_HUB_OFFLINE ?= 1
 export OMP_WAIT_POLICY ?= PASSIVE
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install demo test test-fast tinystories clean
+.PHONY: install browser demo test test-fast tinystories clean
 
 install: $(STAMP)
 
@@ -35,7 +35,14 @@ demo: $(STAMP)
 tinystories: $(STAMP)
 	$(BIN)/oelm run configs/tinystories-tiny.yaml
 
-test: $(STAMP)
+# Headless Chromium for tests/test_report_html.py (Debian packages; needs root and the Debian
+# mirror). Quiet and idempotent: nothing happens when chromium and chromedriver are there.
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) || \
+	  echo "note: could not install chromium/chromium-driver; the headless-browser report test will be skipped"
+
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)

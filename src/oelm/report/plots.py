@@ -101,9 +101,14 @@ def final_metric_bars(comparison: dict[str, Any]) -> bytes:
         ax.scatter([i] * len(s["values"]), s["values"], color="black", s=12, zorder=3)
     ax.set_xticks(range(len(methods)), methods)
     ax.set_ylabel(f"best validation {metric}" + (" (%)" if metric == "accuracy" else ""))
-    vals = [v for m in methods for v in comparison["methods"][m]["best_validation"]["values"]]
-    if vals and metric == "accuracy":
-        ax.set_ylim(max(0.0, min(vals) - 10), min(100.0, max(vals) + 5))
+    # Zoom to the data (values and interval ends): bars from 0 would hide differences of a point.
+    ends = [v for m in methods for v in comparison["methods"][m]["best_validation"]["values"]]
+    ends += [e for m in methods for e in (comparison["methods"][m]["best_validation"].get("ci95") or [])]
+    if ends:
+        lo, hi = min(ends), max(ends)
+        pad = max(0.15 * (hi - lo), 0.02 * abs(hi), 1e-6)
+        top = hi + pad if metric != "accuracy" else min(100.0, hi + pad)
+        ax.set_ylim(max(0.0, lo - pad), top)
     ax.set_title("Best validation metric: mean, 95% CI (Student t), seeds as dots", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()

@@ -1,0 +1,278 @@
+"""oelm.report: statistics checked against independent computation, the collapse rule on
+constructed cases, and the report files of a real tiny experiment."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from oelm.cli import main
+from oelm.report import compare_results, load_results, original_layout, write_comparison
+from oelm.report.stats import (
+    CHANCE_MARGIN_POINTS,
+    collapse_reasons,
+    paired_difference,
+    step_time_stats,
+    summarize,
+    time_to_target,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# --------------------------------------------------------------------------------------------
+# Statistics against scipy / numpy
+# --------------------------------------------------------------------------------------------
+
+
+def test_summarize_matches_scipy_t_interval():
+    values = [81.2, 83.9, 82.4, 80.7]
+    s = summarize(values)
+    lo, hi = stats.t.interval(0.95, len(values) - 1, loc=np.mean(values), scale=stats.sem(values))
+    assert s["n"] == 4 and s["mean"] == pytest.approx(np.mean(values))
+    assert s["std"] == pytest.approx(np.std(values, ddof=1))
+    assert s["ci95"] == pytest.approx([lo, hi])
+
+
+def test_summarize_one_value_has_no_interval_and_drops_non_finite():
+    assert summarize([5.0])["ci95"] is None and summarize([5.0])["std"] == 0.0
+    s = summarize([1.0, float("nan"), None, float("inf"), 3.0])
+    assert s["n"] == 2 and s["mean"] == 2.0
+    assert summarize([])["mean"] is None and summarize([])["n"] == 0
+
+
+def test_paired_difference_matches_ttest_rel():
+    base = {0: 90.1, 1: 91.0, 2: 89.4, 3: 90.6}
+    other = {0: 88.7, 1: 90.2, 2: 88.9, 3: 89.0, 9: 99.0}  # seed 9 has no pair: ignored
+    d = paired_difference(base, other)
+    a, b = [other[s] for s in range(4)], [base[s] for s in range(4)]
+    ref = stats.ttest_rel(a, b)
+    diffs = np.subtract(a, b)
+    lo, hi = stats.t.interval(0.95, 3, loc=diffs.mean(), scale=stats.sem(diffs))
+    assert d["test"] == "paired t-test" and d["n"] == 4 and d["seeds"] == [0, 1, 2, 3]
+    assert d["mean"] == pytest.approx(diffs.mean())
+    assert d["p_value"] == pytest.approx(ref.pvalue)
+    assert d["ci95"] == pytest.approx([lo, hi])
+
+
+def test_paired_difference_with_one_pair_is_not_a_number():
+    d = paired_difference({0: 1.0, 1: 2.0}, {0: 1.5})
+    assert d["n"] == 1 and d["mean"] == 0.5 and d["ci95"] is None and d["p_value"] is None
+
+
+def test_step_time_stats_matches_numpy():
+    rng = np.random.default_rng(0)
+    ms = list(rng.gamma(20, 1.5, size=101))
+    s = step_time_stats(ms)
+    q1, q3 = np.percentile(ms, [25, 75])
+    assert s["n"] == 101 and s["median"] == pytest.approx(np.median(ms))
+    assert s["iqr"] == pytest.approx(q3 - q1) and s["q1"] == pytest.approx(q1)
+    assert s["cv"] == pytest.approx(stats.variation(ms, ddof=1))
+
+
+# --------------------------------------------------------------------------------------------
+# Collapse rule and time-to-target on constructed runs
+# --------------------------------------------------------------------------------------------
+
+
+def _result(metric="accuracy", final=85.0, status="finished", loss=0.4, **extra):
+    return {"status": status, "performance": {"metric": metric, "best_validation": final, "final_validation": final,
+                                              "final_train_loss": loss}, **extra}
+
+
+def test_collapse_rule_cases():
+    assert collapse_reasons(_result(), num_labels=2) == []
+    chance_edge = 50.0 + CHANCE_MARGIN_POINTS
+    assert collapse_reasons(_result(final=chance_edge), num_labels=2)[0].startswith("at chance")
+    assert collapse_reasons(_result(final=chance_edge + 0.01), num_labels=2) == []
+    assert collapse_reasons(_result(final=34.0), num_labels=3)  # 3-way chance = 33.3%
+    assert collapse_reasons(_result(final=34.0), num_labels=None) == []  # rule needs num_labels
+    failed = _result(status="failed", failure={"kind": "nan", "message": "loss is nan", "step": 17})
+    assert collapse_reasons(failed) == ["failed (kind nan, step 17)"]
+    assert collapse_reasons(_result(loss=float("nan")), num_labels=2) == ["non-finite training loss"]
+    recs = [{"type": "train", "step": 1, "loss": 0.7}, {"type": "train", "step": 2, "loss": float("inf")}]
+    assert collapse_reasons(_result(), recs, num_labels=2) == ["non-finite training loss"]
+
+
+def test_collapse_rule_perplexity_must_improve():
+    evals = [{"type": "eval", "step": 0, "perplexity": 500.0}, {"type": "eval", "step": 10, "perplexity": 300.0}]
+    assert collapse_reasons(_result("perplexity", final=300.0), evals) == []
+    stuck = [{"type": "eval", "step": 0, "perplexity": 500.0}, {"type": "eval", "step": 10, "perplexity": 510.0}]
+    assert collapse_reasons(_result("perplexity", final=510.0), stuck)[0].startswith("no learning")
+    assert collapse_reasons(_result("perplexity", final=510.0), stuck[:1]) == []  # one evaluation: no judgement
+
+
+def test_time_to_target_first_evaluation_reaching_it():
+    recs = [
+        {"type": "eval", "step": 10, "accuracy": 70.0, "elapsed_seconds": 3.0},
+        {"type": "train", "step": 15, "loss": 0.3, "elapsed_seconds": 4.0},
+        {"type": "eval", "step": 20, "accuracy": 84.0, "elapsed_seconds": 6.5},
+        {"type": "eval", "step": 30, "accuracy": 86.0, "elapsed_seconds": 9.0},
+    ]
+    assert time_to_target(recs, "accuracy", 84.0, True) == {"step": 20, "seconds": 6.5, "value": 84.0}
+    assert time_to_target(recs, "accuracy", 90.0, True) is None
+    ppl = [{"type": "eval", "step": 5, "perplexity": 40.0, "elapsed_seconds": 1.0},
+           {"type": "eval", "step": 9, "perplexity": 20.0, "elapsed_seconds": 2.0}]
+    assert time_to_target(ppl, "perplexity", 25.0, False)["step"] == 9
+
+
+# --------------------------------------------------------------------------------------------
+# A real tiny experiment: comparison, exports and report files
+# --------------------------------------------------------------------------------------------
+
+TINY_LM = [
+    "task.train_samples=40", "task.validation_samples=12", "task.tokenizer=bpe-512", "task.block_size=32",
+    "training.max_steps=12", "training.eval_every=4", "training.log_every=2", "training.timing_warmup_steps=2",
+    "training.progress_bar=false", "training.tensorboard=false", "training.eval_at_start=true", "training.save_best_checkpoint=false",
+    "model.gpt_overrides={dropout: 0.0, hidden_size: 32, num_layers: 2, num_heads: 2}",
+    "methods=[{name: baseline, learning_rate: 3.0e-3}, {name: oelm_freeze, learning_rate: 3.0e-3}]", "seeds=[0,1]",
+    "reference={baseline: 4.27, oelm_freeze: 4.69}", "reference_source='original README (gpt-medium-512)'",
+]
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory, data_dir):
+    out = tmp_path_factory.mktemp("report_lm")
+    assert main(["run", str(ROOT / "configs/tinystories-tiny.yaml"), "--output-dir", str(out), *TINY_LM]) == 0
+    return out
+
+
+def test_run_writes_every_report_file(lm_run):
+    for name in ("comparison.json", "original_layout.json", "report.md", "report.html",
+                 "report_files/learning_curves.png", "report_files/final_metric.png", "report_files/step_times.png"):
+        assert (lm_run / name).is_file(), name
+    for png in (lm_run / "report_files").glob("*.png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5_000
+
+
+def test_comparison_statistics_match_the_runs(lm_run):
+    c = json.loads((lm_run / "comparison.json").read_text())
+    results = load_results(lm_run)
+    best = {m: {r["seed"]: r["performance"]["best_validation"] for r in runs} for m, runs in results.items()}
+    f = c["methods"]["oelm_freeze"]["best_validation"]
+    vals = [best["oelm_freeze"][s] for s in (0, 1)]
+    assert f["mean"] == pytest.approx(np.mean(vals)) and f["std"] == pytest.approx(np.std(vals, ddof=1))
+    assert f["ci95"] == pytest.approx(list(stats.t.interval(0.95, 1, loc=np.mean(vals), scale=stats.sem(vals))))
+    paired = c["vs_baseline"]["oelm_freeze"]["paired_metric"]
+    ref = stats.ttest_rel([best["oelm_freeze"][s] for s in (0, 1)], [best["baseline"][s] for s in (0, 1)])
+    assert paired["n"] == 2 and paired["p_value"] == pytest.approx(ref.pvalue)
+    # time to target: baseline's mean final perplexity, reached where the metrics log says so
+    t = c["time_to_target"]
+    target = np.mean([r["performance"]["final_validation"] for r in results["baseline"]])
+    assert t["target"] == pytest.approx(target)
+    for seed in (0, 1):
+        evals = [json.loads(l) for l in (lm_run / "runs" / f"oelm_freeze-seed{seed}" / "metrics.jsonl").read_text().splitlines()]
+        evals = [e for e in evals if e["type"] == "eval"]
+        first = next((e for e in evals if e["perplexity"] <= target), None)
+        got = t["methods"]["oelm_freeze"]["runs"][str(seed)]
+        assert (got is None) == (first is None)
+        if first:
+            assert got["step"] == first["step"] and got["seconds"] == pytest.approx(first["elapsed_seconds"])
+    st = c["methods"]["baseline"]["step_times"]
+    assert st["n"] > 0 and st["q1"] <= st["median"] <= st["q3"]
+
+
+def test_original_layout_definitions(lm_run):
+    c = json.loads((lm_run / "comparison.json").read_text())
+    o = json.loads((lm_run / "original_layout.json").read_text())
+    assert set(o) == {"baseline", "oelm_freeze", "comparison"}
+    b, f = c["methods"]["baseline"], c["methods"]["oelm_freeze"]
+    ta = o["comparison"]["time_analysis"]
+    bt, ft = b["total_seconds"]["mean"], f["total_seconds"]["mean"]
+    assert o["comparison"]["accuracy_gap"] == pytest.approx(f["best_validation"]["mean"] - b["best_validation"]["mean"])
+    assert ta["total_gap_seconds"] == pytest.approx(ft - bt)
+    assert ta["total_gap_percent"] == pytest.approx(100 * (ft - bt) / bt)
+    assert ta["speedup_ratio"] == pytest.approx(bt / ft)
+    assert ta["per_step_gap"] == pytest.approx(f["step_ms_median"]["mean"] - b["step_ms_median"]["mean"])
+    assert o["oelm_freeze"]["trainable_params"] < o["baseline"]["trainable_params"]
+
+
+def test_report_md_has_every_section_and_published_numbers(lm_run):
+    md = (lm_run / "report.md").read_text()
+    for heading in ("## Comparison", "## Difference to baseline, paired by seed", "## Runs", "## Learning curves",
+                    "## Best validation metric with 95% CI", "## Step time", "## Time to target (MLPerf-style)",
+                    "## Parameters per group", "## Environment"):
+        assert heading in md, heading
+    assert "paired t-test" in md and "| published |" in md
+    row = next(l for l in md.splitlines() if l.startswith("| oelm_freeze |"))
+    assert "| 4.69 |" in row  # the published number beside ours
+    for link in re.findall(r"\]\((report_files/[^)]+)\)", md):
+        assert (lm_run / link).is_file()
+
+
+def test_html_is_self_contained(lm_run):
+    page = (lm_run / "report.html").read_text()
+    srcs = re.findall(r'(?:src|href)\s*=\s*"([^"]*)"', page)
+    assert srcs and all(s.startswith("data:image/png;base64,") for s in srcs)
+    assert not re.search(r"https?://|url\(", page)
+    assert page.count("<img ") == 3 and '<table class="comparison">' in page
+
+
+def test_collapsed_run_is_excluded_and_listed(lm_run, tmp_path):
+    """A failed run (a real result marked failed with a NaN fault) is listed and not averaged in."""
+    out = tmp_path / "copy"
+    shutil.copytree(lm_run, out)
+    path = out / "runs" / "oelm_freeze-seed1" / "result.json"
+    r = json.loads(path.read_text())
+    r["status"], r["failure"] = "failed", {"kind": "nan", "message": "loss became nan", "step": 7}
+    path.write_text(json.dumps(r))
+    assert main(["report", str(out)]) == 0
+    c = json.loads((out / "comparison.json").read_text())
+    f = c["methods"]["oelm_freeze"]
+    assert f["included_seeds"] == [0] and f["excluded"] == [{"seed": 1, "reasons": ["failed (kind nan, step 7)"]}]
+    seed0 = json.loads((out / "runs" / "oelm_freeze-seed0" / "result.json").read_text())["performance"]["best_validation"]
+    assert f["best_validation"]["mean"] == pytest.approx(seed0) and f["best_validation"]["n"] == 1
+    assert c["vs_baseline"]["oelm_freeze"]["paired_metric"]["p_value"] is None  # one pair left: n/a, not a number
+    md = (out / "report.md").read_text()
+    assert "oelm_freeze seed 1 excluded from the means: failed (kind nan, step 7)" in md
+    assert "n/a" in next(l for l in md.splitlines() if l.startswith("| oelm_freeze | 1 |"))
+
+
+def test_drift_and_device_warnings(lm_run):
+    results = load_results(lm_run)
+    results = copy.deepcopy(results)
+    r = results["baseline"][0]
+    r["environment"]["matmul_probe_drift_percent"] = -25.0
+    r["environment"]["hostname"] = "other-node"
+    from oelm.config import load_config
+
+    config = load_config(ROOT / "configs/tinystories-tiny.yaml", TINY_LM)
+    c = compare_results(config, results, lm_run)
+    text = " ".join(c["warnings"])
+    assert "different devices" in text and "other-node" in text
+    assert "baseline-seed0: -25%" in text
+
+
+def test_sweep_table_when_present(lm_run, tmp_path):
+    out = tmp_path / "sweep"
+    shutil.copytree(lm_run, out)
+    sweep = {"selection_metric": "validation perplexity", "methods": {"baseline": [
+        {"learning_rate": 1e-3, "seed": 0, "best_validation": 300.0, "selected": False, "status": "finished"},
+        {"learning_rate": 3e-3, "seed": 0, "best_validation": 250.0, "selected": True, "status": "finished"}]}}
+    (out / "sweep.json").write_text(json.dumps(sweep))
+    from oelm.config import load_config
+
+    config = load_config(ROOT / "configs/tinystories-tiny.yaml", TINY_LM)
+    write_comparison(config, load_results(out), out)
+    md = (out / "report.md").read_text()
+    assert "## Learning-rate sweep (validation only)" in md and "| baseline | 0.003 | 0 | 250.00 | finished | ✔ |" in md
+
+
+def test_report_of_a_directory_without_runs_is_a_clear_error(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    assert "no config.yaml" in capsys.readouterr().err
+
+
+def test_experiment_reexports_the_report_functions():
+    import oelm.experiment as ex
+    import oelm.report as rp
+
+    assert ex.write_comparison is rp.write_comparison and ex.compare_results is rp.compare_results
+    assert math.isclose(ex.DRIFT_WARNING_PERCENT, 10.0)
