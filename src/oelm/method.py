@@ -223,15 +223,26 @@ def _group_of(name: str, patterns: tuple[tuple[str, str], ...]) -> str:
 def parameter_report(model: nn.Module, method: str = "") -> ParameterReport:
     """Count total/trainable/frozen parameters of ``model``, overall and per group.
 
-    Groups come from the model's registry entry; a model of unknown type gets only ``"other"``.
+    Groups come from the model's registry entry: the query/key projections found by
+    :func:`find_attention_projections` (split ones, and SplitQKV's value) are
+    ``attention_query``/``attention_key``/``attention_value`` whatever the patterns say; every
+    other parameter gets the first matching ``group_patterns`` regex. A model of unknown type
+    gets only ``"other"``.
     """
     try:
         patterns = architecture_of(model).group_patterns
+        sites = find_attention_projections(model)
     except UnsupportedModelError:
-        patterns = ()
+        patterns, sites = (), []
+    by_id: dict[int, str] = {}
+    for site in sites:
+        if site.is_split:
+            for module, group in ((site.query, "attention_query"), (site.key, "attention_key")):
+                by_id.update({id(p): group for p in module.parameters()})
+    by_id.update({id(p): "attention_value" for m in model.modules() if isinstance(m, SplitQKV) for p in m.value.parameters()})
     groups = {g: {"total": 0, "trainable": 0, "frozen": 0} for g in PARAMETER_GROUPS}
     for name, p in model.named_parameters():  # named_parameters() yields tied weights once
-        g = groups[_group_of(name, patterns)]
+        g = groups[by_id.get(id(p)) or _group_of(name, patterns)]
         g["total"] += p.numel()
         g["trainable" if p.requires_grad else "frozen"] += p.numel()
     groups = {k: v for k, v in groups.items() if v["total"]}
