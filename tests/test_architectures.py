@@ -436,3 +436,49 @@ def test_experiment_config_declares_custom_architecture(tmp_path, restore_regist
     report = apply_oelm(model, "oelm_freeze")
     assert "gptj" in ARCHITECTURES and len(report.projections) == 2 * LAYERS
     assert all(p["max_orthogonality_error"] < 1e-5 and p["frozen"] for p in report.projections)
+
+
+# ---------------------------------------------------------------- oelm inspect MODEL
+
+
+def test_inspect_local_dir_of_fused_family(tmp_path, capsys):
+    from oelm.cli import main
+
+    build("gpt_neox").save_pretrained(tmp_path / "neox")
+    assert main(["inspect", str(tmp_path / "neox"), "--method", "baseline", "--method", "oelm_freeze"]) == 0
+    out = capsys.readouterr().out
+    assert "GPTNeoXForCausalLM" in out and "checkpoint weights" in out
+    assert "gpt_neox.layers.1.attention.query_key_value" in out and "qkv_per_head" in out
+    assert "== " in out and "/ oelm_freeze" in out and "4/4 projections frozen" in out
+    model = build("gpt_neox")
+    frozen = 2 * LAYERS * (32 * 32 + 32)
+    total = sum(p.numel() for p in model.parameters())
+    assert f"trainable params: {total - frozen:,} || all params: {total:,}" in out
+    assert "attention_qkv" in out  # baseline keeps the fused module
+
+
+def test_inspect_packaged_alias_config_only(capsys):
+    from oelm.cli import main
+
+    assert main(["inspect", "sentence-transformers/all-MiniLM-L6-v2", "--config-only", "--method", "oelm_freeze"]) == 0
+    out = capsys.readouterr().out
+    assert "BertModel" in out and "random weights from config.json" in out
+    assert "encoder.layer.5.attention.self.key" in out and "384x384" in out
+    assert "trainable params: 20,939,136 || all params: 22,713,216" in out
+
+
+def test_inspect_unknown_hub_id_is_a_clear_error(capsys, monkeypatch):
+    from oelm.cli import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["inspect", "no-such-org/no-such-model", "--config-only"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("oelm: error:") and "no-such-org/no-such-model" in err and "not found" in err
+
+
+def test_inspect_gpt_preset_still_works(capsys):
+    from oelm.cli import main
+
+    assert main(["inspect", "--gpt", "gpt-tiny", "--method", "oelm_freeze"]) == 0
+    out = capsys.readouterr().out
+    assert "transformer.h.0.attn.q_proj" in out and "trainable params:" in out
