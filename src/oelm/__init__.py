@@ -5,9 +5,11 @@ sign-fixed QR per head) and are frozen, reservoir style, while everything else t
 
 Public API::
 
-    from oelm import apply_oelm, OELMConfig, head_wise_orthogonal_
+    from oelm import apply_oelm, get_oelm_model, OELMConfig, head_wise_orthogonal_
     report = apply_oelm(model, "oelm_freeze")
     print(report)  # trainable params: ... || all params: ... || trainable%: ...
+    model = get_oelm_model(model, "oelm_freeze")  # PEFT style: returns the model
+
 """
 
 import os as _os
@@ -27,8 +29,11 @@ from oelm.method import (  # noqa: E402
     OELMConfig,
     ParameterReport,
     apply_oelm,
+    architecture_from_dict,
     find_attention_projections,
     get_method,
+    get_oelm_model,
+    load_architecture,
     parameter_report,
     print_trainable_parameters,
     register_architecture,
@@ -48,10 +53,13 @@ __all__ = [
     "ParameterReport",
     "UnsupportedModelError",
     "apply_oelm",
+    "architecture_from_dict",
     "find_attention_projections",
     "get_method",
+    "get_oelm_model",
     "global_orthogonal_",
     "head_wise_orthogonal_",
+    "load_architecture",
     "matched_std",
     "max_orthogonality_error",
     "normal_",

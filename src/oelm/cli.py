@@ -64,20 +64,79 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _inspect_model_source(name: str, config_only: bool):
+    """A Hugging Face model for ``oelm inspect MODEL``: its checkpoint class (``config.architectures``),
+    random weights from ``config.json`` when ``config_only``."""
+    import transformers
+    from transformers import AutoConfig, AutoModel
+
+    from oelm.models.pretrained import _not_found, resolve_pretrained
+
+    source = resolve_pretrained(name)
+    try:
+        hf_config = AutoConfig.from_pretrained(source)
+    except (OSError, ValueError) as exc:
+        raise _not_found(name, exc) from None
+    cls = next((getattr(transformers, a) for a in (hf_config.architectures or []) if hasattr(transformers, a)), None)
+    try:
+        if config_only:
+            return cls(hf_config) if cls is not None else AutoModel.from_config(hf_config)
+        return (cls or AutoModel).from_pretrained(source)
+    except OSError as exc:
+        raise _not_found(name, exc) from None
+
+
+def _print_sites(title: str, sites) -> None:
+    rows = [
+        [s.query_name if t == "query" else s.key_name, s.kind, str(s.layer), t, "x".join(map(str, s.shape(t))),
+         str(s.heads(t)), str(s.head_dim), s.fused or "no"]
+        for s in sites for t in ("query", "key")
+    ]
+    _print_table(title, ["module", "kind", "layer", "target", "shape", "heads", "head_dim", "fused"], rows)
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
+    import copy
+
     from accelerate.utils import set_seed
+
+    from oelm.method import METHODS, apply_oelm, find_attention_projections
+
+    target = args.target
+    is_config = target is not None and Path(target).is_file() and Path(target).suffix in (".yaml", ".yml")
+    if target is not None and not is_config or (target is None and args.model and args.config_only):
+        name = target or args.model
+        set_seed(0)
+        model = _inspect_model_source(name, args.config_only)
+        base = copy.deepcopy(model)
+        sites = find_attention_projections(model)
+        weights = "random weights from config.json" if args.config_only else "checkpoint weights"
+        print(f"{name}: {type(model).__name__} (model_type={model.config.model_type!r}, {weights})")
+        _print_sites("attention query/key projections found", sites)
+        for method in args.method or list(METHODS):
+            if method not in METHODS:
+                raise OELMError(f"unknown method {method!r}; named methods: {', '.join(METHODS)}")
+            model = copy.deepcopy(base)
+            report = apply_oelm(model, METHODS[method], seed=0)
+            print(f"\n== {name} / {method}")
+            if report.projections:
+                worst = max(p["max_orthogonality_error"] for p in report.projections)
+                frozen = sum(p["frozen"] for p in report.projections)
+                print(f"{frozen}/{len(report.projections)} projections frozen; max |WWᵀ-I| per head: {worst:.1e}")
+            print(report.table())
+            print(report)
+        return 0
 
     from oelm.config import load_config
     from oelm.experiment import build_model
-    from oelm.method import METHODS, apply_oelm
 
-    if args.config:
-        config = load_config(args.config)
+    if is_config:
+        config = load_config(target)
     else:
         from oelm.config import config_from_dict
 
         if not (args.model or args.gpt):
-            raise OELMError("give a CONFIG file, --model NAME_OR_DIR or --gpt PRESET")
+            raise OELMError("give a MODEL (Hub id, local dir), a CONFIG file, --model NAME_OR_DIR or --gpt PRESET")
         model_cfg = {"pretrained": args.model} if args.model else {"gpt": args.gpt, "gpt_overrides": {"vocab_size": 50257}}
         config = config_from_dict(
             {"name": "inspect", "task": {"dataset": "sst2"}, "model": model_cfg, "methods": [{"name": "baseline"}]}
@@ -94,12 +153,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"\n== {config.model.display_name} / {name}")
         if report.projections:
             rows = [
-                [str(p["layer"]), p["target"], p["module"], "x".join(map(str, p["shape"])), str(p["num_heads"]),
-                 str(p["head_dim"]), "yes" if p["frozen"] else "no", f"{p['max_orthogonality_error']:.1e}"]
+                [p["module"], p["kind"], str(p["layer"]), p["target"], "x".join(map(str, p["shape"])), str(p["num_heads"]),
+                 str(p["head_dim"]), p["fused"] or "no", "yes" if p["frozen"] else "no", f"{p['max_orthogonality_error']:.1e}"]
                 for p in report.projections
             ]
-            if rows:
-                _print_table("query/key projections found", ["layer", "target", "module", "shape", "heads", "head_dim", "frozen", "max |WWᵀ-I|"], rows)
+            _print_table("query/key projections found", ["module", "kind", "layer", "target", "shape", "heads", "head_dim", "fused", "frozen", "max |WWᵀ-I|"], rows)
         print(report.table())
         print(report)
     return 0
@@ -130,10 +188,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("inspect", help="show where Q/K projections are and the parameter table per method")
-    p.add_argument("config", nargs="?", help="experiment YAML (its model and methods)")
-    p.add_argument("--model", help="Hugging Face id or local dir")
+    p.add_argument(
+        "target", nargs="?", metavar="MODEL_OR_CONFIG",
+        help="a Hugging Face model (Hub id, local dir, or sentence-transformers/all-MiniLM-L6-v2), "
+        "or an experiment YAML (its model and methods)",
+    )
+    p.add_argument("--config-only", action="store_true", help="MODEL: random weights from its config.json, no weight loading")
+    p.add_argument("--model", help="Hugging Face id or local dir, built as a sequence classifier")
     p.add_argument("--gpt", help="oelm GPT preset (gpt-tiny, gpt-medium-512)")
-    p.add_argument("--method", action="append", help="method name (repeatable); default: the config's methods")
+    p.add_argument("--method", action="append", help="method name (repeatable); default: every named method (MODEL) or the config's methods")
     p.add_argument("--num-labels", type=int, default=2)
     p.set_defaults(func=cmd_inspect)
 

@@ -70,6 +70,11 @@ class ModelConfig(_Strict):
     gpt: str | None = Field(None, description="oelm GPT preset: gpt-tiny, gpt-medium-512.")
     gpt_overrides: dict[str, Any] = Field(default_factory=dict, description="GPTConfig fields to override.")
     trust_remote_code: bool = False
+    architecture: dict[str, Any] | None = Field(
+        None,
+        description="Registry entry for a model type oelm does not know (oelm.architecture_from_dict keys: "
+        "model_type, attention_pattern, query, key, num_heads, ...); registered when the model is built.",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> "ModelConfig":

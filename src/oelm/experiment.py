@@ -156,6 +156,10 @@ def build_model(config: ExperimentConfig, data: PreparedData | None, *, task_typ
     task_type = task_type or (data.task_type if data else "classification")
     num_labels = num_labels if num_labels is not None else (data.num_labels if data else 2)
     hf_task = "sequence_classification" if task_type == "classification" else "causal_lm"
+    if config.model.architecture:  # a user-declared registry entry (oelm.architecture_from_dict)
+        from oelm.architectures import architecture_from_dict, register_architecture
+
+        register_architecture(architecture_from_dict(config.model.architecture, source="model.architecture"))
     if config.model.pretrained:
         from oelm.models.pretrained import load_pretrained
 

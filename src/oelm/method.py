@@ -7,7 +7,8 @@ Users meet one call::
 
 ``apply_oelm`` finds every attention layer's query and key projections through an
 architecture registry (model type -> module-name patterns and config attributes, not
-if-chains), initializes them (head-wise orthogonal, or an ablation), and freezes them:
+if-chains; it lives in :mod:`oelm.architectures` and is re-exported here; fused Q/K/V modules
+are first split into separate projections with identical outputs), initializes them (head-wise orthogonal, or an ablation), and freezes them:
 ``requires_grad=False``, so an optimizer built from trainable parameters never sees them and
 weight decay cannot move them. It does not need oelm's training loop; any loop or Hugging Face
 ``Trainer`` that builds its optimizer from ``requires_grad`` parameters keeps them
@@ -32,11 +33,26 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
+from oelm.architectures import (
+    ARCHITECTURES,
+    FUSED_LAYOUTS,
+    PARAMETER_GROUPS,
+    ArchitectureSpec,
+    AttentionSpec,
+    ProjectionSite,
+    SplitQKV,
+    architecture_from_dict,
+    architecture_of,
+    find_attention_projections,
+    load_architecture,
+    register_architecture,
+    split_fused_projections,
+)
 from oelm.errors import ConfigError, UnsupportedModelError
 from oelm.init import global_orthogonal_, head_wise_orthogonal_, max_orthogonality_error, normal_
 
@@ -44,29 +60,26 @@ __all__ = [
     "OELMConfig",
     "METHODS",
     "get_method",
+    "PARAMETER_GROUPS",
+    "FUSED_LAYOUTS",
     "ArchitectureSpec",
+    "AttentionSpec",
     "ARCHITECTURES",
     "register_architecture",
+    "architecture_from_dict",
+    "load_architecture",
     "ProjectionSite",
     "find_attention_projections",
+    "SplitQKV",
+    "split_fused_projections",
     "ParameterReport",
     "parameter_report",
     "apply_oelm",
+    "get_oelm_model",
     "print_trainable_parameters",
 ]
 
 InitName = Literal["none", "orthogonalize", "random_orthogonal", "global_orthogonal", "normal"]
-PARAMETER_GROUPS = (
-    "embeddings",
-    "attention_query",
-    "attention_key",
-    "attention_value",
-    "attention_output",
-    "ffn",
-    "norm",
-    "head",
-    "other",
-)
 
 
 @dataclass(frozen=True)
@@ -148,189 +161,6 @@ def get_method(name: str) -> OELMConfig:
 
 
 # --------------------------------------------------------------------------------------------
-# Architecture registry
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ArchitectureSpec:
-    """How to find the query/key projections of one model type.
-
-    Attributes:
-        model_type: the key (Hugging Face ``config.model_type``, or ``"oelm-gpt"``).
-        attention_pattern: regex matched (``re.search``) against module names from
-            ``model.named_modules()``; it selects each layer's attention module, and its first
-            group is the layer index.
-        query / key: child attribute names of the attention module (``nn.Linear`` each).
-        num_heads_attr: config attribute holding the number of query heads.
-        num_kv_heads_attr: config attribute holding the number of key/value heads (grouped-query
-            attention), or None when K has as many heads as Q.
-        group_patterns: ``(group, regex)`` pairs tried in order on parameter names to build the
-            per-group parameter table; the first match wins, no match -> ``"other"``.
-        matches: optional predicate deciding whether a model is of this type when it has no
-            Hugging Face ``config.model_type``.
-    """
-
-    model_type: str
-    attention_pattern: str
-    query: str
-    key: str
-    num_heads_attr: str
-    num_kv_heads_attr: str | None = None
-    group_patterns: tuple[tuple[str, str], ...] = ()
-    matches: Callable[[nn.Module], bool] | None = None
-
-
-def _is_oelm_gpt(model: nn.Module) -> bool:
-    from oelm.models.gpt import GPTConfig
-
-    return isinstance(getattr(model, "config", None), GPTConfig)
-
-
-ARCHITECTURES: dict[str, ArchitectureSpec] = {}
-
-
-def register_architecture(spec: ArchitectureSpec) -> None:
-    """Add or replace an architecture in :data:`ARCHITECTURES`."""
-    ARCHITECTURES[spec.model_type] = spec
-
-
-register_architecture(
-    ArchitectureSpec(
-        model_type="bert",
-        attention_pattern=r"(?:^|\.)encoder\.layer\.(\d+)\.attention\.self$",
-        query="query",
-        key="key",
-        num_heads_attr="num_attention_heads",
-        group_patterns=(
-            ("norm", r"LayerNorm\."),
-            ("embeddings", r"embeddings\."),
-            ("attention_query", r"attention\.self\.query\."),
-            ("attention_key", r"attention\.self\.key\."),
-            ("attention_value", r"attention\.self\.value\."),
-            ("attention_output", r"attention\.output\.dense\."),
-            ("ffn", r"(intermediate|output)\.dense\."),
-            ("head", r"(^|\.)(pooler|classifier|cls|qa_outputs)\."),
-        ),
-    )
-)
-register_architecture(
-    ArchitectureSpec(
-        model_type="oelm-gpt",
-        attention_pattern=r"(?:^|\.)h\.(\d+)\.attn$",
-        query="q_proj",
-        key="k_proj",
-        num_heads_attr="num_heads",
-        group_patterns=(
-            ("norm", r"(^|\.)ln_(1|2|f)\."),
-            ("embeddings", r"(^|\.)(wte|wpe)\."),
-            ("attention_query", r"attn\.q_proj\."),
-            ("attention_key", r"attn\.k_proj\."),
-            ("attention_value", r"attn\.v_proj\."),
-            ("attention_output", r"attn\.o_proj\."),
-            ("ffn", r"mlp\."),
-            ("head", r"(^|\.)(lm_head|score)\."),
-        ),
-        matches=_is_oelm_gpt,
-    )
-)
-
-
-def _architecture_of(model: nn.Module) -> ArchitectureSpec:
-    for spec in ARCHITECTURES.values():
-        if spec.matches is not None and spec.matches(model):
-            return spec
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type in ARCHITECTURES:
-        return ARCHITECTURES[model_type]
-    raise UnsupportedModelError(
-        f"apply_oelm does not know where the attention query/key projections of "
-        f"{type(model).__name__} (model_type={model_type!r}) are. Supported model types: "
-        f"{', '.join(sorted(ARCHITECTURES))}. To add one, call oelm.method.register_architecture("
-        "ArchitectureSpec(model_type=..., attention_pattern=<regex of the attention module names>, "
-        "query=<child name>, key=<child name>, num_heads_attr=<config attribute>))."
-    )
-
-
-@dataclass
-class ProjectionSite:
-    """One attention layer's query and key projections.
-
-    ``query``/``key`` are the ``nn.Linear`` modules (weights ``[num_heads*head_dim, hidden_size]``
-    and ``[num_kv_heads*head_dim, hidden_size]``); ``*_name`` are their full module names.
-    """
-
-    layer: int
-    attention_name: str
-    query_name: str
-    key_name: str
-    query: nn.Linear
-    key: nn.Linear
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-
-    def module(self, target: str) -> nn.Linear:
-        return self.query if target == "query" else self.key
-
-    def heads(self, target: str) -> int:
-        return self.num_heads if target == "query" else self.num_kv_heads
-
-
-def find_attention_projections(model: nn.Module) -> list[ProjectionSite]:
-    """Locate every layer's query/key projections, ordered by layer.
-
-    Raises:
-        UnsupportedModelError: unknown model type, or a known type in which no attention module
-            matched (the message says which pattern was searched).
-    """
-    spec = _architecture_of(model)
-    config = getattr(model, "config", None)
-    num_heads = getattr(config, spec.num_heads_attr, None)
-    if not isinstance(num_heads, int):
-        raise UnsupportedModelError(
-            f"{type(model).__name__}.config has no integer {spec.num_heads_attr!r}; cannot split Q/K into heads"
-        )
-    num_kv_heads = getattr(config, spec.num_kv_heads_attr, None) if spec.num_kv_heads_attr else None
-    num_kv_heads = num_kv_heads or num_heads
-    pattern = re.compile(spec.attention_pattern)
-    sites: list[ProjectionSite] = []
-    for name, module in model.named_modules():
-        m = pattern.search(name)
-        if not m:
-            continue
-        q, k = getattr(module, spec.query, None), getattr(module, spec.key, None)
-        if not isinstance(q, nn.Linear) or not isinstance(k, nn.Linear):
-            raise UnsupportedModelError(
-                f"attention module {name!r} ({type(module).__name__}) has no nn.Linear "
-                f"{spec.query!r}/{spec.key!r} children, as the {spec.model_type!r} registry entry expects"
-            )
-        if q.out_features % num_heads:
-            raise UnsupportedModelError(
-                f"{name}.{spec.query} has {q.out_features} outputs, not divisible by num_heads={num_heads}"
-            )
-        sites.append(
-            ProjectionSite(
-                layer=int(m.group(1)),
-                attention_name=name,
-                query_name=f"{name}.{spec.query}",
-                key_name=f"{name}.{spec.key}",
-                query=q,
-                key=k,
-                num_heads=num_heads,
-                num_kv_heads=num_kv_heads,
-                head_dim=q.out_features // num_heads,
-            )
-        )
-    if not sites:
-        raise UnsupportedModelError(
-            f"no attention module of {type(model).__name__} matched the {spec.model_type!r} pattern "
-            f"{spec.attention_pattern!r}"
-        )
-    return sorted(sites, key=lambda s: s.layer)
-
-
-# --------------------------------------------------------------------------------------------
 # Parameter report
 # --------------------------------------------------------------------------------------------
 
@@ -393,15 +223,26 @@ def _group_of(name: str, patterns: tuple[tuple[str, str], ...]) -> str:
 def parameter_report(model: nn.Module, method: str = "") -> ParameterReport:
     """Count total/trainable/frozen parameters of ``model``, overall and per group.
 
-    Groups come from the model's registry entry; a model of unknown type gets only ``"other"``.
+    Groups come from the model's registry entry: the query/key projections found by
+    :func:`find_attention_projections` (split ones, and SplitQKV's value) are
+    ``attention_query``/``attention_key``/``attention_value`` whatever the patterns say; every
+    other parameter gets the first matching ``group_patterns`` regex. A model of unknown type
+    gets only ``"other"``.
     """
     try:
-        patterns = _architecture_of(model).group_patterns
+        patterns = architecture_of(model).group_patterns
+        sites = find_attention_projections(model)
     except UnsupportedModelError:
-        patterns = ()
+        patterns, sites = (), []
+    by_id: dict[int, str] = {}
+    for site in sites:
+        if site.is_split:
+            for module, group in ((site.query, "attention_query"), (site.key, "attention_key")):
+                by_id.update({id(p): group for p in module.parameters()})
+    by_id.update({id(p): "attention_value" for m in model.modules() if isinstance(m, SplitQKV) for p in m.value.parameters()})
     groups = {g: {"total": 0, "trainable": 0, "frozen": 0} for g in PARAMETER_GROUPS}
     for name, p in model.named_parameters():  # named_parameters() yields tied weights once
-        g = groups[_group_of(name, patterns)]
+        g = groups[by_id.get(id(p)) or _group_of(name, patterns)]
         g["total"] += p.numel()
         g["trainable" if p.requires_grad else "frozen"] += p.numel()
     groups = {k: v for k, v in groups.items() if v["total"]}
@@ -435,32 +276,45 @@ def _init_projection(weight: torch.Tensor, heads: int, config: OELMConfig, gener
 def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, seed: int | None = None) -> ParameterReport:
     """Apply an OELM method to ``model`` in place and return its parameter report.
 
-    Steps: find every layer's query/key projections (:func:`find_attention_projections`);
-    initialize the ``config.targets`` weights per ``config.init`` (biases are left as they are);
-    set ``requires_grad=False`` on them (and on their biases if ``config.freeze_bias``) and on
-    every parameter of ``config.extra_frozen_groups``. ``baseline`` changes nothing.
+    Steps: find every attention module's query/key projections through the architecture
+    registry (:func:`find_attention_projections`); when the method targets Q/K and the family
+    fuses Q/K/V into one module (GPT-2 ``c_attn``, GPT-NeoX ``query_key_value``), replace that
+    module by an output-identical :class:`SplitQKV` first (:func:`split_fused_projections`);
+    initialize the ``config.targets`` weights per ``config.init``, head-wise with the
+    projection's own head count (``num_kv_heads`` for K under grouped-query attention; biases are
+    kept); set ``requires_grad=False`` on them (and their biases if ``config.freeze_bias``) and on
+    every parameter of ``config.extra_frozen_groups``. ``baseline`` changes nothing (fused
+    modules stay fused).
 
     The report is also stored on the model as ``model.oelm_report`` and the config as
     ``model.oelm_config``.
 
     Args:
-        model: a supported model (Hugging Face BERT family, oelm's GPT); see :data:`ARCHITECTURES`.
+        model: a supported model (see :data:`ARCHITECTURES`, or register one).
         config: an :class:`OELMConfig` or a name from :data:`METHODS`.
         seed: overrides ``config.seed`` for random draws.
 
     Returns:
-        :class:`ParameterReport`; ``str(report)`` is the PEFT-style line.
+        :class:`ParameterReport`; ``str(report)`` is the PEFT-style line; ``report.projections``
+        has one entry per (site, target) with module, kind, layer, shape, heads, head_dim, fused
+        layout, frozen flag and ``max_orthogonality_error``.
 
     Raises:
         ConfigError: unknown method name.
-        UnsupportedModelError: the model's query/key projections cannot be found.
+        UnsupportedModelError: the model's query/key projections cannot be found; the message
+            lists supported model types and how to register one.
     """
     if isinstance(config, str):
         config = get_method(config)
     if seed is not None:
         config = config.replace(seed=seed)
-    needs_sites = bool(config.targets) or bool(config.extra_frozen_groups)
-    sites = find_attention_projections(model) if needs_sites else []
+    if config.targets:
+        split_fused_projections(model)
+        sites = find_attention_projections(model)
+    else:
+        sites = []
+        if config.extra_frozen_groups:
+            architecture_of(model)  # unknown model -> UnsupportedModelError, not a silent "other" group
     generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
 
     projections = []
@@ -476,11 +330,13 @@ def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, se
             projections.append(
                 {
                     "layer": site.layer,
+                    "kind": site.kind,
                     "target": target,
                     "module": site.query_name if target == "query" else site.key_name,
                     "shape": list(linear.weight.shape),
                     "num_heads": heads,
                     "head_dim": site.head_dim,
+                    "fused": site.fused,
                     "bias": linear.bias is not None,
                     "frozen": not linear.weight.requires_grad,
                     "max_orthogonality_error": max_orthogonality_error(linear.weight, heads),
@@ -488,7 +344,7 @@ def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, se
             )
 
     if config.extra_frozen_groups:
-        patterns = _architecture_of(model).group_patterns
+        patterns = architecture_of(model).group_patterns
         for name, p in model.named_parameters():
             if _group_of(name, patterns) in config.extra_frozen_groups:
                 p.requires_grad_(False)
@@ -498,3 +354,19 @@ def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, se
     model.oelm_report = report
     model.oelm_config = config
     return report
+
+
+def get_oelm_model(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, seed: int | None = None) -> nn.Module:
+    """PEFT-style entry point: apply ``config`` to ``model`` (in place) and return the model.
+
+    Same as :func:`apply_oelm`, but returns the model (like ``peft.get_peft_model``); the report
+    is on ``model.oelm_report`` and :func:`print_trainable_parameters` prints its summary line::
+
+        model = get_oelm_model(AutoModelForCausalLM.from_config(cfg), "oelm_freeze", seed=0)
+        print_trainable_parameters(model)
+
+    Raises:
+        ConfigError, UnsupportedModelError: as :func:`apply_oelm`.
+    """
+    apply_oelm(model, config, seed=seed)
+    return model
