@@ -81,7 +81,7 @@ def load_tokenizer(name: str, *, trust_remote_code: bool = False):
         raise _not_found(name, exc) from None
     except ValueError as exc:  # e.g. only vocab files, no tokenizer.json / tokenizer_config.json
         raise DataFormatError(
-            f"cannot load the tokenizer of pretrained model {name!r} from {source}: {exc}. Fix: the directory "
+            f"cannot load the tokenizer of pretrained model {name!r} from {source}: {' '.join(str(exc).split())} Fix: the directory "
             "needs the files save_pretrained() writes (tokenizer.json or tokenizer_config.json with the vocab)."
         ) from None
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
@@ -125,7 +125,7 @@ def load_pretrained(
         if isinstance(exc, ConfigError):
             raise
         raise ConfigError(
-            f"pretrained model {name!r} ({source}) cannot be built: {exc}. Fix: correct its config.json "
+            f"pretrained model {name!r} ({source}) cannot be built: {' '.join(str(exc).split())}. Fix: correct its config.json "
             "(e.g. hidden_size must be a multiple of num_attention_heads) or use another checkpoint."
         ) from None
     finally:
