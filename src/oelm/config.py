@@ -19,6 +19,7 @@ suggested). ``key=value`` overrides use dotted paths (``training.epochs=2``,
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -80,6 +81,14 @@ class ModelConfig(_Strict):
     def _one_source(self) -> "ModelConfig":
         if (self.pretrained is None) == (self.gpt is None):
             raise ValueError("set exactly one of model.pretrained (Hugging Face id / local dir) and model.gpt (preset name)")
+        if self.gpt is not None:
+            # Catch an unknown preset or a bad override (e.g. hidden_size not divisible by
+            # num_heads) when the config is read, not when the first run builds its model.
+            from oelm.models.gpt import gpt_config
+
+            gpt_config(self.gpt, **self.gpt_overrides)
+        elif self.gpt_overrides:
+            raise ValueError("gpt_overrides applies to model.gpt only; a pretrained model keeps its own config.json")
         return self
 
     @property
@@ -161,10 +170,13 @@ class TrainingConfig(_Strict):
     progress_bar: bool = True
 
 
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
+
+
 class ExperimentConfig(_Strict):
     """A comparison: one task and model, several methods, several seeds."""
 
-    name: str
+    name: str = Field(description="Experiment name; also the default output folder outputs/<name>, so a plain folder name.")
     description: str = ""
     task: TaskConfig
     model: ModelConfig
@@ -176,6 +188,18 @@ class ExperimentConfig(_Strict):
         default_factory=dict, description="Published numbers to show beside ours (method -> metric)."
     )
     reference_source: str = ""
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        # The name becomes a path (outputs/<name>): refuse anything that could leave outputs/.
+        if not _SAFE_NAME.fullmatch(value) or ".." in value:
+            raise ValueError(
+                "the experiment name becomes the folder outputs/<name>, so it may only use letters, digits and "
+                "'_', '-', '.', '+' (at most 128, not starting with '.' or '-', no '..', no path separators), "
+                "e.g. 'sst2-minilm'"
+            )
+        return value
 
     @model_validator(mode="after")
     def _unique_methods(self) -> "ExperimentConfig":

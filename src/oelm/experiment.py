@@ -21,6 +21,7 @@ Rules kept here:
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -202,8 +203,15 @@ DRIFT_WARNING_PERCENT = 10.0  # speed-probe change (start vs end of a run) that 
 
 
 def run_name(method: str, seed: int) -> str:
-    """Directory name of a run; user strings are sanitized so they cannot escape ``runs/``."""
-    safe = _SAFE.sub("_", method).strip("._") or "method"
+    """Directory name of a run; user strings are sanitized so they cannot escape ``runs/``.
+
+    A method name that is already safe (letters, digits, ``_ . -``, no leading dot) is kept as is;
+    any other one (``"../x"``, ``"a/b"``, spaces, ...) is sanitized and gets 8 hex digits of the
+    sha256 of the original name, so two different names never share a run directory.
+    """
+    safe = _SAFE.sub("_", method).strip("._")[:64] or "method"
+    if safe != method:
+        safe = f"{safe}-{hashlib.sha256(method.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
     return f"{safe}-seed{seed}"
 
 

@@ -25,7 +25,14 @@ import torch
 from oelm.data.registry import DatasetSpec, find_local_files, get_dataset_spec, holdout_indices, load_hub_split, resolve_split
 from oelm.errors import ConfigError, DataFormatError
 
-__all__ = ["ClassificationDataset", "classification_collator", "encode_classification", "load_classification", "subsample"]
+__all__ = [
+    "ClassificationDataset",
+    "check_texts",
+    "classification_collator",
+    "encode_classification",
+    "load_classification",
+    "subsample",
+]
 
 
 def load_classification(
@@ -55,8 +62,10 @@ def load_classification(
     Raises:
         ConfigError: unknown dataset or split, or a language-modelling dataset.
         DataNotFoundError: neither under the data dir nor reachable on the Hub.
-        DataFormatError: missing columns, null text, non-integer or out-of-range labels, an
-            unlabeled split (without ``allow_unlabeled``), or no rows.
+        DataFormatError: missing columns (the message lists the columns found and expected),
+            null or non-string text, non-integer or out-of-range labels, an unlabeled split
+            (without ``allow_unlabeled``), or no rows (also: none left after a row filter or
+            the validation hold-out).
     """
     spec = get_dataset_spec(name)
     if spec.task_type != "classification":
@@ -75,7 +84,40 @@ def load_classification(
     if part is not None:
         train_idx, val_idx = holdout_indices(len(df), spec.validation_holdout, holdout_seed)
         df = df.iloc[val_idx if part == "validation" else train_idx].reset_index(drop=True)
+        if df.empty:
+            raise DataFormatError(
+                f"{spec.name}/{split}: no rows left after holding out validation from the {len(train_idx) + len(val_idx)} "
+                f"row(s) of {origin} ({spec.validation_holdout:g} of train becomes validation). "
+                "Fix: use a train file with at least 2 rows (shared/data, MANIFEST.md)."
+            )
     return df
+
+
+def check_texts(texts: Sequence[Any], where: str, unit: str = "item") -> None:
+    """Check that every item of ``texts`` is a ``str`` that UTF-8 can encode (what tokenizers need).
+
+    ``where`` starts the message (e.g. ``"sst2/train (path): column 'text'"``); ``unit`` names one
+    item in it ("row", "document").
+
+    Raises:
+        DataFormatError: the first bad item, with its position and type: a non-string value
+            (bytes, a number, ...) or a string with a lone UTF-16 surrogate (``"\\ud800"``).
+    """
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            shown = repr(text)[:60]
+            raise DataFormatError(
+                f"{where}: {unit} {i} is {type(text).__name__} {shown}, not text (str). "
+                "Fix: store text as UTF-8 strings (decode bytes first)."
+            )
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise DataFormatError(
+                f"{where}: {unit} {i} is not valid Unicode text ({exc.reason} at character {exc.start}: "
+                f"{text[max(0, exc.start - 10):exc.end + 10]!r}). Fix: repair or drop that text "
+                "(e.g. text.encode('utf-8', 'replace').decode())."
+            ) from None
 
 
 def _read_parquet(spec: DatasetSpec, split: str, paths: list[Path]) -> pd.DataFrame:
@@ -120,8 +162,9 @@ def _to_layout(spec: DatasetSpec, split: str, frame: pd.DataFrame, origin: str, 
         nulls = int(df[column].isna().sum())
         if nulls:
             raise DataFormatError(f"{where}: column {column!r} has {nulls} missing text value(s); drop or fill them.")
+        check_texts(df[column].tolist(), f"{where}: column {column!r}", "row")
         df[column] = df[column].astype(str)
-    df["label"] = _integer_labels(df["label"], where)
+    df["label"] = _integer_labels(df["label"], where, spec)
     unlabeled = int((df["label"] == -1).sum())
     if unlabeled and not allow_unlabeled:
         scope = "the split is unlabeled" if unlabeled == len(df) else f"{unlabeled} of {len(df)} rows are unlabeled"
@@ -139,11 +182,24 @@ def _to_layout(spec: DatasetSpec, split: str, frame: pd.DataFrame, origin: str, 
     return df
 
 
-def _integer_labels(labels: pd.Series, where: str) -> pd.Series:
+def _label_set(spec: DatasetSpec) -> str:
+    if spec.label_names:
+        return f"0..{len(spec.label_names) - 1} ({', '.join(f'{i} = {n}' for i, n in enumerate(spec.label_names))})"
+    return "integers >= 0"
+
+
+def _integer_labels(labels: pd.Series, where: str, spec: DatasetSpec) -> pd.Series:
     if pd.api.types.is_bool_dtype(labels) or not pd.api.types.is_numeric_dtype(labels):
-        raise DataFormatError(f"{where}: column 'label' must hold integer class ids, got dtype {labels.dtype}.")
+        shown = sorted({repr(v) for v in labels.dropna().tolist()[:1000]})[:3]
+        raise DataFormatError(
+            f"{where}: column 'label' must hold integer class ids {_label_set(spec)}, got dtype {labels.dtype} "
+            f"(e.g. {', '.join(shown) or 'nothing'}). Fix: map the labels to those ids."
+        )
     if labels.isna().any() or not np.all(np.equal(np.mod(labels.to_numpy(dtype=float), 1), 0)):
-        raise DataFormatError(f"{where}: column 'label' must hold integer class ids (found missing or fractional values).")
+        raise DataFormatError(
+            f"{where}: column 'label' must hold integer class ids {_label_set(spec)} "
+            "(found missing or fractional values)."
+        )
     return labels.astype("int64")
 
 
@@ -197,7 +253,8 @@ def encode_classification(df: pd.DataFrame, tokenizer, text_columns: Sequence[st
     ([CLS]/[SEP] for BERT; none for GPT-2) are added by the tokenizer and count toward ``max_length``.
 
     Raises:
-        DataFormatError: ``df`` lacks a text column or the ``label`` column.
+        DataFormatError: ``df`` lacks a text column or the ``label`` column, or a text is not a
+            ``str`` or not valid Unicode (:func:`check_texts`).
         ConfigError: not one or two text columns, or ``max_length`` < 1.
     """
     text_columns = tuple(text_columns)
@@ -209,6 +266,8 @@ def encode_classification(df: pd.DataFrame, tokenizer, text_columns: Sequence[st
     if missing:
         raise DataFormatError(f"cannot encode: DataFrame lacks column(s) {missing}; found {list(df.columns)}")
     texts = [df[c].tolist() for c in text_columns]
+    for column, values in zip(text_columns, texts):
+        check_texts(values, f"cannot encode column {column!r}", "row")
     encodings = tokenizer(*texts, truncation=True, max_length=max_length, padding=False)
     return ClassificationDataset(dict(encodings), df["label"].astype("int64").tolist())
 

@@ -43,6 +43,7 @@ from oelm.data.registry import (
     resolve_data_dir,
     resolve_split,
 )
+from oelm.data.classification import check_texts
 from oelm.errors import ConfigError, DataFormatError, DataNotFoundError
 
 __all__ = [
@@ -111,6 +112,11 @@ def load_documents(name: str, split: str, data_dir: str | os.PathLike | None = N
     if part is not None:
         train_idx, val_idx = holdout_indices(len(docs), spec.validation_holdout, holdout_seed)
         docs = [docs[i] for i in (val_idx if part == "validation" else train_idx)]
+        if not docs:
+            raise DataFormatError(
+                f"{spec.name}/{split}: no documents left after holding out validation from the "
+                f"{len(train_idx) + len(val_idx)} document(s) of {origin}. Fix: use at least 2 training documents."
+            )
     return docs
 
 
@@ -138,7 +144,9 @@ def _read_local_documents(spec: DatasetSpec, split: str, paths: list[Path], fmt:
                 raise DataFormatError(f"{spec.name}/{split}: cannot read {path} as Parquet ({type(exc).__name__}: {exc}).") from exc
             if column not in frame.columns:
                 raise DataFormatError(f"{spec.name}/{split}: {path} lacks column {column!r}; found {list(frame.columns)}.")
-            docs.extend(frame[column].dropna().astype(str).tolist())
+            texts = frame[column].dropna().tolist()
+            check_texts(texts, f"{spec.name}/{split}: {path}: column {column!r}", "row")
+            docs.extend(texts)
         return docs
     docs = []
     for path in paths:
@@ -326,6 +334,7 @@ def train_bpe_tokenizer(documents: Sequence[str], vocab_size: int, cache_dir: st
 
     Raises:
         ConfigError: ``vocab_size`` < 257 or no documents.
+        DataFormatError: a document is not a ``str`` or not valid Unicode (a lone surrogate).
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -333,6 +342,7 @@ def train_bpe_tokenizer(documents: Sequence[str], vocab_size: int, cache_dir: st
         raise ConfigError(f"bpe vocab_size must be >= 257 (256 bytes + <|endoftext|>), got {vocab_size}")
     if not documents:
         raise ConfigError("train_bpe_tokenizer needs at least one training document")
+    check_texts(documents, "cannot train a BPE tokenizer", "document")
     key = hashlib.sha256(f"{_BPE_RECIPE}|{vocab_size}|{documents_digest(documents)}".encode()).hexdigest()[:16]
     target = Path(cache_dir) / f"bpe-{vocab_size}-{key}" / "tokenizer.json" if cache_dir is not None else None
     if target is not None and target.is_file():
@@ -438,11 +448,13 @@ def pack_documents(
     ``block_size``.
 
     Raises:
-        DataFormatError: the tokenizer has no eos token.
+        DataFormatError: the tokenizer has no eos token, or a document is not a ``str`` or not
+            valid Unicode (a lone surrogate).
         ConfigError: ``block_size`` < 1.
     """
     if block_size < 1:
         raise ConfigError(f"block_size must be >= 1, got {block_size}")
+    check_texts(documents, "cannot pack documents", "document")
     if tokenizer.eos_token_id is None:
         raise DataFormatError(
             f"tokenizer {type(tokenizer).__name__} has no eos token to separate documents; set tokenizer.eos_token"

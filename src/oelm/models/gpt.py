@@ -169,8 +169,9 @@ class GPTConfig:
 
     Raises:
         ConfigError: a size is not a positive int, ``hidden_size`` is not divisible by
-            ``num_heads``, ``dropout`` is outside [0, 1), ``layer_norm_eps`` <= 0, or
-            ``pad_token_id`` is outside [0, vocab_size).
+            ``num_heads``, ``dropout`` is not a number in [0, 1), ``layer_norm_eps`` is not a
+            number > 0, ``bias``/``tie_word_embeddings`` is not a bool, or ``pad_token_id`` is
+            outside [0, vocab_size).
     """
 
     vocab_size: int = 50304  # GPT-2's 50257 rounded up to a multiple of 64 (faster matmuls)
@@ -196,10 +197,17 @@ class GPTConfig:
                 f"GPTConfig.hidden_size={self.hidden_size} is not divisible by "
                 f"num_heads={self.num_heads}; pick hidden_size as a multiple of num_heads"
             )
+        for name in ("dropout", "layer_norm_eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"GPTConfig.{name} must be a number, got {type(value).__name__} {value!r}")
         if not 0.0 <= float(self.dropout) < 1.0:
             raise ConfigError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}")
         if not float(self.layer_norm_eps) > 0.0:
             raise ConfigError(f"GPTConfig.layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
+        for name in ("bias", "tie_word_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"GPTConfig.{name} must be true or false, got {getattr(self, name)!r}")
         if self.pad_token_id is not None and (
             isinstance(self.pad_token_id, bool)
             or not isinstance(self.pad_token_id, int)

@@ -9,6 +9,16 @@ is resolved in this order:
 3. the Hub id itself (needs network unless it is already in the Hugging Face cache).
 
 When none works, :class:`~oelm.errors.DataNotFoundError` says what was tried.
+
+Padding rule: a tokenizer without a pad token (GPT-2, Llama, ...) gets ``pad_token = eos_token``
+(the usual practice for decoder models; padded positions are hidden by the attention mask, and
+the model's ``config.pad_token_id`` is set to the same id so a sequence-classification head finds
+the last real token). A tokenizer with neither a pad nor an eos token is left alone, and
+:func:`oelm.data.classification_collator` then refuses it with a message saying how to add one.
+
+Security: ``trust_remote_code`` is passed to ``transformers`` exactly as given and defaults to
+False (``model.trust_remote_code`` in a config), so no code shipped with a checkpoint runs
+unless the user asks for it.
 """
 
 from __future__ import annotations
@@ -16,7 +26,7 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from oelm.errors import DataNotFoundError
+from oelm.errors import ConfigError, DataFormatError, DataNotFoundError
 
 __all__ = ["PACKAGED_CHECKPOINTS", "resolve_pretrained", "load_pretrained", "load_tokenizer"]
 
@@ -55,17 +65,28 @@ def _not_found(name: str, exc: Exception) -> DataNotFoundError:
 
 
 def load_tokenizer(name: str, *, trust_remote_code: bool = False):
-    """The tokenizer of checkpoint ``name`` (resolved as :func:`resolve_pretrained`).
+    """The tokenizer of checkpoint ``name`` (resolved as :func:`resolve_pretrained`); without a
+    pad token it gets ``pad_token = eos_token`` (module docstring, "Padding rule").
 
     Raises:
         DataNotFoundError: no local copy and the Hub cannot provide it.
+        DataFormatError: the local files cannot be turned into a tokenizer.
     """
     from transformers import AutoTokenizer
 
+    source = resolve_pretrained(name)
     try:
-        return AutoTokenizer.from_pretrained(resolve_pretrained(name), trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     except OSError as exc:
         raise _not_found(name, exc) from None
+    except ValueError as exc:  # e.g. only vocab files, no tokenizer.json / tokenizer_config.json
+        raise DataFormatError(
+            f"cannot load the tokenizer of pretrained model {name!r} from {source}: {' '.join(str(exc).split())} Fix: the directory "
+            "needs the files save_pretrained() writes (tokenizer.json or tokenizer_config.json with the vocab)."
+        ) from None
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token  # see "Padding rule" in the module docstring
+    return tokenizer
 
 
 def load_pretrained(
@@ -78,6 +99,8 @@ def load_pretrained(
     Raises:
         DataNotFoundError: neither a local copy nor the Hub could provide the checkpoint; the
             message lists the places tried and how to fix it.
+        ConfigError: an unknown ``task``, or a checkpoint whose config transformers rejects
+            (e.g. ``hidden_size`` not a multiple of ``num_attention_heads``).
     """
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
@@ -95,9 +118,18 @@ def load_pretrained(
         elif task == "causal_lm":
             model = AutoModelForCausalLM.from_pretrained(source, trust_remote_code=trust_remote_code)
         else:
-            raise ValueError(f"unknown task {task!r}")
+            raise ConfigError(f"unknown task {task!r}; use 'sequence_classification' or 'causal_lm'")
     except OSError as exc:
         raise _not_found(name, exc) from None
+    except ValueError as exc:  # transformers' config checks, e.g. hidden size vs number of heads
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(
+            f"pretrained model {name!r} ({source}) cannot be built: {' '.join(str(exc).split())}. Fix: correct its config.json "
+            "(e.g. hidden_size must be a multiple of num_attention_heads) or use another checkpoint."
+        ) from None
     finally:
         hf_logging.set_verbosity(verbosity)
+    if getattr(model.config, "pad_token_id", None) is None and tokenizer.pad_token_id is not None:
+        model.config.pad_token_id = tokenizer.pad_token_id  # lets a classification head find the last real token
     return model, tokenizer
