@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import pytest
 
-from _reliability import comparable, metrics_records, run
+import json
+
+from _reliability import comparable, metrics_records, start
 
 
 @pytest.mark.slow
 def test_same_config_and_seed_twice_is_bit_identical(tmp_path, data_dir):
+    procs = {name: start(tmp_path / name, tmp_path / f"{name}.json") for name in ("first", "second")}  # concurrently
     results = []
-    for name in ("first", "second"):
-        code, result, err = run(tmp_path / name, tmp_path / f"{name}.json")
-        assert code == 0, err
-        results.append(result)
+    for name, proc in procs.items():
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        results.append(json.loads((tmp_path / f"{name}.json").read_text()))
     assert results[0]["saved_weights"] and len(results[0]["model_weights"]) >= 10
     assert comparable(results[0]) == comparable(results[1])
     assert metrics_records(tmp_path / "first") == metrics_records(tmp_path / "second")
