@@ -160,6 +160,15 @@ class TrainingConfig(_Strict):
         "as Trainer(group_by_length=True)); less padding, same examples per epoch.",
     )
     save_best_checkpoint: bool = Field(True, description="Keep the best-on-validation weights (safetensors).")
+    checkpoint_every: int | None = Field(
+        None, gt=0,
+        description="Save a resumable checkpoint (run_dir/checkpoints/step-<N>/) every N optimizer steps; "
+        "None = after every validation. A checkpoint is also saved on SIGTERM/SIGINT.",
+    )
+    keep_checkpoints: int = Field(2, ge=1, description="Resumable checkpoints kept (the newest K); removed when the run finishes.")
+    resume: bool = Field(
+        True, description="Resume from the newest intact checkpoint in run_dir; False starts over (old checkpoints are removed)."
+    )
 
     @field_validator("mixed_precision", mode="before")
     @classmethod

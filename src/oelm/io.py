@@ -1,15 +1,18 @@
-"""Atomic file writes: a reader sees the old file or the new one, never half of one."""
+"""Atomic writes: a reader sees the old file (or directory) or the new one, never half of one."""
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import math
 import os
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["write_text_atomic", "write_json_atomic", "read_json"]
+__all__ = ["write_text_atomic", "write_json_atomic", "read_json", "sha256_file", "write_dir_atomic", "verify_dir"]
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
@@ -54,3 +57,104 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
 def read_json(path: str | os.PathLike) -> Any:
     with open(path, encoding="utf-8") as fh:
         return json.load(fh)
+
+
+# --------------------------------------------------------------------------------------------
+# Directories written as a whole (checkpoints): temp dir, fsync, manifest last, rename
+# --------------------------------------------------------------------------------------------
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_FORMAT = 1
+
+
+def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 20) -> str:
+    """Hex sha256 of a file's bytes, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk_bytes):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync_path(path: Path) -> None:
+    """fsync a file or directory (directories: best effort, some filesystems refuse)."""
+    flags = os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if path.is_dir() else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        if path.is_dir():
+            return
+        raise
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if not path.is_dir() or exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise
+    finally:
+        os.close(fd)
+
+
+def write_dir_atomic(path: str | os.PathLike, fill: Callable[[Path], None], extra: dict[str, Any] | None = None) -> Path:
+    """Create directory ``path`` whole or not at all.
+
+    ``fill(tmp_dir)`` writes the files into a temporary sibling directory; then every file is
+    fsynced, ``manifest.json`` (format, ``extra``, and the size and sha256 of every file) is
+    written *last*, the temporary directory is renamed to ``path`` and the parent directory is
+    fsynced. A reader that finds ``path`` with a manifest whose checksums match (see
+    :func:`verify_dir`) therefore sees a complete directory. On any exception (including
+    ``OSError`` ENOSPC from a full disk) the temporary directory is removed and the exception
+    re-raised; an existing ``path`` is never touched until the final rename.
+
+    Raises:
+        FileExistsError: ``path`` already exists.
+        OSError / whatever ``fill`` raises.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        raise FileExistsError(f"{path} already exists")
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}-", dir=path.parent))
+    try:
+        fill(tmp)
+        files = {}
+        for f in sorted(p for p in tmp.rglob("*") if p.is_file()):
+            _fsync_path(f)
+            files[f.relative_to(tmp).as_posix()] = {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
+        manifest = {"format": MANIFEST_FORMAT, **(extra or {}), "files": files}
+        with open(tmp / MANIFEST_NAME, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(manifest, indent=1) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        _fsync_path(tmp)
+        os.rename(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync_path(path.parent)
+    return path
+
+
+def verify_dir(path: str | os.PathLike) -> str | None:
+    """Check a directory written by :func:`write_dir_atomic` against its manifest.
+
+    Returns:
+        None when the manifest exists and every listed file has its recorded size and sha256;
+        otherwise a short reason (missing manifest, missing/truncated file, checksum mismatch).
+    """
+    path = Path(path)
+    try:
+        manifest = read_json(path / MANIFEST_NAME)
+        files = manifest["files"]
+    except FileNotFoundError:
+        return "no manifest.json (the directory was not finished)"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"unreadable manifest.json ({exc})"
+    for name, meta in files.items():
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != meta.get("bytes"):
+            return f"{name} has {f.stat().st_size} bytes, the manifest says {meta.get('bytes')} (truncated?)"
+        if sha256_file(f) != meta.get("sha256"):
+            return f"{name} does not match its sha256 in the manifest (corrupted)"
+    return None

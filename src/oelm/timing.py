@@ -125,6 +125,10 @@ class _Step:
     stall_seconds: float  # device idle time attributed to this step's data waits
     tokens: int
     samples: int
+    warmup: bool = False  # among the first ``warmup_steps`` steps of its process
+
+
+_STATE_COLUMNS = ("ms", "data_seconds", "stall_seconds", "tokens", "samples", "warmup")
 
 
 class StepTimer:
@@ -152,6 +156,11 @@ class StepTimer:
             ``train_step_seconds``. Default 5.
 
     See the module docstring for the exact interval measured and the tokens/s definition.
+
+    Resuming: :meth:`state_dict` / :meth:`load_state_dict` carry the flushed steps across
+    processes. The first ``warmup_steps`` steps *of each process* are warm-up (a resumed
+    process warms up its allocator and caches again), so after ``load_state_dict`` the next
+    ``warmup_steps`` steps are excluded too.
     """
 
     def __init__(self, device: torch.device | str = "cpu", warmup_steps: int = 5) -> None:
@@ -167,6 +176,8 @@ class StepTimer:
         self._step_start: Mark | None = None
         self._in_wait = False
         self._last_mark: Mark | None = None  # most recent event recorded (CUDA)
+        self._warmup_until = self.warmup_steps  # steps with index below this are warm-up
+        self._carried_data_seconds = 0.0  # trailing data wait of an earlier process (resume)
 
     # -- clock -------------------------------------------------------------------------------
 
@@ -269,9 +280,37 @@ class StepTimer:
                     stall_seconds=stall_ms / 1000.0,
                     tokens=pending.tokens,
                     samples=pending.samples,
+                    warmup=len(self._steps) < self._warmup_until,
                 )
             )
         self._pending = []
+
+    # -- resume ------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Flush, then return the finished steps as a float64 tensor ``[steps, 6]`` (columns
+        ms, data_seconds, stall_seconds, tokens, samples, warmup) plus the trailing data wait
+        (seconds). Loadable with ``torch.load(..., weights_only=True)``."""
+        self.flush()
+        rows = [[s.ms, s.data_seconds, s.stall_seconds, s.tokens, s.samples, float(s.warmup)] for s in self._steps]
+        steps = torch.tensor(rows, dtype=torch.float64).reshape(len(rows), len(_STATE_COLUMNS))
+        return {"steps": steps, "trailing_data_seconds": sum(w.host_seconds for w in self._waits)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the steps of :meth:`state_dict` (from an earlier process); the next
+        ``warmup_steps`` steps of this process count as warm-up.
+
+        Raises:
+            RuntimeError: steps were already timed by this timer.
+        """
+        if self._steps or self._pending or self._step_start is not None:
+            raise RuntimeError("StepTimer.load_state_dict() must be called before any step is timed")
+        self._steps = [
+            _Step(ms=r[0], data_seconds=r[1], stall_seconds=r[2], tokens=int(r[3]), samples=int(r[4]), warmup=bool(r[5]))
+            for r in state["steps"].tolist()
+        ]
+        self._carried_data_seconds = float(state.get("trailing_data_seconds", 0.0))
+        self._warmup_until = len(self._steps) + self.warmup_steps
 
     # -- results -----------------------------------------------------------------------------
 
@@ -279,6 +318,11 @@ class StepTimer:
     def step_times_ms(self) -> list[float]:
         """Time of each flushed step in ms, in step order (warm-up included)."""
         return [s.ms for s in self._steps]
+
+    @property
+    def measured_step_times_ms(self) -> list[float]:
+        """Time of each flushed non-warm-up step in ms, in step order (what ``per_step_ms`` summarizes)."""
+        return [s.ms for s in self._steps if not s.warmup]
 
     @property
     def last_step_ms(self) -> float | None:
@@ -300,16 +344,16 @@ class StepTimer:
         ``measured_seconds`` (the tokens/s denominator: step + data stall seconds of the
         steps after warm-up), ``tokens_per_second`` / ``samples_per_second`` (steps after
         warm-up; None when there are none), ``steps``, ``warmup_steps_excluded`` (how many
-        steps were actually left out: ``min(warmup_steps, steps)``).
+        steps were actually left out: ``min(warmup_steps, steps)`` per process).
         """
         self.flush()
-        measured = self._steps[self.warmup_steps :]
+        measured = [s for s in self._steps if not s.warmup]
         measured_seconds = sum(s.ms / 1000.0 + s.stall_seconds for s in measured)
 
         def rate(count: int) -> float | None:
             return count / measured_seconds if measured and measured_seconds > 0 else None
 
-        trailing_data = sum(w.host_seconds for w in self._waits)
+        trailing_data = sum(w.host_seconds for w in self._waits) + self._carried_data_seconds
         return {
             "per_step_ms": summarize_step_times([s.ms for s in measured]),
             "train_step_seconds": sum(s.ms for s in self._steps) / 1000.0,
@@ -321,7 +365,7 @@ class StepTimer:
             "tokens_per_second": rate(sum(s.tokens for s in measured)),
             "samples_per_second": rate(sum(s.samples for s in measured)),
             "steps": len(self._steps),
-            "warmup_steps_excluded": min(self.warmup_steps, len(self._steps)),
+            "warmup_steps_excluded": len(self._steps) - len(measured),
         }
 
 

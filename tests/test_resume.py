@@ -1,0 +1,142 @@
+"""Kill-and-resume on a real tiny run (oelm GPT, TinyStories, dropout on): SIGKILL at random
+steps, SIGTERM graceful stop, corrupted checkpoints. Every resumed run must end bit-identical
+(metrics, metrics.jsonl, every weight) to an uninterrupted run (CPU, fp32)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+
+import pytest
+import torch
+
+from _reliability import comparable, in_process, in_process_summary, metrics_records, run, start, wait_for_step
+from oelm.errors import RunInterruptedError
+from oelm.io import verify_dir
+
+TOTAL_STEPS = 90  # _train_driver.BASE: 90 steps over 2 epochs, checkpoint every 7, log every 3
+SLOW = ("--step-sleep", "0.03")  # throttle so kills land on chosen steps; changes no number
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, data_dir):
+    """One uninterrupted run in a fresh process."""
+    d = tmp_path_factory.mktemp("reference")
+    code, result, err = run(d / "run", d / "out.json")
+    assert code == 0, err
+    return result, metrics_records(d / "run")
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_steps_then_resume_is_bit_identical(tmp_path, reference):
+    rng = random.Random(int.from_bytes(os.urandom(4), "little"))
+    run_dir, out = tmp_path / "run", tmp_path / "out.json"
+    kills = []
+    for _ in range(3):
+        target = rng.randint(kills[-1] + 4 if kills else 5, TOTAL_STEPS - 8)
+        proc = start(run_dir, out, *SLOW)
+        kills.append(wait_for_step(proc, run_dir, target))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if kills[-1] >= TOTAL_STEPS - 8:
+            break
+    code, result, err = run(run_dir, out)
+    assert code == 0, f"killed at steps {kills}: {err}"
+    assert len(result["timing"]["process_start_steps"]) >= 2, kills  # it really resumed
+    assert comparable(result) == comparable(reference[0]), f"killed at steps {kills}"
+    assert metrics_records(run_dir) == reference[1]  # nothing lost, nothing repeated
+    assert not (run_dir / "checkpoints").exists()  # removed once finished
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_exits_nonzero_and_resumes_identically(tmp_path, reference):
+    run_dir, out = tmp_path / "run", tmp_path / "out.json"
+    proc = start(run_dir, out, *SLOW)
+    wait_for_step(proc, run_dir, 25)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, err  # the driver's exit code for RunInterruptedError
+    stopped = json.loads(out.read_text())["interrupted"]
+    assert stopped["signal"] == "SIGTERM" and 25 <= stopped["step"] < TOTAL_STEPS
+    ckpt = run_dir / "checkpoints" / f"step-{stopped['step']}"
+    assert ckpt.is_dir() and verify_dir(ckpt) is None
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == sorted(  # keep_checkpoints=2
+        p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step-"))
+    assert len(list((run_dir / "checkpoints").iterdir())) == 2
+    out.unlink()
+    code, result, err = run(run_dir, out)
+    assert code == 0, err
+    assert result["timing"]["process_start_steps"] == [0, stopped["step"]]
+    assert comparable(result) == comparable(reference[0])
+    assert metrics_records(run_dir) == reference[1]
+
+
+def _sigterm_at(step: int):
+    """A forward hook that sends this process SIGTERM during training step ``step``."""
+    calls = {"n": 0}
+
+    def hook(module, args, kwargs, output):
+        if module.training:
+            calls["n"] += 1
+            if calls["n"] == step:
+                os.kill(os.getpid(), signal.SIGTERM)
+    return hook
+
+
+def _corrupt(ckpt, how: str) -> None:
+    if how == "flip_byte":
+        path = ckpt / "model.safetensors"
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+    elif how == "truncate":
+        path = ckpt / "state.pt"
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    else:  # a checkpoint whose manifest was never written
+        (ckpt / "manifest.json").unlink()
+
+
+@pytest.mark.parametrize("how", ["flip_byte", "truncate", "no_manifest"])
+def test_corrupted_newest_checkpoint_is_skipped_for_the_previous_one(tmp_path, reference, how):
+    run_dir = tmp_path / "run"
+    with pytest.raises(RunInterruptedError) as info:
+        in_process(run_dir, hook=_sigterm_at(31))
+    assert info.value.step == 31 and info.value.signal_name == "SIGTERM"
+    ckpts = sorted((run_dir / "checkpoints").iterdir())
+    assert [p.name for p in ckpts] == ["step-28", "step-31"]
+    _corrupt(run_dir / "checkpoints" / "step-31", how)
+    assert verify_dir(run_dir / "checkpoints" / "step-31") is not None
+    with pytest.warns(RuntimeWarning, match="step-31 failed its integrity check"):
+        result, model, _ = in_process(run_dir)
+    assert result.timing["process_start_steps"] == [0, 28]  # resumed from the previous good one
+    assert in_process_summary(result, model, run_dir) == comparable(reference[0])
+    assert metrics_records(run_dir) == reference[1]
+
+
+def test_resume_false_starts_over(tmp_path, reference):
+    run_dir = tmp_path / "run"
+    with pytest.raises(RunInterruptedError):
+        in_process(run_dir, hook=_sigterm_at(10))
+    result, model, _ = in_process(run_dir, "training.resume=false")
+    assert result.timing["process_start_steps"] == [0]
+    assert in_process_summary(result, model, run_dir) == comparable(reference[0])
+
+
+def test_checkpoint_layout_and_weights_only_loading(tmp_path, data_dir):
+    run_dir = tmp_path / "run"
+    with pytest.raises(RunInterruptedError):
+        in_process(run_dir, hook=_sigterm_at(23))  # after the validation at 20 and the checkpoint at 21
+    ckpt = run_dir / "checkpoints" / "step-23"
+    names = sorted(p.name for p in ckpt.iterdir())
+    assert names == ["best.safetensors", "manifest.json", "model.safetensors", "state.pt", "trainer_state.json"]
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    assert manifest["step"] == 23 and set(manifest["files"]) == set(names) - {"manifest.json"}
+    state = torch.load(ckpt / "state.pt", weights_only=True)  # no pickle code execution needed
+    assert {"optimizer", "scheduler", "scaler", "rng", "running_loss", "timer"} <= set(state)
+    trainer = json.loads((ckpt / "trainer_state.json").read_text())
+    assert trainer["step"] == 23 and trainer["best_step"] == 20 and trainer["epoch"] == 0
+    assert trainer["batches_in_epoch"] == 23 and len(trainer["rng"]["numpy"][1]) == 624
+    assert trainer["metrics_offset"] == (run_dir / "metrics.jsonl").stat().st_size
+    assert not list((run_dir / "checkpoints").glob(".tmp-*"))
