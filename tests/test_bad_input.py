@@ -387,7 +387,7 @@ def test_hf_model_whose_heads_do_not_divide_the_projection():
         BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64)
     )
     model.config.num_attention_heads = 5
-    with pytest.raises(UnsupportedModelError, match=r"query has 32 outputs, not divisible by num_heads=5"):
+    with pytest.raises(UnsupportedModelError, match=r"query has 32 and key 32 outputs, expected num_heads\*head_dim=5\*6.*Fix:"):
         apply_oelm(model, "oelm_freeze", seed=0)
 
 

@@ -466,7 +466,9 @@ def _site(
     if q.out_features != num_heads * head_dim or k.out_features != num_kv_heads * head_dim:
         raise UnsupportedModelError(
             f"{name}: {a.query} has {q.out_features} and {a.key} {k.out_features} outputs, expected "
-            f"num_heads*head_dim={num_heads}*{head_dim} and num_kv_heads*head_dim={num_kv_heads}*{head_dim}"
+            f"num_heads*head_dim={num_heads}*{head_dim} and num_kv_heads*head_dim={num_kv_heads}*{head_dim}. "
+            f"Fix: the model config's head counts ({spec.num_heads!r}, {spec.num_kv_heads!r}) must divide the "
+            "projections; correct the config, or register the architecture with the right head-count attributes"
         )
     return ProjectionSite(
         **common, query_name=f"{name}.{a.query}", key_name=f"{name}.{a.key}", query=q, key=k,
