@@ -272,3 +272,15 @@ def test_bert_base_lean_checkpoint_saves_frozen_share(tmp_path):
     )
     assert abs(100 * lean_ratio - 100 * param_ratio) < 0.5
     assert 12.5 < report.saved_percent < 13.5
+
+
+def test_safetensors_size_matches_written_files_with_mixed_dtypes(tmp_path):
+    tensors = {
+        "b.weight": torch.randn(3, 5),
+        "a.steps": torch.arange(7),  # int64
+        "c.half": torch.randn(11, dtype=torch.float16),
+        "d.mask": torch.ones(4, dtype=torch.bool),
+    }
+    for metadata in (None, {"format": "pt"}):
+        save_file(tensors, str(tmp_path / "t.safetensors"), metadata=metadata)
+        assert safetensors_size(tensors, metadata) == (tmp_path / "t.safetensors").stat().st_size
