@@ -39,9 +39,16 @@ from oelm.method import (  # noqa: E402
     register_architecture,
 )
 
+from oelm.checkpoint import CheckpointError, CheckpointMismatchError, SaveReport, load_oelm, save_pretrained  # noqa: E402
+
 __version__ = "0.1.0"
 
 __all__ = [
+    "CheckpointError",
+    "CheckpointMismatchError",
+    "SaveReport",
+    "load_oelm",
+    "save_pretrained",
     "ARCHITECTURES",
     "METHODS",
     "ArchitectureSpec",

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers.modeling_outputs import CausalLMOutput, SequenceClassifierOutput
 
 from oelm.errors import ConfigError
@@ -292,6 +293,53 @@ class _GPTBase(nn.Module):
         # parameters() already yields a shared tensor once
         return sum(p.numel() for p in self.parameters() if id(p) not in excluded)
 
+    def activation_checkpointing_enable(
+        self,
+        activation_checkpointing_kwargs: dict[str, Any] | None = None,
+        every_n_layers: int = 1,
+        offload: bool = False,
+    ) -> None:
+        """Recompute each block's activations in the backward pass instead of storing them.
+
+        Same signature as Hugging Face ``PreTrainedModel.activation_checkpointing_enable``, so
+        ``Trainer(args=TrainingArguments(activation_checkpointing=True))`` can turn it on. Only in
+        training mode; gradients equal those without checkpointing (tested to 1e-6).
+
+        Args:
+            activation_checkpointing_kwargs: passed to ``torch.utils.checkpoint.checkpoint``;
+                default ``{"use_reentrant": False}``. Keep it non-reentrant: the reentrant variant
+                computes no parameter gradients inside a block whose input does not require grad.
+            every_n_layers: checkpoint blocks ``0, n, 2n, ...`` only.
+
+        Raises:
+            ConfigError: ``every_n_layers < 1`` or ``offload=True`` (not supported here).
+        """
+        if isinstance(every_n_layers, bool) or not isinstance(every_n_layers, int) or every_n_layers < 1:
+            raise ConfigError(f"every_n_layers must be a positive int, got {every_n_layers!r}")
+        if offload:
+            raise ConfigError("offload=True is not supported by oelm's GPT; use offload=False")
+        backbone = self._backbone()
+        backbone.gradient_checkpointing = True
+        backbone._checkpoint_kwargs = dict(activation_checkpointing_kwargs or {"use_reentrant": False})
+        backbone._checkpoint_every = every_n_layers
+
+    def activation_checkpointing_disable(self) -> None:
+        """Store activations again (the default)."""
+        self._backbone().gradient_checkpointing = False
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        """Alias of :meth:`activation_checkpointing_enable` (the older Hugging Face name)."""
+        self.activation_checkpointing_enable(gradient_checkpointing_kwargs, **kwargs)
+
+    def gradient_checkpointing_disable(self) -> None:
+        """Alias of :meth:`activation_checkpointing_disable`."""
+        self.activation_checkpointing_disable()
+
+    @property
+    def is_activation_checkpointing(self) -> bool:
+        """Whether activation checkpointing is on."""
+        return self._backbone().gradient_checkpointing
+
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs (forward + backward) per token at sequence length ``seq_len``.
 
@@ -332,6 +380,9 @@ class GPTModel(_GPTBase):
         self.drop = nn.Dropout(config.dropout)
         self.h = nn.ModuleList([Block(config) for _ in range(config.num_layers)])
         self.ln_f = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=config.bias)
+        self.gradient_checkpointing = False  # see activation_checkpointing_enable
+        self._checkpoint_kwargs: dict[str, Any] = {"use_reentrant": False}
+        self._checkpoint_every = 1
 
         self.apply(_init_weights)
         # Each block adds two branches (attention, MLP) to the residual stream, so at init the
@@ -367,8 +418,11 @@ class GPTModel(_GPTBase):
             # Count real tokens only, so left padding does not shift the positions.
             pos = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
         x = self.drop(self.wte(input_ids) + self.wpe(pos))  # (B, T, C)
-        for block in self.h:
-            x = block(x, attention_mask)  # (B, T, C)
+        for i, block in enumerate(self.h):
+            if self.gradient_checkpointing and self.training and i % self._checkpoint_every == 0:
+                x = checkpoint(block, x, attention_mask, **self._checkpoint_kwargs)  # (B, T, C), recomputed in backward
+            else:
+                x = block(x, attention_mask)  # (B, T, C)
         return self.ln_f(x)  # (B, T, C)
 
 
