@@ -4,19 +4,27 @@ Each family is built from its transformers config class (hidden 32, 2 layers, 4 
 100; nothing downloaded) with a task head that gives a loss, then checked for: detection
 (sites = layers x attention kinds, shapes, head counts), fused-split equivalence, head-wise
 orthogonality of every frozen Q/K (with K's own head count under GQA), freezing that survives
-AdamW with weight decay bit for bit, and parameter-report sums. Then GQA/MQA, explicit
-head_dim, the unsupported-model error, and registering an architecture oelm does not know.
+AdamW with weight decay bit for bit, parameter-report sums, a lean save/load round trip that
+restores every tensor bit for bit (baseline too, whose fused modules are split as well by
+default: ``OELMConfig.split_fused``), and a Hugging Face ``Trainer`` smoke run. Then GQA/MQA,
+explicit head_dim, the unsupported-model error, and registering an architecture oelm does not
+know.
 """
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import transformers as T
+from safetensors import safe_open
 from torch import nn
 
+import oelm
 from oelm import (
     ARCHITECTURES,
+    METHODS,
     ArchitectureSpec,
     ConfigError,
     UnsupportedModelError,
@@ -28,8 +36,10 @@ from oelm import (
     register_architecture,
 )
 from oelm.architectures import AttentionSpec, SplitQKV, split_fused_projections
+from oelm.checkpoint import WEIGHTS_NAME
 from oelm.config import TrainingConfig
-from oelm.method import find_attention_projections, parameter_report
+from oelm.method import OELMConfig, find_attention_projections, parameter_report
+from oelm.models.gpt import GPTConfig, GPTForCausalLM
 from oelm.train import build_optimizer
 
 VOCAB, LAYERS, HEADS = 100, 2, 4
@@ -63,6 +73,9 @@ FAMILIES = {
     "t5": (T.T5Config, T.T5ForConditionalGeneration, _T5_KW, "s2s", 3),
     "mt5": (T.MT5Config, T.MT5ForConditionalGeneration, _T5_KW, "s2s", 3),
     "umt5": (T.UMT5Config, T.UMT5ForConditionalGeneration, _T5_KW, "s2s", 3),
+    "oelm-gpt": (GPTConfig, GPTForCausalLM,
+                 dict(vocab_size=VOCAB, context_length=64, num_layers=LAYERS, num_heads=HEADS, hidden_size=32,
+                      intermediate_size=64), "clm", 1),
 }
 FUSED = ["gpt2", "gpt_neox"]
 
@@ -159,6 +172,11 @@ def test_split_fused_keeps_logits(family):
     assert split_fused_projections(model) == []  # idempotent
     sites = find_attention_projections(model)
     assert all(s.is_split and isinstance(s.query, nn.Linear) for s in sites)
+    # q/k/v are independent tensors, not views of one fused buffer: freezing, saving
+    # (safetensors refuses shared storage) and loading (copy_ into a view) treat them as wholes.
+    storages = [p.untyped_storage().data_ptr() for m in replaced for p in modules[m].parameters()]
+    assert len(set(storages)) == len(storages) == LAYERS * 6
+    assert all(p.is_contiguous() and p.storage_offset() == 0 for m in replaced for p in modules[m].parameters())
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -249,12 +267,124 @@ def test_get_oelm_model_returns_model_with_report(capsys):
     assert capsys.readouterr().out.strip() == str(model.oelm_report)
 
 
-def test_baseline_leaves_fused_modules_fused():
+@pytest.mark.parametrize("family", FUSED)
+@pytest.mark.parametrize("method", ["baseline", "oelm_ffn_only"])
+def test_methods_without_targets_split_fused_modules_by_default(family, method):
+    """Fair timing: baseline runs the same three q/k/v matmuls as the OELM methods, same outputs."""
+    model, reference = build(family), build(family)
+    model.eval(), reference.eval()
+    ids = batch(family)["input_ids"]
+    report = apply_oelm(model, method)
+    assert sum(isinstance(m, SplitQKV) for m in model.modules()) == LAYERS
+    assert "attention_qkv" not in report.groups
+    assert report.groups["attention_query"]["trainable"] == report.groups["attention_query"]["total"] > 0
+    with torch.no_grad():
+        assert torch.allclose(model(input_ids=ids).logits, reference(input_ids=ids).logits, atol=1e-6, rtol=0)
+
+
+def test_split_fused_false_leaves_baseline_fused():
     model = build("gpt_neox")
-    apply_oelm(model, "baseline")
+    apply_oelm(model, METHODS["baseline"].replace(split_fused=False))
     assert not any(isinstance(m, SplitQKV) for m in model.modules())
     report = parameter_report(model)
     assert report.groups["attention_qkv"]["total"] == LAYERS * (32 * 96 + 96)
+    model = build("gpt2")  # methods that freeze Q/K split whatever split_fused says
+    apply_oelm(model, METHODS["oelm_freeze"].replace(split_fused=False))
+    assert sum(isinstance(m, SplitQKV) for m in model.modules()) == LAYERS
+
+
+def test_baseline_on_an_unregistered_model_is_untouched():
+    model = TinyCustomLM(fused=True)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    report = apply_oelm(model, "baseline")
+    assert report.trainable == report.total and set(dict(model.named_parameters())) == set(before)
+    with pytest.raises(ConfigError, match="split_fused"):
+        OELMConfig(split_fused="yes")
+
+
+# ---------------------------------------------------------------- lean checkpoint round trip
+
+
+def _state_bytes(model: nn.Module) -> dict[str, tuple]:
+    return {k: (v.dtype, tuple(v.shape), v.detach().cpu().contiguous().numpy().tobytes()) for k, v in model.state_dict().items()}
+
+
+ROUND_TRIPS = [(f, "oelm_freeze") for f in FAMILIES] + [
+    (f, "oelm_random") for f in ("gpt2", "gpt_neox", "llama", "t5", "distilbert")
+] + [("gpt2", "baseline"), ("gpt_neox", "baseline"), ("gpt2", "baseline_fused"), ("bert", "baseline")]
+
+
+@pytest.mark.parametrize("family, method", ROUND_TRIPS)
+def test_save_load_round_trip_bit_identical(family, method, tmp_path):
+    config = METHODS["baseline"].replace(split_fused=False) if method == "baseline_fused" else METHODS[method]
+    model = build(family)
+    apply_oelm(model, config, seed=7)
+    opt = build_optimizer(model, 1e-2, TrainingConfig(weight_decay=0.1))
+    model.train()
+    for step in range(2):
+        model(**batch(family, seed=step)).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval()
+
+    report = oelm.save_pretrained(model, tmp_path / "ckpt")
+    params = dict(model.named_parameters())
+    trainable = {n for n, p in params.items() if p.requires_grad}
+    frozen = set(params) - trainable
+    buffers = {n for n, b in model.named_buffers() if n in model.state_dict()}
+    with safe_open(str(tmp_path / "ckpt" / WEIGHTS_NAME), framework="pt") as f:
+        stored = set(f.keys())
+    assert stored == trainable | buffers and not stored & frozen  # exactly what trains (+ persistent buffers)
+    assert report.frozen_tensors == len(frozen) and not report.frozen_stored
+    assert (len(frozen) > 0) == (method not in ("baseline", "baseline_fused"))
+    if frozen:
+        assert report.bytes_written < report.full_bytes
+
+    loaded = oelm.load_oelm(tmp_path / "ckpt", base_model=build(family))  # same torch seed as `model`'s base
+    assert loaded.oelm_config == model.oelm_config
+    assert _state_bytes(loaded) == _state_bytes(model), "a tensor differs after the round trip"
+    assert {n: p.requires_grad for n, p in loaded.named_parameters()} == {n: p.requires_grad for n, p in params.items()}
+    splits = [type(m) for m in loaded.modules() if isinstance(m, SplitQKV)]
+    assert len(splits) == (LAYERS if family in FUSED and method != "baseline_fused" else 0)
+    with torch.no_grad():
+        inputs = batch(family, seed=5)
+        assert torch.equal(loaded(**inputs).logits, model(**inputs).logits)
+
+
+# ---------------------------------------------------------------- Hugging Face Trainer
+
+
+def _examples(family: str, n: int = 4) -> list[dict[str, torch.Tensor]]:
+    """``n`` single examples (no batch dimension) with the family's loss target."""
+    b = batch(family, seed=11)
+    b2 = batch(family, seed=12)
+    merged = {k: torch.cat([b[k], b2[k]]) for k in b}
+    return [{k: v[i] for k, v in merged.items()} for i in range(n)]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_trainer_smoke_run(family, tmp_path):
+    model = build(family)
+    apply_oelm(model, "oelm_freeze", seed=0)
+    params = dict(model.named_parameters())
+    frozen = {n: p.detach().clone() for n, p in params.items() if not p.requires_grad}
+    trainable = {n: p.detach().clone() for n, p in params.items() if p.requires_grad}
+    args = T.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=2, learning_rate=1e-3, weight_decay=0.1,
+        report_to="none", save_strategy="no", eval_strategy="no", logging_steps=1, use_cpu=True, disable_tqdm=True,
+        seed=0, dataloader_num_workers=0,
+    )
+    trainer = T.Trainer(model=model, args=args, train_dataset=_examples(family))
+    out = trainer.train()
+    assert out.global_step == 2
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses), losses
+    optimized = {id(p) for g in trainer.optimizer.param_groups for p in g["params"]}
+    assert optimized == {id(params[n]) for n in trainable}  # frozen Q/K never reach AdamW
+    for n, before in frozen.items():
+        assert params[n].detach().numpy().tobytes() == before.numpy().tobytes(), f"frozen {n} changed"
+    unchanged = [n for n, before in trainable.items() if torch.equal(params[n].detach(), before)]
+    assert not unchanged, f"trainable tensors that did not change: {unchanged}"
 
 
 # ---------------------------------------------------------------- unsupported and custom
@@ -454,7 +584,7 @@ def test_inspect_local_dir_of_fused_family(tmp_path, capsys):
     frozen = 2 * LAYERS * (32 * 32 + 32)
     total = sum(p.numel() for p in model.parameters())
     assert f"trainable params: {total - frozen:,} || all params: {total:,}" in out
-    assert "attention_qkv" in out  # baseline keeps the fused module
+    assert "attention_qkv" not in out  # baseline splits the fused module too (OELMConfig.split_fused)
 
 
 def test_inspect_packaged_alias_config_only(capsys):

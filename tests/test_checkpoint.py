@@ -230,6 +230,43 @@ def test_user_frozen_parameters_are_refrozen_and_checked(tmp_path):
     assert_bit_identical(model, loaded)
 
 
+def tiny_gpt2(seed: int = 0):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=32))
+
+
+@pytest.mark.parametrize("split_fused", [True, False])
+def test_baseline_gpt2_round_trip_with_and_without_split(tmp_path, split_fused):
+    model = tiny_gpt2()
+    apply_oelm(model, oelm.METHODS["baseline"].replace(split_fused=split_fused))
+    train_steps(model, random_batches("gpt"))
+    report = save_pretrained(model, tmp_path)
+    assert report.frozen_tensors == 0 and report.metadata["oelm_config"]["split_fused"] is split_fused
+    names = stored_names(tmp_path)
+    assert ("transformer.h.0.attn.c_attn.query.weight" in names) is split_fused
+    assert ("transformer.h.0.attn.c_attn.weight" in names) is not split_fused
+    loaded = load_oelm(tmp_path, base_model=tiny_gpt2())
+    assert loaded.oelm_config.split_fused is split_fused
+    assert_bit_identical(model, loaded)
+
+
+def test_checkpoint_without_split_fused_field_loads_as_before(tmp_path):
+    """A checkpoint written before OELMConfig.split_fused existed kept baseline's fused modules."""
+    model = tiny_gpt2()
+    apply_oelm(model, oelm.METHODS["baseline"].replace(split_fused=False))
+    train_steps(model, random_batches("gpt"))
+    save_pretrained(model, tmp_path)
+    meta_path = tmp_path / METADATA_NAME
+    meta = json.loads(meta_path.read_text())
+    del meta["oelm_config"]["split_fused"]
+    meta_path.write_text(json.dumps(meta))
+    loaded = load_oelm(tmp_path, base_model=tiny_gpt2())
+    assert not loaded.oelm_config.split_fused
+    assert_bit_identical(model, loaded)
+
+
 def test_ddp_wrapper_is_unwrapped_and_buffers_stored(tmp_path):
     model = tiny_gpt()
     model.register_buffer("steps_seen", torch.tensor([3]))  # a persistent buffer is stored whole

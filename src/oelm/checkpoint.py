@@ -425,7 +425,10 @@ def _oelm_config_from(meta: dict[str, Any]):
     from oelm.method import OELMConfig
 
     d = dict(meta["oelm_config"])
-    d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+    d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}  # JSON lists -> tuple fields
+    # Checkpoints written before OELMConfig.split_fused existed: methods without Q/K targets kept
+    # fused Q/K/V modules fused, so their parameter names only fit split_fused=False.
+    d.setdefault("split_fused", False)
     try:
         return OELMConfig(**d)
     except TypeError as exc:

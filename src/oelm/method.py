@@ -17,7 +17,8 @@ bit-identical.
 Named methods (:data:`METHODS`):
 
 ========================  =====================================================================
-``baseline``              model untouched, everything trains
+``baseline``              nothing initialized or frozen, everything trains (fused Q/K/V still split,
+                          see ``OELMConfig.split_fused``)
 ``oelm_freeze``           Q/K rows orthonormalized per head (pretrained weights are orthogonalized,
                           a fresh model's random init becomes a random orthogonal draw), frozen
 ``oelm_random``           Q/K ~ N(0, 0.02^2), frozen: the original project's ablation
@@ -110,6 +111,16 @@ class OELMConfig:
     seed: int | None = field(
         default=None, metadata={"help": "Seed of random draws (random_orthogonal, normal); None: torch's global RNG."}
     )
+    split_fused: bool = field(
+        default=True,
+        metadata={
+            "help": "Split fused Q/K/V modules (GPT-2 c_attn, GPT-NeoX query_key_value) into separate, "
+            "output-identical q/k/v nn.Linear for every method, baseline and oelm_ffn_only included, so all "
+            "methods of a timed comparison run the same three matmuls instead of baseline keeping one fused "
+            "matmul. False: only methods that target Q/K split (they must, to freeze whole tensors); "
+            "baseline then keeps the fused module. Outputs are identical either way (up to float summation order)."
+        },
+    )
 
     def __post_init__(self) -> None:
         valid_inits = ("none", "orthogonalize", "random_orthogonal", "global_orthogonal", "normal")
@@ -121,6 +132,8 @@ class OELMConfig:
         bad = [g for g in self.extra_frozen_groups if g not in PARAMETER_GROUPS]
         if bad:
             raise ConfigError(f"OELMConfig.extra_frozen_groups has {bad}; allowed: {PARAMETER_GROUPS}")
+        if not isinstance(self.split_fused, bool):
+            raise ConfigError(f"OELMConfig.split_fused must be true or false, got {self.split_fused!r}")
         if self.normal_std != "matched" and not (isinstance(self.normal_std, (int, float)) and self.normal_std > 0):
             raise ConfigError(f"OELMConfig.normal_std must be a positive number or 'matched', got {self.normal_std!r}")
 
@@ -273,6 +286,21 @@ def _init_projection(weight: torch.Tensor, heads: int, config: OELMConfig, gener
         normal_(weight, std=config.normal_std, generator=generator)
 
 
+def _split_if_fused_family(model: nn.Module) -> None:
+    """Split fused Q/K/V modules of a registered fused family; other models are left alone.
+
+    For methods without Q/K targets (``baseline``, ``oelm_ffn_only``), which must keep working on
+    models oelm has no registry entry for: an unknown model or a family without fused layouts is
+    not an error here.
+    """
+    try:
+        spec = architecture_of(model)
+    except UnsupportedModelError:
+        return
+    if any(a.fused is not None for a in spec.attention):
+        split_fused_projections(model)
+
+
 def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, seed: int | None = None) -> ParameterReport:
     """Apply an OELM method to ``model`` in place and return its parameter report.
 
@@ -283,8 +311,11 @@ def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, se
     initialize the ``config.targets`` weights per ``config.init``, head-wise with the
     projection's own head count (``num_kv_heads`` for K under grouped-query attention; biases are
     kept); set ``requires_grad=False`` on them (and their biases if ``config.freeze_bias``) and on
-    every parameter of ``config.extra_frozen_groups``. ``baseline`` changes nothing (fused
-    modules stay fused).
+    every parameter of ``config.extra_frozen_groups``. With ``config.split_fused`` (the default)
+    methods without Q/K targets (``baseline``, ``oelm_ffn_only``) split fused modules too, so
+    every method of a comparison runs the same kernels; ``baseline`` otherwise changes nothing
+    (with ``split_fused=False`` fused modules stay fused). Models of unknown type are left as
+    they are by methods without targets.
 
     The report is also stored on the model as ``model.oelm_report`` and the config as
     ``model.oelm_config``.
@@ -315,6 +346,8 @@ def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, se
         sites = []
         if config.extra_frozen_groups:
             architecture_of(model)  # unknown model -> UnsupportedModelError, not a silent "other" group
+        if config.split_fused:
+            _split_if_fused_family(model)
     generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
 
     projections = []
