@@ -47,6 +47,7 @@ from oelm.config import ExperimentConfig, MethodEntry, TrainingConfig
 from oelm.errors import ConfigError, OELMError, RunFaultError, RunInterruptedError
 from oelm.io import read_json, write_json_atomic, write_text_atomic
 from oelm.method import apply_oelm
+import oelm.cpu_datasets  # noqa: F401  (registers the CPU stand-in datasets of configs/cpu/)
 
 __all__ = [
     "PreparedData",
