@@ -1,6 +1,7 @@
 # oelm — set-up, main job and tests on a fresh machine.
 #   make demo   trains Baseline vs OELM-Freeze vs OELM-Random on real SST-2 and prints the comparison
 #   make test   runs the test suite
+#   make results-cpu  the CPU-scale SST-2 and TinyStories comparisons (3 seeds, LR sweep)
 # Both create .venv and install everything first (torch 2.13.0 CPU build before anything else).
 
 PYTHON ?= python3
@@ -17,7 +18,7 @@ export HF_HUB_OFFLINE ?= 1
 export OMP_WAIT_POLICY ?= PASSIVE
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install browser demo test test-fast tinystories clean
+.PHONY: install browser demo test test-fast tinystories results-cpu clean
 
 install: $(STAMP)
 
@@ -41,6 +42,12 @@ browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) || \
 	  echo "note: could not install chromium/chromium-driver; the headless-browser report test will be skipped"
+
+# The committed CPU-scale results (3 seeds, learning-rate sweep, test once): ~15-20 min each on 2 cores.
+# Watch with `.venv/bin/oelm monitor outputs/cpu-sst2`; rerunning continues where it stopped.
+results-cpu: $(STAMP)
+	$(BIN)/oelm run configs/cpu/phase1_bert/sst2.yaml --output-dir outputs/cpu-sst2
+	$(BIN)/oelm run configs/cpu/phase2_gpt_lm/tinystories.yaml --output-dir outputs/cpu-tinystories
 
 test: $(STAMP) browser
 	$(BIN)/python -m pytest -q

@@ -36,19 +36,21 @@ def test_every_shipped_config_validates(path):
 
 
 def test_shipped_configs_include_the_required_ones():
-    stems = {p.stem for p in CONFIGS}
-    assert {"quickstart", "tinystories-tiny", "bert-base-sst2", "bert-base-mnli", "bert-base-xnli", "gpt-medium-tinystories"} <= stems
+    root = Path(__file__).resolve().parents[1] / "configs"
+    names = {str(p.relative_to(root)) for p in CONFIGS}
+    assert {"quickstart.yaml", "tinystories-tiny.yaml", "original/phase1_bert/sst2.yaml", "original/phase1_bert/mnli.yaml",
+            "original/phase1_bert/xnli_en.yaml", "original/phase2_gpt_lm/tinystories.yaml"} <= names
 
 
 def test_original_configs_carry_the_original_settings():
     root = Path(__file__).resolve().parents[1] / "configs" / "original"
-    for t in ("sst2", "mnli", "xnli"):
-        c = load_config(root / f"bert-base-{t}.yaml")
+    for t in ("sst2", "mnli", "xnli_en"):
+        c = load_config(root / "phase1_bert" / f"{t}.yaml")
         assert c.training.batch_size == 32 and c.training.epochs == 3 and c.training.warmup_ratio == 0.1
         assert c.task.max_length == 128
         lrs = {m.name: c.learning_rate(m) for m in c.methods}
         assert lrs["baseline"] == 2e-5 and lrs["oelm_freeze"] == 1e-4
-    g = load_config(root / "gpt-medium-tinystories.yaml")
+    g = load_config(root / "phase2_gpt_lm" / "tinystories.yaml")
     assert g.model.gpt == "gpt-medium-512" and g.task.block_size == 512 and g.training.batch_size == 8
     assert g.training.warmup_steps == 1000 and g.training.schedule == "cosine"
     assert {m.name: g.learning_rate(m) for m in g.methods}["oelm_freeze"] == 1e-3
@@ -114,10 +116,11 @@ def test_duplicate_methods_rejected(tmp_path):
 
 def test_schema_defaults():
     c = ExperimentConfig.model_validate({"name": "x", "task": {"dataset": "sst2"}, "model": {"gpt": "gpt-tiny"}, "methods": [{"name": "baseline"}]})
-    assert c.training.max_grad_norm == 1.0 and c.training.weight_decay == 0.01 and c.seeds == [0]
+    assert c.training.max_grad_norm == 1.0 and c.training.weight_decay == 0.01 and c.seeds == [0, 1, 2]
+    assert c.sweep_seed_list() == [0] and c.learning_rate_candidates(c.methods[0]) == [c.training.learning_rate]
 
 
-@pytest.mark.parametrize("name", ["bert-base-sst2", "bert-base-mnli", "bert-base-xnli"])
+@pytest.mark.parametrize("name", ["sst2", "mnli", "xnli_en"])
 def test_original_bert_configs_build_on_the_bert_base_architecture(name):
     """bert-base-uncased cannot be downloaded here; BertConfig() is its architecture (vocab 30,522,
     hidden 768, 12 layers, 12 heads), so each config's methods are applied to that."""
@@ -126,7 +129,7 @@ def test_original_bert_configs_build_on_the_bert_base_architecture(name):
     from oelm.data import get_dataset_spec
     from oelm.method import apply_oelm
 
-    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "original" / f"{name}.yaml")
+    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "original" / "phase1_bert" / f"{name}.yaml")
     num_labels = len(get_dataset_spec(config.task.dataset).label_names)
     for entry in config.methods:
         model = BertForSequenceClassification(BertConfig(num_labels=num_labels))
@@ -143,8 +146,38 @@ def test_original_gpt_config_builds():
     from oelm.experiment import build_model
     from oelm.method import apply_oelm
 
-    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "original" / "gpt-medium-tinystories.yaml")
+    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "original" / "phase2_gpt_lm" / "tinystories.yaml")
     model, _ = build_model(config, None, task_type="language_modeling")
     assert (model.config.hidden_size, model.config.num_layers, model.config.num_heads, model.config.context_length) == (512, 6, 8, 512)
     report = apply_oelm(model, config.methods[1].oelm_config(), seed=0)
     assert report.frozen == 6 * 2 * (512 * 512 + 512)
+
+
+def test_learning_rate_candidates_and_sweep_seeds(tmp_path):
+    text = MINIMAL.replace("[{name: baseline}]", "[{name: baseline, learning_rates: [1.0e-4, 3.0e-4]}, {name: oelm_freeze, learning_rate: 2.0e-4}, {name: oelm_random}]")
+    c = load_config(write(tmp_path, text + "learning_rates: [5.0e-4, 1.0e-3]\nsweep_seeds: [0, 1]\n"))
+    assert [c.learning_rate_candidates(m) for m in c.methods] == [[1e-4, 3e-4], [2e-4], [5e-4, 1e-3]]
+    assert c.learning_rate(c.methods[0]) == 1e-4 and c.sweep_seed_list() == [0, 1]
+    with pytest.raises(ConfigError, match="sweep_seeds"):
+        load_config(write(tmp_path, MINIMAL + "seeds: [0]\nsweep_seeds: [3]\n"))
+    with pytest.raises(ConfigError, match="duplicates"):
+        load_config(write(tmp_path, MINIMAL.replace("[{name: baseline}]", "[{name: baseline, learning_rates: [1.0e-4, 1.0e-4]}]")))
+    with pytest.raises(ConfigError, match="learning_rates"):
+        load_config(write(tmp_path, MINIMAL.replace("[{name: baseline}]", "[{name: baseline, learning_rates: [-1.0]}]")))
+
+
+def test_method_training_overrides_are_validated(tmp_path):
+    text = MINIMAL.replace("[{name: baseline}]", "[{name: baseline}, {name: oelm_freeze, training: {max_steps: 7}}]")
+    c = load_config(write(tmp_path, text + "training: {max_steps: 5}\n"))
+    assert c.training_for(c.methods[0]).max_steps == 5 and c.training_for(c.methods[1]).max_steps == 7
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_config(write(tmp_path, MINIMAL.replace("[{name: baseline}]", "[{name: baseline, training: {max_stepz: 3}}]")))
+    with pytest.raises(ConfigError, match=r"methods\[baseline\]\.training\.max_steps"):
+        load_config(write(tmp_path, MINIMAL.replace("[{name: baseline}]", "[{name: baseline, training: {max_steps: -3}}]")))
+
+
+def test_sweep_with_test_split_needs_the_best_checkpoint(tmp_path):
+    text = MINIMAL.replace("{dataset: sst2}", "{dataset: sst2, test_split: test}").replace(
+        "[{name: baseline}]", "[{name: baseline, learning_rates: [1.0e-4, 3.0e-4]}]")
+    with pytest.raises(ConfigError, match="save_best_checkpoint"):
+        load_config(write(tmp_path, text + "training: {save_best_checkpoint: false}\n"))

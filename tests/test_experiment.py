@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from oelm.cli import main
-from oelm.experiment import run_order, run_name
+from oelm.experiment import plan_runs, run_name, run_order
 from oelm.init import max_orthogonality_error
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -213,3 +213,210 @@ def test_gpt_sequence_classification_run(tmp_path, data_dir):
     # vocab 50,257 x 128 tied embeddings + 4 blocks + 2-way score head; Q/K frozen
     assert r["parameters"]["frozen"] == 4 * 2 * (128 * 128 + 128)
     assert r["parameters"]["groups"]["head"]["total"] == 128 * 2 + 2
+
+
+# --------------------------------------------------------------------------------------------
+# The protocol: learning-rate sweep on validation, final runs tested once, faults, resume
+# --------------------------------------------------------------------------------------------
+
+TINY_GPT = "{gpt: gpt-tiny, gpt_overrides: {hidden_size: 32, num_layers: 2, num_heads: 2, intermediate_size: 64, dropout: 0.0}}"
+
+
+def _protocol_config(tmp_path, methods: str, extra: str = "", name: str = "proto") -> Path:
+    cfg = tmp_path / f"{name}.yaml"
+    cfg.write_text(
+        f"name: {name}\n"
+        "task: {dataset: sst2, test_split: test, tokenizer: bpe-512, train_samples: 64, validation_samples: 48, max_length: 32}\n"
+        f"model: {TINY_GPT}\n"
+        f"methods: {methods}\n"
+        "seeds: [0, 1]\n"
+        "training: {max_steps: 4, batch_size: 16, eval_every: 2, log_every: 2, timing_warmup_steps: 1, progress_bar: false, tensorboard: false}\n"
+        + extra
+    )
+    return cfg
+
+
+SWEEP_METHODS = "[{name: baseline, learning_rates: [1.0e-4, 3.0e-3]}, {name: oelm_freeze, learning_rate: 2.0e-3}]"
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory, data_dir):
+    tmp = tmp_path_factory.mktemp("sweep")
+    cfg = _protocol_config(tmp, SWEEP_METHODS)
+    out = tmp / "out"
+    assert main(["run", str(cfg), "--output-dir", str(out)]) == 0
+    return cfg, out
+
+
+def test_sweep_selects_on_validation_and_tests_only_selected_runs(swept):
+    _, out = swept
+    runs = out / "runs"
+    assert sorted(p.name for p in runs.iterdir()) == [
+        "baseline-lr0.0001-seed0", "baseline-lr0.003-seed0", "baseline-lr0.003-seed1",
+        "oelm_freeze-seed0", "oelm_freeze-seed1"] or sorted(p.name for p in runs.iterdir()) == [
+        "baseline-lr0.0001-seed0", "baseline-lr0.0001-seed1", "baseline-lr0.003-seed0",
+        "oelm_freeze-seed0", "oelm_freeze-seed1"]
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert sweep["selection_metric"] == "best_validation"
+    entries = sweep["methods"]["baseline"]
+    assert {e["learning_rate"] for e in entries} == {1e-4, 3e-3} and all(e["seed"] == 0 for e in entries)
+    # the selected rate is the one with the best validation accuracy (one sweep seed: its own value)
+    vals = {e["learning_rate"]: json.loads((runs / run_name("baseline", 0, e["learning_rate"]) / "result.json").read_text())
+            ["performance"]["best_validation"] for e in entries}
+    best = max(vals, key=lambda lr: (vals[lr], -list(vals).index(lr)))
+    assert [e["learning_rate"] for e in entries if e["selected"]] == [best] == [sweep["selected_learning_rates"]["baseline"]]
+    other = next(lr for lr in vals if lr != best)
+
+    loser = json.loads((runs / run_name("baseline", 0, other) / "result.json").read_text())
+    assert loser["stage"] == "sweep" and loser["selected"] is False and loser["learning_rate"] == other
+    assert loser["performance"]["test"] is None
+    assert not any(r["type"] == "test" for r in _records(runs / run_name("baseline", 0, other)))
+
+    for seed in (0, 1):
+        for name in (run_name("baseline", seed, best), run_name("oelm_freeze", seed)):
+            r = json.loads((runs / name / "result.json").read_text())
+            assert r["stage"] == "final" and r["selected"] is True and r["status"] == "finished"
+            assert 0 <= r["performance"]["test"] <= 100
+            assert [x["type"] for x in _records(runs / name)].count("test") == 1  # evaluated exactly once
+            assert r["budget"]["steps"] == 4 and r["budget"]["samples"] == 64 and r["budget"]["batch_size"] == 16
+    promoted = json.loads((runs / run_name("baseline", 0, best) / "result.json").read_text())
+    assert promoted["swept"] is True and promoted["learning_rate"] == best
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert comparison["methods"]["baseline"]["learning_rate"] == best
+    assert comparison["methods"]["baseline"]["seeds"] == [0, 1] or sorted(comparison["methods"]["baseline"]["seeds"]) == [0, 1]
+
+
+def test_sweep_and_final_stages_are_interleaved():
+    from oelm.config import config_from_dict
+
+    c = config_from_dict({
+        "name": "x", "task": {"dataset": "sst2"}, "model": {"gpt": "gpt-tiny"}, "seeds": [0, 1, 2],
+        "methods": [{"name": "baseline", "learning_rates": [1e-4, 3e-4]}, {"name": "oelm_freeze", "learning_rates": [1e-3, 3e-3]}],
+    })
+    plan = plan_runs(c, {"baseline": 3e-4, "oelm_freeze": 1e-3})
+    sweep = [(r.method, r.learning_rate) for r in plan if r.stage == "sweep"]
+    assert sweep == [("baseline", 1e-4), ("baseline", 3e-4), ("oelm_freeze", 1e-3), ("oelm_freeze", 3e-3)]
+    final = [(r.method, r.seed) for r in plan if r.stage == "final"]
+    assert final == run_order(["baseline", "oelm_freeze"], [0, 1, 2])
+    names = [r.name for r in plan]
+    assert len(set(names)) == len(names) - 2  # the selected sweep runs double as seed-0 final runs
+
+
+def test_rerun_skips_finished_and_refuses_changed_candidates(swept, capsys):
+    cfg, out = swept
+    stamps = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/result.json")}
+    assert main(["run", str(cfg), "--output-dir", str(out), "training.progress_bar=true"]) == 0
+    assert {p: p.stat().st_mtime_ns for p in out.glob("runs/*/result.json")} == stamps
+    capsys.readouterr()
+    changed = "methods=[{name: baseline, learning_rates: [1.0e-4, 1.0e-3]}, {name: oelm_freeze, learning_rate: 2.0e-3}]"
+    assert main(["run", str(cfg), "--output-dir", str(out), changed]) == 2
+    err = capsys.readouterr().err
+    assert "holds results of a different config" in err and "methods.baseline (learning_rates)" in err
+    assert main(["run", str(cfg), "--output-dir", str(out), "task.max_length=48"]) == 2
+    assert "task" in capsys.readouterr().err
+
+
+def test_failed_run_is_recorded_and_the_matrix_goes_on(tmp_path, data_dir, capsys):
+    """A learning rate of 1e6 without clipping drives the loss to NaN (a RunFaultError of kind
+    "nan"): the run gets a failed result.json, the other method still runs, and a rerun keeps
+    the failure unless --retry-failed."""
+    cfg = _protocol_config(
+        tmp_path, "[{name: baseline, learning_rate: 1.0e6}, {name: oelm_freeze, learning_rate: 2.0e-3}]",
+        name="faulty")
+    out = tmp_path / "out"
+    args = ["run", str(cfg), "--output-dir", str(out), "seeds=[0]", "training.max_grad_norm=null", "task.test_split=null"]
+    assert main(args) == 0
+    failed = json.loads((out / "runs" / "baseline-seed0" / "result.json").read_text())
+    assert failed["status"] == "failed" and failed["failure"]["kind"] == "nan" and failed["failure"]["step"] >= 2
+    assert failed["learning_rate"] == 1e6 and failed["method"] == "baseline" and failed["selected"] is False
+    assert json.loads((out / "runs" / "baseline-seed0" / "status.json").read_text())["state"] == "failed"
+    assert json.loads((out / "runs" / "oelm_freeze-seed0" / "result.json").read_text())["status"] == "finished"
+    assert "FAILED (nan" in capsys.readouterr().out
+    before = (out / "runs" / "baseline-seed0" / "result.json").read_bytes()
+    assert main(args) == 0
+    assert (out / "runs" / "baseline-seed0" / "result.json").read_bytes() == before
+    assert main([*args[:4], "--retry-failed", *args[4:]]) == 0
+    assert len(list((out / "runs" / ".failed").iterdir())) == 1  # the old attempt kept aside
+    assert json.loads((out / "runs" / "baseline-seed0" / "result.json").read_text())["status"] == "failed"
+
+
+def test_interrupted_run_stops_the_matrix_and_resumes(tmp_path, data_dir, monkeypatch, capsys):
+    """train() raising RunInterruptedError (what it does on SIGTERM after saving a checkpoint)
+    leaves an 'interrupted' status and no result; the CLI exits 130; rerunning calls train()
+    again on the same run directory and finishes the matrix."""
+    import oelm.train
+    from oelm.errors import RunInterruptedError
+    from oelm.monitor import collect_runs
+
+    real_train, calls = oelm.train.train, []
+
+    def train_interrupted_once(*args, **kwargs):
+        calls.append(kwargs["run_dir"])
+        if len(calls) == 2:
+            raise RunInterruptedError("stopped by SIGTERM", step=2, signal_name="SIGTERM")
+        return real_train(*args, **kwargs)
+
+    monkeypatch.setattr(oelm.train, "train", train_interrupted_once)
+    cfg = _protocol_config(tmp_path, "[{name: baseline}, {name: oelm_freeze}]", name="interrupt")
+    out = tmp_path / "out"
+    args = ["run", str(cfg), "--output-dir", str(out), "task.test_split=null"]
+    assert main(args) == 130
+    assert "rerun the same command" in capsys.readouterr().err
+    stopped = calls[1]
+    assert not (stopped / "result.json").exists()
+    assert json.loads((stopped / "status.json").read_text())["state"] == "interrupted"
+    states = {r["name"]: r["state"] for r in collect_runs(out)}
+    assert states[stopped.name] == "interrupted" and list(states.values()).count("finished") == 1
+    assert list(states.values()).count("pending") == 2
+    assert main(args) == 0
+    assert calls[2] == stopped and (stopped / "result.json").exists()
+    assert len(calls) == 5  # 4 runs, the interrupted one twice
+    assert {r["state"] for r in collect_runs(out)} == {"finished"}
+
+
+def test_pretrain_then_finetune_loads_each_methods_weights(tmp_path, data_dir):
+    """Stage 2 starts every run from stage 1's final run of the same method and seed: its
+    transformer weights equal the pretrained ones at step 0, and a frozen Q/K stays exactly so."""
+    from safetensors.torch import load_file
+
+    from oelm.config import load_config
+    from oelm.experiment import _build_run_model, prepare_data
+
+    model = "{gpt: gpt-tiny, gpt_overrides: {hidden_size: 32, num_layers: 2, num_heads: 2, intermediate_size: 64, dropout: 0.0, context_length: 32}}"
+    common = "seeds: [0]\ntraining: {max_steps: 3, batch_size: 8, eval_every: 3, log_every: 3, progress_bar: false, tensorboard: false}\n"
+    pre = tmp_path / "pre.yaml"
+    pre.write_text("name: pre\ntask: {dataset: tinystories, tokenizer: gpt2, train_samples: 30, validation_samples: 10, block_size: 32}\n"
+                   f"model: {model}\nmethods: [{{name: baseline, learning_rate: 1.0e-3}}, {{name: oelm_freeze, learning_rate: 1.0e-3}}]\n" + common)
+    assert main(["run", str(pre), "--output-dir", str(tmp_path / "pre")]) == 0
+    fine = tmp_path / "fine.yaml"
+    fine.write_text(f"name: fine\ninit_from: {tmp_path / 'pre'}\n"
+                    "task: {dataset: sst2, tokenizer: gpt2, train_samples: 32, validation_samples: 16, max_length: 32}\n"
+                    f"model: {model}\nmethods: [{{name: baseline, learning_rate: 1.0e-3}}, {{name: oelm_freeze, learning_rate: 1.0e-3}}]\n" + common)
+    config = load_config(fine)
+    data = prepare_data(config)
+    for entry in config.methods:
+        pretrained = load_file(str(tmp_path / "pre" / "runs" / f"{entry.name}-seed0" / "checkpoint" / "model.safetensors"))
+        m, _, report, info = _build_run_model(config, entry, 0, data)
+        state = m.state_dict()
+        assert info["loaded"] > 0 and all(k.startswith("score") for k in info["skipped"])
+        for key in ("transformer.h.0.attn.q_proj.weight", "transformer.h.1.mlp.proj.weight", "transformer.wte.weight"):
+            source = pretrained.get(key, pretrained.get("lm_head.weight"))  # wte is saved once, as the tied lm_head
+            assert torch.equal(state[key], source), (entry.name, key)
+        assert report.frozen == (0 if entry.name == "baseline" else 2 * 2 * (32 * 32 + 32))
+    assert main(["run", str(fine), "--output-dir", str(tmp_path / "fine")]) == 0
+    tuned = load_file(str(tmp_path / "fine" / "runs" / "oelm_freeze-seed0" / "checkpoint" / "model.safetensors"))
+    pretrained = load_file(str(tmp_path / "pre" / "runs" / "oelm_freeze-seed0" / "checkpoint" / "model.safetensors"))
+    assert torch.equal(tuned["transformer.h.0.attn.k_proj.weight"], pretrained["transformer.h.0.attn.k_proj.weight"])
+    r = json.loads((tmp_path / "fine" / "runs" / "oelm_freeze-seed0" / "result.json").read_text())
+    assert r["init_from"]["path"].endswith("oelm_freeze-seed0/checkpoint/model.safetensors")
+
+
+def test_missing_pretraining_run_is_a_clear_error(tmp_path, data_dir, capsys):
+    cfg = _protocol_config(tmp_path, "[{name: baseline}]", extra=f"init_from: {tmp_path / 'nothing'}\n", name="noinit")
+    assert main(["run", str(cfg), "--output-dir", str(tmp_path / "o"), "seeds=[0]"]) == 2
+    err = capsys.readouterr().err
+    assert "init_from" in err and "nothing" in err

@@ -1,4 +1,4 @@
-"""Command line: ``oelm run | inspect | report | env``.
+"""Command line: ``oelm run | monitor | inspect | report | env``.
 
 Every deliberate error (bad config, missing data, unsupported model) is printed as one line
 ``oelm: error: ...`` with exit status 2; anything else is a bug and keeps its traceback.
@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 from oelm.errors import OELMError  # importing oelm sets OMP_WAIT_POLICY before torch loads
+
+EXIT_INTERRUPTED = 130  # `oelm run` stopped by SIGTERM/SIGINT; rerunning continues the matrix
 
 
 def _print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
@@ -28,16 +30,27 @@ def _print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from oelm.config import load_config
+    from oelm.errors import RunInterruptedError
     from oelm.experiment import comparison_rows, run_experiment
 
     config = load_config(args.config, args.overrides)
     out = Path(args.output_dir or config.output_dir or Path("outputs") / config.name)
     print(f"oelm run: {config.name} -> {out}")
-    comparison = run_experiment(config, out)
+    try:
+        comparison = run_experiment(config, out, retry_failed=args.retry_failed)
+    except RunInterruptedError as exc:
+        print(f"oelm: interrupted: {exc}; rerun the same command to continue", file=sys.stderr)
+        return EXIT_INTERRUPTED
     header, rows = comparison_rows(comparison)
     _print_table(f"{config.name}: {comparison['task']} / {comparison['model']}", header, rows)
     print(f"results: {out / 'comparison.json'}  report: {out / 'report.md'}")
     return 0
+
+
+def cmd_monitor(args: argparse.Namespace) -> int:
+    from oelm.monitor import monitor
+
+    return monitor(Path(args.dir), once=args.once, interval=args.interval)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -180,8 +193,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run every method x seed of an experiment config, then compare")
     p.add_argument("config", help="experiment YAML, e.g. configs/quickstart.yaml")
     p.add_argument("--output-dir", help="default: the config's output_dir, else outputs/<name>")
+    p.add_argument("--retry-failed", action="store_true", help="rerun runs that failed earlier (NaN, OOM, ...) instead of keeping their failure")
     p.add_argument("overrides", nargs="*", help="key=value overrides with dotted keys, e.g. training.epochs=2 seeds=[0,1,2]")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("monitor", help="live view of a running or finished `oelm run` output directory")
+    p.add_argument("dir", help="an `oelm run` output directory")
+    p.add_argument("--once", action="store_true", help="print one plain snapshot and exit")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
+    p.set_defaults(func=cmd_monitor)
 
     p = sub.add_parser("report", help="write comparison.json, original_layout.json, report.md and a self-contained report.html from the runs")
     p.add_argument("dir", help="an `oelm run` output directory")

@@ -102,6 +102,17 @@ class MethodEntry(_Strict):
     name: str = Field(description="Run name; a named method (oelm.METHODS) unless `base` is given.")
     base: str | None = Field(None, description="Named method this one starts from (default: `name`).")
     learning_rate: float | None = Field(None, gt=0, description="Overrides training.learning_rate for this method.")
+    learning_rates: list[float] | None = Field(
+        None,
+        min_length=1,
+        description="Learning-rate candidates swept for this method (selected on validation only); "
+        "overrides learning_rate and the experiment's learning_rates.",
+    )
+    training: dict[str, Any] = Field(
+        default_factory=dict,
+        description="TrainingConfig fields overridden for this method only (e.g. a different budget); "
+        "empty = the experiment's training settings, the same for every method.",
+    )
     init: Literal["none", "orthogonalize", "random_orthogonal", "global_orthogonal", "normal"] | None = None
     normal_std: float | Literal["matched"] | None = None
     targets: list[Literal["query", "key"]] | None = None
@@ -116,6 +127,16 @@ class MethodEntry(_Strict):
             raise ValueError(
                 f"method {self.name!r} is not a named method ({', '.join(METHODS)}); "
                 "to define a new one, give `base:` naming the method it starts from"
+            )
+        if self.learning_rates is not None:
+            if any(not (isinstance(lr, (int, float)) and lr > 0) for lr in self.learning_rates):
+                raise ValueError(f"method {self.name!r}: learning_rates must be positive numbers, got {self.learning_rates}")
+            if len(set(self.learning_rates)) != len(self.learning_rates):
+                raise ValueError(f"method {self.name!r}: learning_rates has duplicates: {self.learning_rates}")
+        unknown = sorted(set(self.training) - set(TrainingConfig.model_fields))
+        if unknown:
+            raise ValueError(
+                f"method {self.name!r}: training has unknown key(s) {unknown}; valid keys: {', '.join(TrainingConfig.model_fields)}"
             )
         return self
 
@@ -183,14 +204,35 @@ _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
 
 
 class ExperimentConfig(_Strict):
-    """A comparison: one task and model, several methods, several seeds."""
+    """A comparison: one task and model, several methods, several seeds.
+
+    The protocol (see :mod:`oelm.experiment`): each method's learning-rate candidates
+    (:meth:`learning_rate_candidates`) are swept on ``sweep_seeds`` and the best on validation
+    (mean over those seeds) is selected; then every seed runs at the selected rate. With a
+    single candidate there is no sweep stage.
+    """
 
     name: str = Field(description="Experiment name; also the default output folder outputs/<name>, so a plain folder name.")
     description: str = ""
     task: TaskConfig
     model: ModelConfig
     methods: list[MethodEntry] = Field(min_length=1)
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
+    learning_rates: list[float] | None = Field(
+        None,
+        min_length=1,
+        description="Learning-rate candidates for every method without its own learning_rate(s); "
+        "None = training.learning_rate only (no sweep).",
+    )
+    sweep_seeds: list[int] | None = Field(
+        None, min_length=1, description="Seeds the learning-rate sweep runs on (a subset of seeds); default: the first seed."
+    )
+    init_from: str | None = Field(
+        None,
+        description="Start every run from saved weights (pretrain-then-fine-tune): a safetensors file, or an "
+        "`oelm run` output directory whose selected final run of the same method and seed is used. "
+        "{method} and {seed} are substituted.",
+    )
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     output_dir: str | None = Field(None, description="Default: outputs/<name>.")
     reference: dict[str, float] = Field(
@@ -218,10 +260,56 @@ class ExperimentConfig(_Strict):
             raise ValueError(f"methods has duplicate names {dup}")
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds has duplicates: {self.seeds}")
+        if self.learning_rates is not None:
+            if any(lr <= 0 for lr in self.learning_rates) or len(set(self.learning_rates)) != len(self.learning_rates):
+                raise ValueError(f"learning_rates must be distinct positive numbers, got {self.learning_rates}")
+        if self.sweep_seeds is not None:
+            extra = [s for s in self.sweep_seeds if s not in self.seeds]
+            if extra or len(set(self.sweep_seeds)) != len(self.sweep_seeds):
+                raise ValueError(f"sweep_seeds {self.sweep_seeds} must be distinct members of seeds {self.seeds}")
+        for m in self.methods:
+            try:
+                TrainingConfig.model_validate(self.training.model_dump() | m.training)
+            except ValidationError as err:
+                first = err.errors()[0]
+                raise ValueError(
+                    f"methods[{m.name}].training.{'.'.join(map(str, first['loc']))}: {first['msg']}"
+                ) from None
+        if self.task.test_split and not self.training.save_best_checkpoint and any(
+            len(self.learning_rate_candidates(m)) > 1 for m in self.methods
+        ):
+            raise ValueError(
+                "a learning-rate sweep with a test split needs training.save_best_checkpoint: true "
+                "(the selected sweep run is tested once from its best checkpoint)"
+            )
         return self
 
     def learning_rate(self, method: MethodEntry) -> float:
-        return method.learning_rate or self.training.learning_rate
+        """The method's single learning rate (its first candidate)."""
+        return self.learning_rate_candidates(method)[0]
+
+    def learning_rate_candidates(self, method: MethodEntry) -> list[float]:
+        """Candidates swept for ``method``, in config order: ``method.learning_rates``, else
+        ``method.learning_rate``, else the experiment's ``learning_rates``, else
+        ``training.learning_rate``. One candidate = no sweep."""
+        if method.learning_rates:
+            return list(method.learning_rates)
+        if method.learning_rate is not None:
+            return [method.learning_rate]
+        if self.learning_rates:
+            return list(self.learning_rates)
+        return [self.training.learning_rate]
+
+    def sweep_seed_list(self) -> list[int]:
+        """Seeds of the learning-rate sweep (default: the first seed)."""
+        return list(self.sweep_seeds) if self.sweep_seeds else self.seeds[:1]
+
+    def training_for(self, method: MethodEntry) -> TrainingConfig:
+        """The training settings of ``method``: the experiment's, with ``method.training`` applied.
+        Equal for every method (equal budgets) unless a method overrides them."""
+        if not method.training:
+            return self.training
+        return TrainingConfig.model_validate(self.training.model_dump() | method.training)
 
 
 # --------------------------------------------------------------------------------------------

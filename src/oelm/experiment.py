@@ -1,30 +1,41 @@
-"""The comparison protocol: run every (method, seed) of an experiment, then compare.
+"""The comparison protocol: sweep learning rates on validation, run every (method, seed), compare.
 
 One experiment = one task, one model source, several methods, several seeds::
 
     outputs/<name>/
-      config.yaml                      the resolved config
-      runs/<method>-seed<k>/result.json, metrics.jsonl, tensorboard/, checkpoint/
-      comparison.json                  each method against baseline
-      report.md                        the comparison table
+      config.yaml, experiment.json     the resolved config and its fingerprint (resume check)
+      plan.json                        every planned run (read by `oelm monitor`)
+      runs/<method>[-lr<lr>]-seed<k>/  status.json, result.json, metrics.jsonl, tensorboard/, checkpoint/
+      sweep.json                       the learning-rate sweep and the selected rates
+      comparison.json, report.md       the final runs of each method against baseline
 
 Rules kept here:
 - the data (subsets, tokenization) is built once and shared by every run, so methods see
   exactly the same examples; each run's model is built fresh from its seed;
-- runs are interleaved in a balanced order (seed 0: A B C, seed 1: C B A, ...) so slow drift of
-  a shared machine hits every method alike;
-- a finished run (its ``result.json`` exists) is never recomputed or overwritten;
-- selection uses validation only; a test split, if configured, is evaluated once per run with
-  the best-on-validation weights;
+- every method gets the same training budget (epochs / max_steps, batch size) unless its
+  ``training`` overrides say otherwise; each result records its budget (steps, samples, tokens);
+- runs are interleaved in a balanced order (seed 0: A B C, seed 1: C B A, ...) in every stage,
+  so slow drift of a shared machine hits every method alike;
+- learning rates are selected on validation only (mean best validation over the sweep seeds);
+  the test split, if configured, is evaluated once per final run with the selected learning rate
+  and the best-on-validation weights, never in a run that was not selected;
+- a finished or failed run (its ``result.json`` exists) is not recomputed; an unfinished one is
+  continued; the only rewrite of a result is the promotion of the selected sweep run to a final
+  run (adding its single test evaluation);
 - every result file is written atomically.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import math
 import os
 import re
+import statistics
+import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,17 +43,22 @@ import torch
 import yaml
 from torch.utils.data import DataLoader
 
-from oelm.config import ExperimentConfig, MethodEntry
-from oelm.errors import ConfigError, OELMError
+from oelm.config import ExperimentConfig, MethodEntry, TrainingConfig
+from oelm.errors import ConfigError, OELMError, RunFaultError, RunInterruptedError
 from oelm.io import read_json, write_json_atomic, write_text_atomic
 from oelm.method import apply_oelm
 from oelm.report import compare_results, comparison_rows, render_report, write_comparison  # noqa: F401 (re-exported)
+import oelm.cpu_datasets  # noqa: F401  (registers the CPU stand-in datasets of configs/cpu/)
 
 __all__ = [
     "PreparedData",
     "prepare_data",
     "build_model",
     "run_order",
+    "run_name",
+    "plan_runs",
+    "PlannedRun",
+    "resolve_init_from",
     "run_experiment",
     "compare_results",
     "render_report",
@@ -189,8 +205,10 @@ def build_model(config: ExperimentConfig, data: PreparedData | None, *, task_typ
     return model, tokenizer
 
 
-def run_order(methods: list[str], seeds: list[int]) -> list[tuple[str, int]]:
-    """Balanced interleaving: seed 0 runs A B C, seed 1 runs C B A, seed 2 A B C, ..."""
+def run_order(methods: list, seeds: list[int]) -> list[tuple[Any, int]]:
+    """Balanced interleaving: seed 0 runs A B C, seed 1 runs C B A, seed 2 A B C, ...
+
+    ``methods`` may be any labels (method names, or (method, learning rate) pairs in a sweep)."""
     order = []
     for i, seed in enumerate(seeds):
         seq = methods if i % 2 == 0 else list(reversed(methods))
@@ -202,23 +220,27 @@ _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 DRIFT_WARNING_PERCENT = 10.0  # speed-probe change (start vs end of a run) that makes timings suspect
 
 
-def run_name(method: str, seed: int) -> str:
+def run_name(method: str, seed: int, learning_rate: float | None = None) -> str:
     """Directory name of a run; user strings are sanitized so they cannot escape ``runs/``.
 
-    A method name that is already safe (letters, digits, ``_ . -``, no leading dot) is kept as is;
-    any other one (``"../x"``, ``"a/b"``, spaces, ...) is sanitized and gets 8 hex digits of the
-    sha256 of the original name, so two different names never share a run directory.
+    ``learning_rate`` is part of the name for methods whose learning rate is swept
+    (``oelm_freeze-lr0.001-seed0``), so every (method, learning rate, seed) has its own folder;
+    methods with a single learning rate keep ``<method>-seed<k>``. A method name that is already
+    safe (letters, digits, ``_ . -``, no leading dot) is kept as is; any other one (``"../x"``,
+    ``"a/b"``, spaces, ...) is sanitized and gets 8 hex digits of the sha256 of the original name,
+    so two different names never share a run directory.
     """
     safe = _SAFE.sub("_", method).strip("._")[:64] or "method"
     if safe != method:
         safe = f"{safe}-{hashlib.sha256(method.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
-    return f"{safe}-seed{seed}"
+    lr = "" if learning_rate is None else "-lr" + _SAFE.sub("_", f"{learning_rate:g}")
+    return f"{safe}{lr}-seed{seed}"
 
 
-def _loaders(data: PreparedData, config: ExperimentConfig, seed: int) -> tuple[DataLoader, DataLoader, DataLoader | None]:
+def _loaders(data: PreparedData, training: TrainingConfig, seed: int) -> tuple[DataLoader, DataLoader, DataLoader | None]:
     """Train loader shuffled by ``seed`` (optionally length-grouped); evaluation loaders in
     length-sorted order, which wastes less compute on padding and cannot change a metric."""
-    t = config.training
+    t = training
     g = torch.Generator().manual_seed(seed)
     kw = {"collate_fn": data.collate_fn, "num_workers": t.num_workers}
     lengths = getattr(data.train, "lengths", None)
@@ -240,30 +262,143 @@ def _loaders(data: PreparedData, config: ExperimentConfig, seed: int) -> tuple[D
     return train, eval_loader(data.validation), eval_loader(data.test)
 
 
-def _run_one(config: ExperimentConfig, entry: MethodEntry, seed: int, data: PreparedData, run_dir: Path, log: Callable[[str], None]) -> dict:
+@dataclass(frozen=True)
+class PlannedRun:
+    """One cell of the matrix: a method at one learning rate and seed, in a stage."""
+
+    method: str
+    learning_rate: float
+    seed: int
+    stage: str  # "sweep" | "final"
+    name: str  # run directory under runs/
+
+
+def _total_steps(training: TrainingConfig, train_loader: DataLoader) -> int:
+    """Optimizer steps of a run (as :func:`oelm.train.train` computes them)."""
+    return training.max_steps or max(1, math.ceil(training.epochs * len(train_loader)))
+
+
+def resolve_init_from(config: ExperimentConfig, method: str, seed: int) -> Path | None:
+    """The safetensors file a run of ``method`` / ``seed`` starts from (``config.init_from``).
+
+    ``{method}`` and ``{seed}`` are substituted. A directory is an ``oelm run`` output folder:
+    its finished *final* run of the same method and seed (at the learning rate selected there)
+    provides ``checkpoint/model.safetensors``.
+
+    Raises:
+        ConfigError: the file, or a finished final run of that method and seed, does not exist.
+    """
+    if not config.init_from:
+        return None
+    path = Path(config.init_from.replace("{method}", method).replace("{seed}", str(seed))).expanduser()
+    if path.is_file():
+        return path
+    if path.is_dir() and (path / "runs").is_dir():
+        for result_path in sorted((path / "runs").glob("*/result.json")):
+            r = read_json(result_path)
+            if r.get("method") == method and r.get("seed") == seed and r.get("stage", "final") == "final" and r.get("status") == "finished":
+                ckpt = result_path.parent / "checkpoint" / "model.safetensors"
+                if ckpt.is_file():
+                    return ckpt
+        raise ConfigError(
+            f"init_from: {path} has no finished final run of method {method!r} with seed {seed} and a "
+            "checkpoint/model.safetensors; run the pretraining config first (same methods and seeds)"
+        )
+    raise ConfigError(f"init_from: {path} is neither a safetensors file nor an `oelm run` output directory")
+
+
+def _load_init_weights(model: torch.nn.Module, path: Path) -> dict[str, Any]:
+    """Copy every tensor of ``path`` (safetensors) whose name and shape match into ``model``.
+
+    A language model's tied ``lm_head.weight`` stands in for ``transformer.wte.weight`` when
+    only one of them was saved. Task heads that the file lacks (e.g. a classifier's ``score``)
+    keep their fresh initialization.
+
+    Returns:
+        ``{"path", "loaded", "skipped"}``: tensor names copied and names left at their init.
+
+    Raises:
+        ConfigError: a tensor has a different shape (another vocabulary or context length), or
+            nothing in the file matches the model.
+    """
+    from safetensors.torch import load_file
+
+    state = load_file(str(path))
+    if "transformer.wte.weight" not in state and "lm_head.weight" in state:
+        state["transformer.wte.weight"] = state["lm_head.weight"]
+    own = model.state_dict()
+    loaded, skipped = [], []
+    for name, tensor in own.items():
+        src = state.get(name)
+        if src is None:
+            skipped.append(name)
+            continue
+        if src.shape != tensor.shape:
+            raise ConfigError(
+                f"init_from {path}: {name} has shape {tuple(src.shape)} there but {tuple(tensor.shape)} here; "
+                "use the same tokenizer (task.tokenizer) and context length (model.gpt_overrides.context_length) "
+                "as the pretraining config"
+            )
+        loaded.append(name)
+    if not loaded:
+        raise ConfigError(f"init_from {path}: no tensor name matches the model; is it a checkpoint of the same architecture?")
+    with torch.no_grad():
+        for name in loaded:
+            own[name].copy_(state[name])
+    return {"path": str(path), "loaded": len(loaded), "skipped": skipped}
+
+
+def _build_run_model(config: ExperimentConfig, entry: MethodEntry, seed: int, data: PreparedData):
+    """Seeded fresh model with the method applied (and ``init_from`` weights loaded first).
+
+    With ``init_from`` the pretrained query/key weights are kept as they are (``init: none``)
+    and frozen as the method says: the pretraining run of the same method already gave them
+    their orthogonal or random initialization."""
     from accelerate.utils import set_seed
 
+    set_seed(seed)
+    model, _ = build_model(config, data)
+    oelm_cfg = entry.oelm_config()
+    init_info = None
+    init_path = resolve_init_from(config, entry.name, seed)
+    if init_path is not None:
+        init_info = _load_init_weights(model, init_path)
+        oelm_cfg = oelm_cfg.replace(init="none")
+    report = apply_oelm(model, oelm_cfg, seed=seed)
+    return model, oelm_cfg, report, init_info
+
+
+def _run_one(
+    config: ExperimentConfig,
+    entry: MethodEntry,
+    run: PlannedRun,
+    data: PreparedData,
+    run_dir: Path,
+    log: Callable[[str], None],
+    *,
+    evaluate_test: bool,
+) -> dict:
+    """Train one run; returns its result dict (status "finished"). Faults propagate."""
     from oelm.environment import capture_environment, probe_drift_percent
     from oelm.train import train
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     env_before = capture_environment(device, probe=True)
-    set_seed(seed)
-    model, _ = build_model(config, data)
-    oelm_cfg = entry.oelm_config()
-    report = apply_oelm(model, oelm_cfg, seed=seed)
+    model, oelm_cfg, report, init_info = _build_run_model(config, entry, run.seed, data)
     log(f"[{run_dir.name}] {report}")
-    train_loader, val_loader, test_loader = _loaders(data, config, seed)
-    lr = config.learning_rate(entry)
+    training = config.training_for(entry)
+    train_loader, val_loader, test_loader = _loaders(data, training, run.seed)
+    total_steps = _total_steps(training, train_loader)
+    _write_status(run_dir, run, "running", total_steps=total_steps)
     result = train(
         model,
         train_loader,
         val_loader,
         metric=data.metric,
-        config=config.training,
-        learning_rate=lr,
+        config=training,
+        learning_rate=run.learning_rate,
         run_dir=run_dir,
-        test_loader=test_loader,
+        test_loader=test_loader if evaluate_test else None,
         description=run_dir.name,
     )
     env_after = capture_environment(device, probe=True)
@@ -274,14 +409,21 @@ def _run_one(config: ExperimentConfig, entry: MethodEntry, seed: int, data: Prep
     environment["load_average_after"] = env_after.get("load_average")
     environment["matmul_probe_drift_percent"] = probe_drift_percent(before, after) if before and after else None
     return {
-        "method": entry.name,
-        "seed": seed,
-        "task": config.task.dataset,
-        "model": config.model.display_name,
+        **_run_identity(config, run),
         "status": "finished",
         "config": config.model_dump(mode="json"),
-        "method_config": oelm_cfg.to_dict() | {"learning_rate": lr},
+        "method_config": oelm_cfg.to_dict() | {"learning_rate": run.learning_rate},
+        "init_from": init_info,
         "data": data.summary,
+        "budget": {
+            "steps": result.steps,
+            "planned_steps": total_steps,
+            "samples": result.timing.get("samples"),
+            "tokens": result.timing.get("tokens"),
+            "batch_size": training.batch_size,
+            "epochs": training.epochs,
+            "max_steps": training.max_steps,
+        },
         "environment": environment,
         "parameters": {
             "total": report.total,
@@ -301,49 +443,242 @@ def _run_one(config: ExperimentConfig, entry: MethodEntry, seed: int, data: Prep
             "steps": result.steps,
         },
         "timing": result.timing,
+        # A SIGTERM/SIGINT that arrived during the final evaluation: the run is complete and kept,
+        # but the matrix stops after recording it (see run_experiment).
+        "stop_signal": result.stop_signal,
     }
 
 
-# Settings that change how a run is displayed or fed, never its numbers.
-_COSMETIC_TRAINING_KEYS = ("progress_bar", "tensorboard", "num_workers", "log_every")
+def _run_identity(config: ExperimentConfig, run: PlannedRun) -> dict[str, Any]:
+    return {
+        "method": run.method,
+        "seed": run.seed,
+        "learning_rate": run.learning_rate,
+        "stage": run.stage,
+        "selected": run.stage == "final",
+        "task": config.task.dataset,
+        "model": config.model.display_name,
+    }
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _write_status(run_dir: Path, run: PlannedRun, state: str, **fields: Any) -> None:
+    """``runs/<name>/status.json``: what ``oelm monitor`` reads (state, stage, total steps, times)."""
+    path = run_dir / "status.json"
+    status = read_json(path) if path.exists() else {}
+    status.update(
+        {"name": run_dir.name, "method": run.method, "seed": run.seed, "learning_rate": run.learning_rate,
+         "stage": run.stage, "state": state, "pid": os.getpid(), "host": platform.node()}
+    )
+    if state == "running":
+        status["started_at"] = _now()
+        status.pop("finished_at", None)
+    else:
+        status["finished_at"] = _now()
+    status.update(fields)
+    write_json_atomic(path, status)
+
+
+def _failed_result(config: ExperimentConfig, run: PlannedRun, exc: RunFaultError) -> dict[str, Any]:
+    return {
+        **_run_identity(config, run),
+        "selected": False,
+        "status": "failed",
+        "failure": {"kind": exc.kind, "message": str(exc), "step": exc.step},
+        "config": config.model_dump(mode="json"),
+    }
+
+
+# Settings that change how a run is displayed, fed or saved, never its numbers.
+_COSMETIC_TRAINING_KEYS = (
+    "progress_bar", "tensorboard", "num_workers", "log_every", "checkpoint_every", "keep_checkpoints",
+)
 
 
 def _config_fingerprint(config: ExperimentConfig) -> dict[str, Any]:
-    """The parts of a config that make results comparable (not seeds, the method list, output,
-    or display-only training knobs)."""
+    """The parts of a config that make results comparable: task, model, training (display-only
+    knobs excluded), init_from, the sweep seeds, and per method its OELM settings, learning-rate
+    candidates and training overrides. Not: seeds (more may be added), the output dir, names,
+    descriptions and references."""
     d = config.model_dump(mode="json")
     training = {k: v for k, v in d["training"].items() if k not in _COSMETIC_TRAINING_KEYS}
-    return {"task": d["task"], "model": d["model"], "training": training}
+    methods = {
+        m.name: {
+            "oelm": m.oelm_config().to_dict(),
+            "learning_rates": config.learning_rate_candidates(m),
+            "training": {k: v for k, v in sorted(m.training.items()) if k not in _COSMETIC_TRAINING_KEYS},
+        }
+        for m in config.methods
+    }
+    return {
+        "task": d["task"], "model": d["model"], "training": training, "init_from": config.init_from,
+        "sweep_seeds": config.sweep_seed_list(), "methods": methods,
+    }
+
+
+def _methods_with_runs(out: Path) -> set[str]:
+    """Methods that have a run folder with a status or result under ``out/runs``."""
+    found = set()
+    for p in list((out / "runs").glob("*/status.json")) + list((out / "runs").glob("*/result.json")):
+        try:
+            found.add(read_json(p)["method"])
+        except (OSError, ValueError, KeyError):
+            continue
+    return found
+
+
+def _check_fingerprint(out: Path, fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """Refuse to mix results of incompatible configs in ``out``; returns the fingerprint to store.
+
+    Raises:
+        ConfigError: task/model/training/init_from/sweep seeds changed, or the settings of a
+            method that already has runs changed (naming what changed).
+    """
+    path = out / "experiment.json"
+    if not path.exists():
+        return fingerprint
+    previous = read_json(path).get("fingerprint") or {}
+    changed = [k for k in fingerprint if k != "methods" and k in previous and previous[k] != fingerprint[k]]
+    prev_methods = previous.get("methods", {})
+    with_runs = _methods_with_runs(out) if prev_methods else set()
+    for name, settings in fingerprint["methods"].items():
+        if name in prev_methods and prev_methods[name] != settings and name in with_runs:
+            what = [k for k in settings if prev_methods[name].get(k) != settings[k]]
+            changed.append(f"methods.{name} ({', '.join(what)})")
+    if changed:
+        raise ConfigError(
+            f"output directory {out} holds results of a different config (changed: {', '.join(sorted(changed))}); "
+            "use another --output-dir, or restore the original config to resume"
+        )
+    return fingerprint | {"methods": prev_methods | fingerprint["methods"]}
+
+
+def _promote(config: ExperimentConfig, entry: MethodEntry, run: PlannedRun, data: PreparedData, run_dir: Path,
+             result: dict, log: Callable[[str], None]) -> dict:
+    """Make the finished sweep run at the selected learning rate a final run: evaluate the test
+    split once, from its best-on-validation checkpoint, and mark it ``stage: final``,
+    ``selected: true``. The run is not retrained (same seed, data order and budget as a fresh
+    final run would have)."""
+    from oelm.train import evaluate
+
+    test_value = None
+    if data.test is not None:
+        ckpt = run_dir / "checkpoint" / "model.safetensors"
+        if not ckpt.is_file():
+            raise OELMError(f"{run_dir}: the selected sweep run has no checkpoint/model.safetensors to evaluate the test split with")
+        from safetensors.torch import load_model
+
+        model, _, _, _ = _build_run_model(config, entry, run.seed, data)
+        load_model(model, str(ckpt))
+        training = config.training_for(entry)
+        _, _, test_loader = _loaders(data, training, run.seed)
+        t0 = time.perf_counter()
+        test_value = evaluate(model, test_loader, data.metric, training.mixed_precision)["value"]
+        seconds = time.perf_counter() - t0
+        with (run_dir / "metrics.jsonl").open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"type": "test", "step": result["performance"]["best_step"], data.metric: test_value}) + "\n")
+        result["timing"]["test_seconds"] = seconds
+        log(f"[{run_dir.name}] selected; test {data.metric} {test_value:.4f} (evaluated once, best checkpoint)")
+    result = dict(result)
+    result["performance"] = dict(result["performance"], test=test_value)
+    result.update(stage="final", selected=True, swept=True)
+    write_json_atomic(run_dir / "result.json", result)
+    return result
+
+
+def _select(metric: str | None, by_lr: dict[float, list[float]]) -> float | None:
+    """The learning rate with the best mean validation (ties: the first candidate)."""
+    best_lr, best = None, None
+    for lr, values in by_lr.items():
+        if not values:
+            continue
+        mean = statistics.fmean(values)
+        if best is None or (mean > best if metric == "accuracy" else mean < best):
+            best_lr, best = lr, mean
+    return best_lr
+
+
+def plan_runs(config: ExperimentConfig, selected: dict[str, float] | None = None) -> list[PlannedRun]:
+    """Every run of the matrix in execution order: the sweep stage (methods with several
+    learning-rate candidates, on the sweep seeds), then the final stage (every method and seed at
+    its selected learning rate; methods not yet selected are left out). Both stages use the
+    balanced order of :func:`run_order`."""
+    selected = selected or {}
+    cands = {m.name: config.learning_rate_candidates(m) for m in config.methods}
+    units = [(m.name, lr) for m in config.methods if len(cands[m.name]) > 1 for lr in cands[m.name]]
+    plan = [
+        PlannedRun(m, lr, seed, "sweep", run_name(m, seed, lr))
+        for (m, lr), seed in run_order(units, config.sweep_seed_list())
+    ]
+    finals = [m.name for m in config.methods if len(cands[m.name]) == 1 or m.name in selected]
+    for m, seed in run_order(finals, config.seeds):
+        if len(cands[m]) == 1:
+            plan.append(PlannedRun(m, cands[m][0], seed, "final", run_name(m, seed)))
+        else:
+            plan.append(PlannedRun(m, selected[m], seed, "final", run_name(m, seed, selected[m])))
+    return plan
+
+
+def _write_plan(out: Path, config: ExperimentConfig, selected: dict[str, float]) -> None:
+    """``plan.json``: every planned run (for ``oelm monitor``), final runs of methods whose
+    sweep is not done yet listed as pending without a learning rate."""
+    runs = [{"name": r.name, "method": r.method, "seed": r.seed, "learning_rate": r.learning_rate, "stage": r.stage}
+            for r in plan_runs(config, selected)]
+    for m in config.methods:
+        if len(config.learning_rate_candidates(m)) > 1 and m.name not in selected:
+            runs += [{"name": None, "method": m.name, "seed": s, "learning_rate": None, "stage": "final"} for s in config.seeds]
+    write_json_atomic(out / "plan.json", {"name": config.name, "runs": runs})
 
 
 def run_experiment(
     config: ExperimentConfig,
     output_dir: str | Path | None = None,
     log: Callable[[str], None] = print,
+    *,
+    retry_failed: bool = False,
 ) -> dict[str, Any]:
-    """Run every (method, seed) of ``config`` not finished yet, then write the comparison.
+    """Run the whole matrix of ``config`` (what is not finished yet), then write the comparison.
+
+    Protocol:
+
+    1. **Sweep** (methods with several learning-rate candidates): each candidate on the sweep
+       seeds, validation only (no test split is loaded into these runs).
+    2. **Selection**: per method the candidate with the best mean ``best_validation`` over the
+       sweep seeds (failed runs excluded); written to ``sweep.json``.
+    3. **Final**: every seed at the selected learning rate; the test split (if configured) is
+       evaluated once per final run with its best-on-validation weights. A sweep run at the
+       selected rate is reused as that seed's final run: its test split is evaluated once from
+       its best checkpoint (:func:`_promote`), never before selection.
+
+    Runs of a stage follow :func:`run_order`. Every method trains on the same data with the same
+    training settings (budget) unless its ``training`` overrides them. Rerunning on the same
+    output directory skips finished (and failed, unless ``retry_failed``) runs and calls
+    :func:`oelm.train.train` again on unfinished ones (which resumes from their checkpoints).
 
     Returns:
-        The comparison dict (also written to ``comparison.json``; ``report.md`` beside it).
+        The comparison dict (``comparison.json``; ``report.md`` beside it) of the final runs.
 
     Raises:
-        ConfigError: ``output_dir`` holds results of a different task/model/training config.
+        ConfigError: ``output_dir`` holds results of an incompatible config.
+        RunInterruptedError: a run was interrupted (SIGTERM/SIGINT); its ``status.json`` says
+            ``interrupted`` and rerunning continues it.
         OELMError subclasses: data or model problems, raised before any run starts.
     """
     out = Path(output_dir or config.output_dir or Path("outputs") / config.name)
     out.mkdir(parents=True, exist_ok=True)
-    fingerprint_path = out / "experiment.json"
-    fingerprint = _config_fingerprint(config)
-    if fingerprint_path.exists():
-        previous = read_json(fingerprint_path).get("fingerprint")
-        if previous != fingerprint:
-            changed = sorted(k for k in fingerprint if previous is None or previous.get(k) != fingerprint[k])
-            raise ConfigError(
-                f"output directory {out} holds results of a different config (changed: {', '.join(changed)}); "
-                "use another --output-dir, or restore the original config to resume"
-            )
-    write_json_atomic(fingerprint_path, {"name": config.name, "fingerprint": fingerprint})
+    safe = {}
+    for m in config.methods:
+        key = run_name(m.name, 0)
+        if key in safe:
+            raise ConfigError(f"methods {safe[key]!r} and {m.name!r} map to the same run directory name; rename one")
+        safe[key] = m.name
+    fingerprint = _check_fingerprint(out, _config_fingerprint(config))
+    write_json_atomic(out / "experiment.json", {"name": config.name, "fingerprint": fingerprint})
     write_text_atomic(out / "config.yaml", yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    _write_plan(out, config, {})
 
     tokenizer = None
     if config.model.pretrained:
@@ -353,23 +688,116 @@ def run_experiment(
     log(f"preparing data: {config.task.dataset} ...")
     data = prepare_data(config, tokenizer)
     log(f"data: {data.summary}")
+    for m in config.methods:  # a missing pretraining checkpoint is an error before any run starts
+        for seed in config.seeds:
+            resolve_init_from(config, m.name, seed)
 
     entries = {m.name: m for m in config.methods}
-    results: dict[str, list[dict]] = {m: [] for m in entries}
-    for method, seed in run_order(list(entries), config.seeds):
-        run_dir = out / "runs" / run_name(method, seed)
+
+    def execute(run: PlannedRun, evaluate_test: bool) -> dict:
+        run_dir = out / "runs" / run.name
         result_path = run_dir / "result.json"
         if result_path.exists():
-            log(f"[{run_dir.name}] finished earlier; kept ({result_path})")
-            results[method].append(read_json(result_path))
-            continue
-        result = _run_one(config, entries[method], seed, data, run_dir, log)
+            previous = read_json(result_path)
+            if previous.get("status") == "failed" and retry_failed:
+                aside = out / "runs" / ".failed" / f"{run.name}-{datetime.now():%Y%m%d-%H%M%S}"
+                aside.parent.mkdir(parents=True, exist_ok=True)
+                run_dir.rename(aside)
+                log(f"[{run.name}] failed earlier; retrying (old run moved to {aside})")
+            else:
+                log(f"[{run.name}] {previous.get('status', 'finished')} earlier; kept ({result_path})")
+                return previous
+        elif run_dir.exists():
+            log(f"[{run.name}] unfinished; continuing in {run_dir}")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _write_status(run_dir, run, "running")
+        try:
+            result = _run_one(config, entries[run.method], run, data, run_dir, log, evaluate_test=evaluate_test)
+        except RunInterruptedError as exc:
+            _write_status(run_dir, run, "interrupted", step=exc.step, signal=exc.signal_name)
+            log(f"[{run.name}] interrupted ({exc.signal_name}) at step {exc.step}; rerun the same command to continue")
+            raise
+        except RunFaultError as exc:
+            result = _failed_result(config, run, exc)
+            write_json_atomic(result_path, result)
+            _write_status(run_dir, run, "failed", failure=result["failure"])
+            log(f"[{run.name}] FAILED ({exc.kind} at step {exc.step}): {exc}; going on with the next run")
+            return result
         write_json_atomic(result_path, result)
+        _write_status(run_dir, run, "finished")
         perf = result["performance"]
         log(
-            f"[{run_dir.name}] best validation {perf['metric']} {perf['best_validation']:.4f} at step {perf['best_step']}, "
+            f"[{run.name}] best validation {perf['metric']} {perf['best_validation']:.4f} at step {perf['best_step']}, "
             f"{result['timing']['total_seconds']:.1f} s total"
         )
-        results[method].append(result)
+        if result.get("stop_signal"):
+            raise RunInterruptedError(
+                f"{result['stop_signal']} arrived during the last evaluation of {run.name}; that run finished and "
+                "was kept, the matrix stops here; rerun the same command to continue with the next run",
+                step=perf["steps"],
+                signal_name=result["stop_signal"],
+            )
+        return result
 
-    return write_comparison(config, results, out)
+    # 1. sweep
+    sweep_results: dict[tuple[str, float, int], dict] = {}
+    for run in plan_runs(config):
+        if run.stage == "sweep":
+            sweep_results[(run.method, run.learning_rate, run.seed)] = execute(run, evaluate_test=False)
+
+    # 2. selection, on validation only
+    selected: dict[str, float] = {}
+    sweep_summary: dict[str, list[dict]] = {}
+    for m in config.methods:
+        cands = config.learning_rate_candidates(m)
+        if len(cands) == 1:
+            continue
+        by_lr = {
+            lr: [sweep_results[(m.name, lr, s)]["performance"]["best_validation"]
+                 for s in config.sweep_seed_list() if sweep_results[(m.name, lr, s)].get("status") == "finished"]
+            for lr in cands
+        }
+        choice = _select(data.metric, by_lr)
+        if choice is None:
+            log(f"[{m.name}] every sweep run failed; no learning rate selected, no final runs")
+            sweep_summary[m.name] = []
+        else:
+            selected[m.name] = choice
+            log(f"[{m.name}] selected learning rate {choice:g} (mean best validation over seeds {config.sweep_seed_list()})")
+        sweep_summary[m.name] = [
+            {"learning_rate": lr, "seed": s, "best_validation": (r.get("performance") or {}).get("best_validation"),
+             "selected": lr == choice, "status": r.get("status")}
+            for lr in cands for s in config.sweep_seed_list() for r in [sweep_results[(m.name, lr, s)]]
+        ]
+    if sweep_summary:
+        write_json_atomic(out / "sweep.json", {
+            "selection_metric": "best_validation",
+            "selection_rule": "mean over sweep seeds; highest accuracy / lowest perplexity; ties: first candidate",
+            "sweep_seeds": config.sweep_seed_list(),
+            "selected_learning_rates": selected,
+            "methods": sweep_summary,
+        })
+    _write_plan(out, config, selected)
+
+    # 3. final runs at the selected learning rates
+    results: dict[str, list[dict]] = {m.name: [] for m in config.methods}
+    for run in plan_runs(config, selected):
+        if run.stage != "final":
+            continue
+        swept = sweep_results.get((run.method, run.learning_rate, run.seed))
+        if swept is not None:
+            if swept.get("status") != "finished":
+                # failed at the selected rate for this seed: not retried here, but reported (as a
+                # collapsed run) so a method's failures are never silently dropped
+                results[run.method].append(swept)
+                continue
+            result = swept if swept.get("stage") == "final" else _promote(
+                config, entries[run.method], run, data, out / "runs" / run.name, swept, log)
+        else:
+            result = execute(run, evaluate_test=True)
+        results[run.method].append(result)  # failed runs too: the report flags and excludes them
+
+    if not any(r.get("status") == "finished" for runs in results.values() for r in runs):
+        raise OELMError(f"no run of {config.name} finished (see the failures under {out / 'runs'})")
+    return write_comparison(config, {m: r for m, r in results.items() if r}, out)
+

@@ -31,13 +31,25 @@ def render_report(comparison: dict[str, Any], out: str | Path | None = None) -> 
 
 
 def load_results(out: str | Path) -> dict[str, list[dict]]:
-    """method -> run results of every ``runs/*/result.json`` under ``out`` (sorted by seed)."""
+    """method -> the final runs under ``out`` (``runs/*/result.json``), sorted by seed.
+
+    A final run is one of the selected configuration: ``stage == "final"`` (results written before
+    the learning-rate sweep existed have no stage and count as final), or a sweep run that failed at
+    the learning rate later selected for its method (``sweep.json``) — kept so the report lists the
+    failure instead of silently dropping it. Sweep runs at other learning rates are left out; they
+    are summarized from ``sweep.json``.
+    """
     from oelm.io import read_json
 
+    sweep_path = Path(out) / "sweep.json"
+    selected = read_json(sweep_path).get("selected_learning_rates", {}) if sweep_path.exists() else {}
     results: dict[str, list[dict]] = {}
     for path in sorted(Path(out).glob("runs/*/result.json")):
         r = read_json(path)
-        results.setdefault(r["method"], []).append(r)
+        final = r.get("stage", "final") == "final"
+        failed_at_selected = r.get("status") == "failed" and selected.get(r["method"]) == r.get("learning_rate")
+        if final or failed_at_selected:
+            results.setdefault(r["method"], []).append(r)
     for runs in results.values():
         runs.sort(key=lambda r: r["seed"])
     return results

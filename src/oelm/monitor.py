@@ -1,0 +1,230 @@
+"""``oelm monitor DIR``: a live terminal view of a running or finished ``oelm run`` matrix.
+
+It only reads files the runner writes, so it can watch a run started elsewhere (another
+terminal, ``nohup``) and never disturbs it:
+
+* ``plan.json``: every planned run (name, method, stage, learning rate, seed); final runs of a
+  method whose learning-rate sweep is not finished yet have no name (shown as "after sweep");
+* ``runs/<name>/status.json``: state (running / finished / failed / interrupted), total steps,
+  start and end times (UTC, ISO 8601), the runner's pid and host;
+* ``runs/<name>/metrics.jsonl``: the latest train record (step, loss) and validation record;
+* ``runs/<name>/result.json``: present once a run finished or failed.
+
+A run whose status says ``running`` but whose process (same host) no longer exists is shown as
+``interrupted``: rerunning ``oelm run`` continues it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from oelm.errors import OELMError
+from oelm.io import read_json
+
+__all__ = ["collect_runs", "snapshot_text", "build_table", "monitor"]
+
+STATES = ("pending", "running", "finished", "failed", "interrupted")
+HEADER = ["run", "stage", "state", "lr", "step", "train loss", "validation", "elapsed", "ETA"]
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        return read_json(path)
+    except (OSError, ValueError):
+        return None  # absent, or being replaced at this instant: next refresh reads it
+
+
+def _last_records(path: Path) -> tuple[dict | None, dict | None]:
+    """Latest ``train`` and ``eval`` records of a ``metrics.jsonl`` (a torn last line is skipped)."""
+    train = evaluation = None
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None, None
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("type") == "train":
+            train = record
+        elif record.get("type") == "eval":
+            evaluation = record
+    return train, evaluation
+
+
+def _alive(pid: Any) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (OSError, TypeError, ValueError):
+        return False
+    return True
+
+
+def _parse_time(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
+
+
+def collect_runs(out: Path, now: float | None = None) -> list[dict[str, Any]]:
+    """One dict per planned or existing run of the matrix in ``out``, in plan order.
+
+    Keys: ``name``, ``method``, ``seed``, ``stage``, ``learning_rate``, ``state`` (one of
+    :data:`STATES`), ``step``, ``total_steps``, ``train_loss``, ``validation`` (latest value, the
+    metric named in ``metric``), ``elapsed_seconds`` and ``eta_seconds`` (None when unknown).
+
+    Raises:
+        OELMError: ``out`` is not an ``oelm run`` output directory.
+    """
+    out = Path(out)
+    plan = _read(out / "plan.json")
+    if plan is None and not (out / "runs").is_dir():
+        raise OELMError(f"{out} is not an oelm run output directory (no plan.json or runs/); pass the --output-dir of `oelm run`")
+    now = time.time() if now is None else now
+    entries, planned = [], set()
+    for e in (plan or {}).get("runs", []):
+        if e.get("name") in planned:
+            continue  # the selected sweep run is also that seed's final run: one row
+        planned.add(e.get("name")) if e.get("name") else None
+        entries.append(e)
+    runs_dir = out / "runs"
+    if runs_dir.is_dir():
+        for d in sorted(p for p in runs_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            if d.name not in planned:
+                status = _read(d / "status.json") or {}
+                entries.append({"name": d.name, "method": status.get("method"), "seed": status.get("seed"),
+                                "learning_rate": status.get("learning_rate"), "stage": status.get("stage")})
+    rows = []
+    for e in entries:
+        row = {"name": e.get("name"), "method": e.get("method"), "seed": e.get("seed"), "stage": e.get("stage"),
+               "learning_rate": e.get("learning_rate"), "state": "pending", "step": None, "total_steps": None,
+               "train_loss": None, "validation": None, "metric": None, "elapsed_seconds": None, "eta_seconds": None}
+        rows.append(row)
+        if not e.get("name"):
+            continue
+        d = runs_dir / e["name"]
+        status = _read(d / "status.json") or {}
+        result = _read(d / "result.json")
+        train, evaluation = _last_records(d / "metrics.jsonl")
+        row["total_steps"] = status.get("total_steps")
+        if train:
+            row["step"], row["train_loss"] = train.get("step"), train.get("loss")
+        if evaluation:
+            metric = next((k for k in evaluation if k not in ("type", "step", "loss", "elapsed_seconds")), None)
+            row["metric"], row["validation"] = metric, evaluation.get(metric)
+        state = status.get("state") or ("running" if d.exists() else "pending")
+        if result is not None:
+            state = "failed" if result.get("status") == "failed" else "finished"
+            if state == "finished":
+                row["step"] = (result.get("performance") or {}).get("steps", row["step"])
+                row["stage"] = result.get("stage", row["stage"])
+        elif state == "running" and status.get("host") == platform.node() and status.get("pid") and not _alive(status["pid"]):
+            state = "interrupted"
+        row["state"] = state
+        started = _parse_time(status.get("started_at"))
+        ended = _parse_time(status.get("finished_at")) if state != "running" else None
+        if started is not None:
+            row["elapsed_seconds"] = max(0.0, (ended or now) - started)
+        if state == "running" and row["step"] and row["total_steps"] and train and train.get("elapsed_seconds"):
+            per_step = train["elapsed_seconds"] / row["step"]
+            row["eta_seconds"] = max(0.0, per_step * (row["total_steps"] - row["step"]))
+    return rows
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def _cells(row: dict[str, Any]) -> list[str]:
+    step = "–" if row["step"] is None else str(row["step"])
+    if row["total_steps"]:
+        step += f"/{row['total_steps']}"
+    name = row["name"] or f"{row['method']}-seed{row['seed']} (after sweep)"
+    validation = "–" if row["validation"] is None else f"{row['metric']} {row['validation']:.3f}"
+    return [
+        name,
+        row["stage"] or "–",
+        row["state"],
+        "–" if row["learning_rate"] is None else f"{row['learning_rate']:g}",
+        step,
+        "–" if row["train_loss"] is None else f"{row['train_loss']:.4f}",
+        validation,
+        _duration(row["elapsed_seconds"]),
+        _duration(row["eta_seconds"]),
+    ]
+
+
+def _summary(rows: list[dict[str, Any]]) -> str:
+    counts = {s: sum(r["state"] == s for r in rows) for s in STATES}
+    done = [r["elapsed_seconds"] for r in rows if r["state"] == "finished" and r["elapsed_seconds"]]
+    left = counts["pending"] + counts["interrupted"]
+    eta = ""
+    if done and (left or counts["running"]):
+        mean = sum(done) / len(done)
+        running_eta = sum(r["eta_seconds"] or 0.0 for r in rows if r["state"] == "running")
+        eta = f"; matrix ETA ~{_duration(left * mean + running_eta)} (mean finished run {_duration(mean)})"
+    return f"{len(rows)} runs: " + ", ".join(f"{counts[s]} {s}" for s in STATES) + eta
+
+
+def snapshot_text(out: Path) -> str:
+    """A plain-text table of :func:`collect_runs` plus a summary line (``--once``)."""
+    rows = collect_runs(out)
+    table = [HEADER] + [_cells(r) for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(HEADER))]
+    lines = [f"oelm monitor: {out}"]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in table]
+    lines.append(_summary(rows))
+    return "\n".join(lines) + "\n"
+
+
+_STYLE = {"running": "bold cyan", "finished": "green", "failed": "bold red", "interrupted": "yellow", "pending": "dim"}
+
+
+def build_table(out: Path):
+    """A ``rich.table.Table`` of the matrix in ``out`` (one row per run)."""
+    from rich.table import Table
+
+    rows = collect_runs(out)
+    table = Table(title=f"oelm monitor: {out}", caption=_summary(rows))
+    for i, h in enumerate(HEADER):
+        table.add_column(h, justify="left" if i < 3 else "right", no_wrap=i == 0)
+    for r in rows:
+        table.add_row(*_cells(r), style=_STYLE.get(r["state"]))
+    return table
+
+
+def monitor(out: Path, *, once: bool = False, interval: float = 2.0) -> int:
+    """Show the matrix in ``out``: one plain snapshot (``once``) or a live table refreshed every
+    ``interval`` seconds until Ctrl-C. Returns the exit status (0).
+
+    Raises:
+        OELMError: ``out`` is not an ``oelm run`` output directory.
+    """
+    if once:
+        print(snapshot_text(out), end="")
+        return 0
+    from rich.live import Live
+
+    table = build_table(out)
+    try:
+        with Live(table, refresh_per_second=max(0.1, 1.0 / max(interval, 0.1)), screen=False) as live:
+            while True:
+                time.sleep(interval)
+                live.update(build_table(out))
+    except KeyboardInterrupt:
+        return 0

@@ -1,0 +1,116 @@
+"""Every config under configs/ builds and validates; each original experiment has a CPU counterpart.
+
+Original-project configs are not run (they need the Hub and a GPU): their model is built from its
+architecture without weights (``BertConfig()`` for bert-base-uncased, the oelm GPT preset) and
+the method applied; their dataset and splits must exist in the registry. CPU configs must find
+every split they use under the local data directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from oelm.config import load_config
+from oelm.data import get_dataset_spec
+from oelm.data.registry import find_local_files, resolve_split
+from oelm.experiment import build_model  # also registers the CPU stand-in datasets
+from oelm.method import apply_oelm
+
+ROOT = Path(__file__).resolve().parents[1] / "configs"
+ORIGINAL = sorted((ROOT / "original").rglob("*.yaml"))
+CPU = sorted((ROOT / "cpu").rglob("*.yaml"))
+ids = lambda paths: [str(p.relative_to(ROOT)) for p in paths]  # noqa: E731
+
+PUBLISHED = {
+    "phase1_bert/sst2.yaml": {"baseline": 93.12, "oelm_freeze": 91.28, "oelm_random": 82.11},
+    "phase1_bert/mnli.yaml": {"baseline": 83.44, "oelm_freeze": 82.23},
+    "phase1_bert/xnli_en.yaml": {"baseline": 76.71, "oelm_freeze": 77.79},
+    "phase2_gpt_lm/tinystories.yaml": {"baseline": 4.27, "oelm_freeze": 4.69, "oelm_random": 4.97},
+    "phase2_gpt_lm/openwebtext.yaml": {"baseline": 47.24, "oelm_freeze": 54.29},
+    "phase2_gpt_lm/wikitext103.yaml": {"baseline": 25.13, "oelm_freeze": 29.03},
+    "phase3_gpt_cls/imdb.yaml": {"baseline": 78.56, "oelm_freeze": 85.70},
+    "phase3_gpt_cls/ag_news.yaml": {"baseline": 87.05, "oelm_freeze": 92.74},
+    "phase3_gpt_cls/xnli.yaml": {"baseline": 46.39, "oelm_freeze": 57.99},
+    "phase3_gpt_cls/mnli.yaml": {"baseline": 45.18, "oelm_freeze": 56.78},
+}
+
+
+def _splits(config) -> list[str]:
+    return [s for s in (config.task.train_split, config.task.validation_split, config.task.test_split) if s]
+
+
+def test_every_original_experiment_has_a_config_with_its_published_numbers():
+    got = {str(p.relative_to(ROOT / "original")) for p in ORIGINAL}
+    assert set(PUBLISHED) <= got
+    assert {"phase4_variants/bert_sst2_variants.yaml", "phase5_pretrain_finetune/pretrain_tinystories.yaml",
+            "phase5_pretrain_finetune/finetune_imdb.yaml"} <= got
+    for rel, numbers in PUBLISHED.items():
+        config = load_config(ROOT / "original" / rel)
+        assert config.reference == numbers, rel
+        assert "original OELM project" in config.reference_source
+    variants = load_config(ROOT / "original" / "phase4_variants" / "bert_sst2_variants.yaml")
+    assert {"oelm_qk_ffn", "oelm_ffn_only"} <= {m.name for m in variants.methods}
+
+
+def test_every_original_config_has_a_cpu_counterpart():
+    assert {p.relative_to(ROOT / "original") for p in ORIGINAL} == {p.relative_to(ROOT / "cpu") for p in CPU}
+
+
+@pytest.mark.parametrize("path", ORIGINAL + CPU, ids=ids(ORIGINAL + CPU))
+def test_config_is_fair_by_default(path):
+    config = load_config(path)
+    assert len(config.seeds) >= 3, "three seeds or more"
+    for m in config.methods:
+        assert len(config.learning_rate_candidates(m)) >= 2, f"{m.name}: learning rate swept on validation"
+        assert not m.training, f"{m.name}: same budget as the other methods"
+    assert "baseline" in {m.name for m in config.methods}
+
+
+@pytest.mark.parametrize("path", ORIGINAL, ids=ids(ORIGINAL))
+def test_original_config_builds_without_weights(path):
+    from accelerate.utils import set_seed
+
+    config = load_config(path)
+    spec = get_dataset_spec(config.task.dataset)
+    for split in _splits(config):
+        resolve_split(spec, split)  # raises on a split the dataset does not have
+    task_type = spec.task_type
+    num_labels = len(spec.label_names) if spec.label_names else None
+    # bert-base is ~110M parameters: one OELM method per BERT config (baseline = no change);
+    # the small GPT presets: baseline and one OELM method
+    entries = config.methods[1:2] if config.model.pretrained else config.methods[:2]
+    for entry in entries:
+        set_seed(0)
+        if config.model.pretrained:
+            assert config.model.pretrained == "bert-base-uncased"
+            from transformers import BertConfig, BertForSequenceClassification
+
+            model = BertForSequenceClassification(BertConfig(num_labels=num_labels))
+        else:
+            model, _ = build_model(config, None, task_type=task_type, num_labels=num_labels)
+        report = apply_oelm(model, entry.oelm_config(), seed=0)
+        assert (report.frozen == 0) == (entry.name == "baseline")
+        del model
+
+
+@pytest.mark.parametrize("path", CPU, ids=ids(CPU))
+def test_cpu_config_runs_on_local_data(path, data_dir):
+    config = load_config(path)
+    spec = get_dataset_spec(config.task.dataset)
+    for split in _splits(config):
+        stored, _ = resolve_split(spec, split)
+        assert find_local_files(spec, stored, data_dir), f"{config.task.dataset}/{stored} not under {data_dir}"
+    if config.model.pretrained:
+        assert config.model.pretrained == "sentence-transformers/all-MiniLM-L6-v2"
+    else:
+        assert config.model.gpt == "gpt-tiny"
+        model, _ = build_model(config, None, task_type=spec.task_type,
+                               num_labels=len(spec.label_names) if spec.label_names else None)
+        assert sum(p.numel() for p in model.parameters()) < 10_000_000
+    if config.init_from:  # stage 2 reads the output of the stage-1 config beside it
+        stage1 = load_config(path.parent / "pretrain_tinystories.yaml")
+        assert Path(config.init_from) == Path(stage1.output_dir)
+        assert config.task.tokenizer == stage1.task.tokenizer
+        assert config.model.gpt_overrides["context_length"] == stage1.model.gpt_overrides["context_length"]

@@ -1,0 +1,94 @@
+"""`oelm monitor DIR --once` on real tiny matrices: finished, partly finished, and one running."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from oelm.cli import main
+from oelm.monitor import collect_runs, snapshot_text
+
+CONFIG = (
+    "name: mon\n"
+    "task: {dataset: tinystories, tokenizer: bpe-512, train_samples: 40, validation_samples: 10, block_size: 32}\n"
+    "model: {gpt: gpt-tiny, gpt_overrides: {hidden_size: 32, num_layers: 2, num_heads: 2, intermediate_size: 64}}\n"
+    "methods: [{name: baseline, learning_rates: [1.0e-3, 3.0e-3]}, {name: oelm_freeze, learning_rate: 2.0e-3}]\n"
+    "seeds: [0, 1]\n"
+    "training: {max_steps: 4, batch_size: 8, eval_every: 2, log_every: 2, progress_bar: false, tensorboard: false}\n"
+)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, data_dir):
+    tmp = tmp_path_factory.mktemp("mon")
+    (tmp / "c.yaml").write_text(CONFIG)
+    assert main(["run", str(tmp / "c.yaml"), "--output-dir", str(tmp / "out")]) == 0
+    return tmp
+
+
+def test_once_on_a_finished_matrix(finished, capsys):
+    assert main(["monitor", str(finished / "out"), "--once"]) == 0
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    assert lines[1].split()[:3] == ["run", "stage", "state"]
+    rows = collect_runs(finished / "out")
+    # 2 sweep runs + oelm_freeze x 2 seeds + baseline seed 1 (seed 0 is the selected sweep run)
+    assert len(rows) == 5 and {r["state"] for r in rows} == {"finished"}
+    assert "5 runs: 0 pending, 0 running, 5 finished, 0 failed, 0 interrupted" in text
+    for r in rows:
+        assert r["step"] == 4 and r["total_steps"] == 4 and r["metric"] == "perplexity" and r["validation"] > 1
+        assert r["name"] in text and r["elapsed_seconds"] is not None and r["eta_seconds"] is None
+    stages = {r["name"]: r["stage"] for r in rows}
+    selected = json.loads((finished / "out" / "sweep.json").read_text())["selected_learning_rates"]["baseline"]
+    assert stages[f"baseline-lr{selected:g}-seed0"] == "final"
+    assert list(stages.values()).count("sweep") == 1
+
+
+def test_once_on_a_partly_finished_matrix(finished, tmp_path, monkeypatch, capsys):
+    """The first final run is interrupted: the sweep is done, one run interrupted, the rest pending."""
+    import oelm.train
+    from oelm.errors import RunInterruptedError
+
+    real_train, calls = oelm.train.train, []
+
+    def stop_at_first_final_run(*args, **kwargs):
+        calls.append(kwargs["run_dir"].name)
+        if len(calls) == 3:
+            raise RunInterruptedError("SIGTERM", step=2)
+        return real_train(*args, **kwargs)
+
+    monkeypatch.setattr(oelm.train, "train", stop_at_first_final_run)
+    (tmp_path / "c.yaml").write_text(CONFIG)
+    out = tmp_path / "out"
+    assert main(["run", str(tmp_path / "c.yaml"), "--output-dir", str(out)]) == 130
+    rows = {r["name"]: r for r in collect_runs(out)}
+    assert rows[calls[2]]["state"] == "interrupted"
+    assert [r["state"] for r in rows.values()].count("finished") == 2  # the sweep
+    assert [r["state"] for r in rows.values()].count("pending") == 2
+    capsys.readouterr()
+    assert main(["monitor", str(out), "--once"]) == 0
+    text = capsys.readouterr().out
+    assert "2 finished" in text and "1 interrupted" in text and "2 pending" in text
+
+    # A run that is running now (this process): progress and ETA come from its metrics.jsonl.
+    src = finished / "out" / "runs" / "oelm_freeze-seed1"
+    live = out / "runs" / "oelm_freeze-seed1"
+    live.mkdir(parents=True, exist_ok=True)
+    first_train = next(l for l in (src / "metrics.jsonl").read_text().splitlines() if '"train"' in l)
+    (live / "metrics.jsonl").write_text(first_train + "\n")
+    status = json.loads((src / "status.json").read_text())
+    status.update(state="running", pid=os.getpid(), finished_at=None)
+    (live / "status.json").write_text(json.dumps(status))
+    row = {r["name"]: r for r in collect_runs(out)}["oelm_freeze-seed1"]
+    assert row["state"] == "running" and row["step"] == 2 and row["total_steps"] == 4
+    assert row["eta_seconds"] == pytest.approx(json.loads(first_train)["elapsed_seconds"], rel=1e-6)  # 2 of 4 steps left
+    assert "oelm_freeze-seed1" in snapshot_text(out)
+
+
+def test_monitor_on_a_non_output_dir_is_a_clear_error(tmp_path, capsys):
+    assert main(["monitor", str(tmp_path), "--once"]) == 2
+    assert "not an oelm run output directory" in capsys.readouterr().err
