@@ -31,6 +31,7 @@ import hashlib
 import json
 import math
 import os
+import platform
 import re
 import statistics
 import time
