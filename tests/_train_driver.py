@@ -57,7 +57,7 @@ def build(overrides: list[str]):
     set_seed(seed)
     model, _ = build_model(config, data)
     apply_oelm(model, config.methods[0].oelm_config(), seed=seed)
-    return config, data, model, _loaders(data, config, seed)
+    return config, data, model, _loaders(data, config.training, seed)
 
 
 def main(argv: list[str]) -> int:
