@@ -454,6 +454,7 @@ def _run_identity(config: ExperimentConfig, run: PlannedRun) -> dict[str, Any]:
     return {
         "method": run.method,
         "seed": run.seed,
+        "run_name": run.name,  # the folder under runs/ (readers find metrics.jsonl through it)
         "learning_rate": run.learning_rate,
         "stage": run.stage,
         "selected": run.stage == "final",

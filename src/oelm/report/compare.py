@@ -45,12 +45,24 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 
 def run_records(out: str | Path | None, result: dict[str, Any]) -> list[dict[str, Any]]:
-    """The ``metrics.jsonl`` records of ``result``'s run under ``out`` ([] when ``out`` is None)."""
+    """The ``metrics.jsonl`` records of ``result``'s run under ``out`` ([] when ``out`` is None).
+
+    The run folder is ``result["run_name"]``; results written before that field existed are found
+    under ``<method>-lr<lr>-seed<k>`` (swept methods) or ``<method>-seed<k>``.
+    """
     if out is None:
         return []
     from oelm.experiment import run_name  # lazy: oelm.experiment imports this package
 
-    return read_metrics(Path(out) / "runs" / run_name(result["method"], result["seed"]) / "metrics.jsonl")
+    runs = Path(out) / "runs"
+    names = [result.get("run_name")] if result.get("run_name") else []
+    if result.get("learning_rate") is not None:
+        names.append(run_name(result["method"], result["seed"], result["learning_rate"]))
+    names.append(run_name(result["method"], result["seed"]))
+    for name in names:
+        if (runs / name / "metrics.jsonl").exists():
+            return read_metrics(runs / name / "metrics.jsonl")
+    return []
 
 
 def num_labels_of(result: dict[str, Any]) -> int | None:
@@ -145,6 +157,7 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
             reasons = collapse_reasons(r, recs, num_labels=num_labels_of(r))
             per_run.append({
                 "seed": r["seed"],
+                "run_name": r.get("run_name"),
                 "status": r.get("status", "finished"),
                 "best_validation": perf.get("best_validation"),
                 "final_validation": perf.get("final_validation"),

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from oelm.report import plots
-from oelm.report.compare import read_metrics
+from oelm.report.compare import run_records
 
 __all__ = ["Section", "comparison_rows", "build_sections", "render_markdown", "render_html", "curves_from_runs"]
 
@@ -113,14 +113,15 @@ def comparison_rows(comparison: dict[str, Any]) -> tuple[list[str], list[list[st
 
 def curves_from_runs(out: Path, comparison: dict[str, Any]) -> dict[str, dict[str, list[dict[int, tuple[float, float]]]]]:
     """Per method and sound seed, step -> (value, elapsed_seconds) of train loss and validation metric."""
-    from oelm.experiment import run_name  # lazy: oelm.experiment imports this package
-
     metric = comparison.get("metric")
     curves: dict[str, dict[str, list]] = {}
     for method, m in comparison["methods"].items():
         curves[method] = {"train": [], "eval": []}
+        runs = {r["seed"]: r for r in m.get("runs", [])}
         for seed in m.get("included_seeds", m["seeds"]):
-            recs = read_metrics(out / "runs" / run_name(method, seed) / "metrics.jsonl")
+            run = runs.get(seed, {})
+            recs = run_records(out, {"method": method, "seed": seed, "run_name": run.get("run_name"),
+                                     "learning_rate": run.get("learning_rate", m.get("learning_rate"))})
             for kind, key in (("train", "loss"), ("eval", metric)):
                 c = {
                     int(r["step"]): (float(r[key]), float(r.get("elapsed_seconds") or 0.0))
