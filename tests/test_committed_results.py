@@ -1,0 +1,39 @@
+"""The results committed under docs/results/ are what oelm's report code computes from the
+committed runs: rebuilding a comparison from its runs/*/result.json and metrics.jsonl gives the
+committed comparison.json numbers (so a report cannot silently drift from the code or be edited)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from oelm.cli import main
+
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
+COMPARISONS = sorted(p.parent.name for p in RESULTS.glob("*/comparison.json"))
+
+
+def test_both_issue4_comparisons_are_committed_with_three_seeds():
+    assert {"cpu-sst2", "cpu-tinystories"} <= set(COMPARISONS)
+    for name in ("cpu-sst2", "cpu-tinystories"):
+        comparison = json.loads((RESULTS / name / "comparison.json").read_text())
+        assert set(comparison["methods"]) == {"baseline", "oelm_freeze", "oelm_random"}
+        for m in comparison["methods"].values():
+            assert sorted(m["included_seeds"]) == [0, 1, 2]
+        html = (RESULTS / name / "report.html").read_text()
+        assert "<img" in html and "http://" not in html and "https://" not in html
+
+
+@pytest.mark.parametrize("name", COMPARISONS)
+def test_committed_comparison_is_rebuilt_from_its_runs(tmp_path, name):
+    copy = tmp_path / name
+    shutil.copytree(RESULTS / name, copy)
+    (copy / "comparison.json").unlink()
+    assert main(["report", str(copy)]) == 0
+    committed = json.loads((RESULTS / name / "comparison.json").read_text())
+    rebuilt = json.loads((copy / "comparison.json").read_text())
+    for key in ("methods", "vs_baseline", "time_to_target", "collapsed", "sweep", "warnings"):
+        assert rebuilt[key] == committed[key], key
