@@ -39,7 +39,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         comparison = run_experiment(config, out, retry_failed=args.retry_failed)
     except RunInterruptedError as exc:
-        print(f"oelm: interrupted: {exc}; rerun the same command to continue", file=sys.stderr)
+        print(f"oelm: interrupted: {exc}", file=sys.stderr)  # the message says how to continue
         return EXIT_INTERRUPTED
     header, rows = comparison_rows(comparison)
     _print_table(f"{config.name}: {comparison['task']} / {comparison['model']}", header, rows)
