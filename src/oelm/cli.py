@@ -39,7 +39,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         comparison = run_experiment(config, out, retry_failed=args.retry_failed)
     except RunInterruptedError as exc:
-        print(f"oelm: interrupted: {exc}", file=sys.stderr)  # the message says how to continue
+        hint = "" if "rerun the same command" in str(exc) else "; rerun the same command to continue"
+        print(f"oelm: interrupted: {exc}{hint}", file=sys.stderr)
         return EXIT_INTERRUPTED
     header, rows = comparison_rows(comparison)
     _print_table(f"{config.name}: {comparison['task']} / {comparison['model']}", header, rows)
