@@ -45,23 +45,21 @@ All writes are atomic: a temporary file beside the target, fsync, rename, fsync 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib
 import json
 import math
 import os
-import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import nn
 
 from oelm.errors import ConfigError, OELMError
-from oelm.io import read_json, write_json_atomic
+from oelm.io import atomic_path, read_json, write_json_atomic
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -154,29 +152,6 @@ def safetensors_size(tensors: dict[str, torch.Tensor], metadata: dict[str, str] 
     n = len(json.dumps(header, separators=(",", ":")).encode("utf-8"))
     n = 8 * math.ceil(n / 8)
     return 8 + n + offset
-
-
-@contextlib.contextmanager
-def _atomic_path(path: Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on success fsync it and rename it over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
-    try:
-        yield tmp_path
-        with open(tmp_path, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp_path, path)
-    except BaseException:
-        tmp_path.unlink(missing_ok=True)
-        raise
-    with contextlib.suppress(OSError):  # make the rename itself durable
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -336,7 +311,7 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike, *, source: s
         stored[name] = t
 
     weights_path = directory / WEIGHTS_NAME
-    with _atomic_path(weights_path) as tmp:
+    with atomic_path(weights_path) as tmp:
         from safetensors.torch import save_file
 
         save_file(stored, str(tmp), metadata={"format": "pt", "oelm_format": CHECKPOINT_FORMAT})

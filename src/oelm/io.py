@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -10,33 +11,53 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-__all__ = ["write_text_atomic", "write_json_atomic", "read_json", "sha256_file", "write_dir_atomic", "verify_dir"]
+__all__ = ["atomic_path", "write_text_atomic", "write_bytes_atomic", "write_json_atomic", "read_json", "sha256_file", "write_dir_atomic", "verify_dir"]
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, fsync it, then rename it over ``path``."""
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside ``path`` to write into; on success fsync it, rename it over
+    ``path`` and fsync the directory (so the rename survives a crash). On an exception the
+    temporary file is removed and ``path`` is untouched.
+
+    Example::
+
+        with atomic_path(out / "weights.safetensors") as tmp:
+            save_file(tensors, str(tmp))
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
+        yield tmp_path
+        with open(tmp_path, "rb+") as fh:
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp_path, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp_path.unlink(missing_ok=True)
         raise
-    try:  # make the rename itself durable
+    with contextlib.suppress(OSError):  # make the rename itself durable
         dir_fd = os.open(path.parent, os.O_RDONLY)
         try:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
-    except OSError:
-        pass
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically (see :func:`atomic_path`)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (see :func:`atomic_path`)."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
 
 
 def _jsonable(obj: Any) -> Any:

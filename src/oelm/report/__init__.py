@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from oelm.io import write_json_atomic, write_text_atomic
+from oelm.io import write_bytes_atomic, write_json_atomic, write_text_atomic
 from oelm.report.compare import compare_results, original_layout, run_records, step_times_of
 from oelm.report.render import build_sections, comparison_rows, render_html, render_markdown
 
@@ -69,11 +69,7 @@ def write_comparison(config, results: dict[str, list[dict]], out: str | Path) ->
     sections = build_sections(comparison, out, step_ms)
     md, images = render_markdown(comparison, sections)
     for rel, png in images.items():
-        path = out / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".png.tmp")
-        tmp.write_bytes(png)
-        tmp.replace(path)
+        write_bytes_atomic(out / rel, png)
     write_text_atomic(out / "report.md", md)
     write_text_atomic(out / "report.html", render_html(comparison, sections))
     return comparison
