@@ -59,7 +59,7 @@ import torch
 from torch import nn
 
 from oelm.errors import ConfigError, OELMError
-from oelm.io import atomic_path, read_json, write_json_atomic
+from oelm.io import atomic_path, read_json, sha256_file, write_json_atomic
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -115,14 +115,6 @@ def tensor_sha256(tensor: torch.Tensor) -> str:
     return hashlib.sha256(t.view(torch.uint8).numpy()).hexdigest()
 
 
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 _ST_DTYPES = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
     torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
@@ -156,13 +148,9 @@ def safetensors_size(tensors: dict[str, torch.Tensor], metadata: dict[str, str] 
 
 def _unwrap(model: nn.Module) -> nn.Module:
     """The model inside DistributedDataParallel / DataParallel / torch.compile wrappers."""
-    while True:
-        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-            model = model.module
-        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
-            model = model._orig_mod
-        else:
-            return model
+    from accelerate.utils import extract_model_from_parallel
+
+    return extract_model_from_parallel(model, keep_torch_compile=False)
 
 
 def _persistent_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -315,7 +303,7 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike, *, source: s
         from safetensors.torch import save_file
 
         save_file(stored, str(tmp), metadata={"format": "pt", "oelm_format": CHECKPOINT_FORMAT})
-        weights_sha = _file_sha256(tmp)
+        weights_sha = sha256_file(tmp)
         weights_bytes = tmp.stat().st_size
 
     config_cls, config_dict = _config_dict(model)
@@ -513,7 +501,7 @@ def load_oelm(directory: str | os.PathLike, base_model: nn.Module | None = None)
     weights_path = directory / meta["weights"]["file"]
     if not weights_path.is_file():
         raise CheckpointError(f"{directory}: the weights file {weights_path.name} is missing; the checkpoint is incomplete")
-    if weights_path.stat().st_size != meta["weights"]["bytes"] or _file_sha256(weights_path) != meta["weights"]["sha256"]:
+    if weights_path.stat().st_size != meta["weights"]["bytes"] or sha256_file(weights_path) != meta["weights"]["sha256"]:
         raise CheckpointError(
             f"{weights_path} is not the file {METADATA_NAME} describes (size or sha256 differs): the checkpoint was "
             "modified or a later save was interrupted. Save it again."

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-__all__ = ["atomic_path", "write_text_atomic", "write_bytes_atomic", "write_json_atomic", "read_json", "sha256_file", "write_dir_atomic", "verify_dir"]
+__all__ = ["atomic_path", "write_text_atomic", "write_bytes_atomic", "write_json_atomic", "read_json", "read_jsonl", "sha256_file", "write_dir_atomic", "verify_dir"]
 
 
 @contextlib.contextmanager
@@ -86,6 +86,23 @@ def read_json(path: str | os.PathLike) -> Any:
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = 1
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Records of a JSON-lines file such as ``metrics.jsonl``: a missing file gives ``[]``, and a
+    line that does not parse (a run killed mid-write leaves half a line) is skipped."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (FileNotFoundError, IsADirectoryError):
+        return []
+    records = []
+    for line in text.splitlines():
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
 
 
 def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 20) -> str:

@@ -16,16 +16,15 @@ A run whose status says ``running`` but whose process (same host) no longer exis
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import time
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from oelm.errors import OELMError
-from oelm.io import read_json
+from oelm.io import read_json, read_jsonl
 
 __all__ = ["collect_runs", "snapshot_text", "build_table", "monitor"]
 
@@ -43,15 +42,7 @@ def _read(path: Path) -> dict | None:
 def _last_records(path: Path) -> tuple[dict | None, dict | None]:
     """Latest ``train`` and ``eval`` records of a ``metrics.jsonl`` (a torn last line is skipped)."""
     train = evaluation = None
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return None, None
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
+    for record in read_jsonl(path):
         if record.get("type") == "train":
             train = record
         elif record.get("type") == "eval":

@@ -9,13 +9,12 @@ Fields added by later versions of the runner are used when present and never req
 
 from __future__ import annotations
 
-import json
 import math
 import platform
 from pathlib import Path
 from typing import Any
 
-from oelm.io import read_json
+from oelm.io import read_json, read_jsonl
 from oelm.report.stats import (
     CHANCE_MARGIN_POINTS,
     collapse_reasons,
@@ -29,19 +28,7 @@ __all__ = ["compare_results", "original_layout", "read_metrics", "run_records", 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """Records of one ``metrics.jsonl`` (a missing file gives []; a torn last line is skipped)."""
-    path = Path(path)
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a run killed mid-write leaves half a line
-    return records
+    return read_jsonl(path)
 
 
 def run_records(out: str | Path | None, result: dict[str, Any]) -> list[dict[str, Any]]:
