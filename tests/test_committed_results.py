@@ -37,3 +37,20 @@ def test_committed_comparison_is_rebuilt_from_its_runs(tmp_path, name):
     rebuilt = json.loads((copy / "comparison.json").read_text())
     for key in ("methods", "vs_baseline", "time_to_target", "collapsed", "sweep", "warnings"):
         assert rebuilt[key] == committed[key], key
+
+
+@pytest.mark.parametrize("name", COMPARISONS)
+def test_committed_gaps_are_the_arithmetic_of_the_method_means(name):
+    """On real, sound 3-seed runs: each gap to baseline is computed from the method means as its
+    docstring says (compare_results), and no run was excluded as collapsed."""
+    c = json.loads((RESULTS / name / "comparison.json").read_text())
+    assert c["collapsed"] == []
+    b = c["methods"]["baseline"]
+    for method, gap in c["vs_baseline"].items():
+        m = c["methods"][method]
+        assert gap["metric_gap"] == pytest.approx(m["best_validation"]["mean"] - b["best_validation"]["mean"])
+        assert gap["speedup"] == pytest.approx(b["total_seconds"]["mean"] / m["total_seconds"]["mean"])
+        assert gap["total_time_gap_percent"] == pytest.approx(100 * (m["total_seconds"]["mean"] / b["total_seconds"]["mean"] - 1))
+        assert gap["per_step_gap_percent"] == pytest.approx(100 * (m["step_ms_median"]["mean"] / b["step_ms_median"]["mean"] - 1))
+        trainable_b, trainable_m = b["parameters"]["trainable"], m["parameters"]["trainable"]
+        assert gap["parameters_saved_percent"] == pytest.approx(100 * (trainable_b - trainable_m) / trainable_b)

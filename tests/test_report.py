@@ -94,6 +94,15 @@ def test_collapse_rule_cases():
     assert collapse_reasons(_result(final=chance_edge + 0.01), num_labels=2) == []
     assert collapse_reasons(_result(final=34.0), num_labels=3)  # 3-way chance = 33.3%
     assert collapse_reasons(_result(final=34.0), num_labels=None) == []  # rule needs num_labels
+    # A constant predictor on an imbalanced validation set (70% one label) beats 100/3 + 2 but is
+    # still at chance: the majority-class share is the chance level when it is higher.
+    assert collapse_reasons(_result(final=71.0), num_labels=3) == []
+    reason = collapse_reasons(_result(final=71.0), num_labels=3, majority_percent=70.0)
+    assert reason and reason[0].startswith("at chance") and "majority class" in reason[0]
+    assert collapse_reasons(_result(final=72.01), num_labels=3, majority_percent=70.0) == []
+    assert collapse_reasons(_result(final=71.0), majority_percent=70.0)  # enough without num_labels
+    assert "50.00% (uniform)" in collapse_reasons(_result(final=51.0), num_labels=2)[0]
+    assert "50.92% (majority class)" in collapse_reasons(_result(final=51.0), num_labels=2, majority_percent=50.917)[0]
     failed = _result(status="failed", failure={"kind": "nan", "message": "loss is nan", "step": 17})
     assert collapse_reasons(failed) == ["failed (kind nan, step 17)"]
     assert collapse_reasons(_result(loss=float("nan")), num_labels=2) == ["non-finite training loss"]

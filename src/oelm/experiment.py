@@ -106,6 +106,22 @@ def _gpt_tokenizer(config: ExperimentConfig, train_docs: list[str] | None):
     return get_lm_tokenizer(spec, train_docs, _cache_dir() / "tokenizers", data_dir=config.task.data_dir)
 
 
+def _label_summary(frame, label_names: list[str] | None) -> dict[str, Any]:
+    """Examples, examples per label and the majority label's share (%) of one split.
+
+    The share is what a constant predictor scores; the report's collapse rule uses the
+    validation split's share as chance level when it exceeds ``100 / num_labels``.
+    """
+    counts = frame["label"].value_counts().sort_index()
+    names = {i: (label_names[i] if label_names and 0 <= int(i) < len(label_names) else str(int(i))) for i in counts.index}
+    n = len(frame)
+    return {
+        "examples": n,
+        "label_counts": {names[i]: int(c) for i, c in counts.items()},
+        "majority_class_percent": 100.0 * int(counts.max()) / n if n else None,
+    }
+
+
 def prepare_data(config: ExperimentConfig, tokenizer=None) -> PreparedData:
     """Load, subsample and tokenize the task's splits once for the whole experiment.
 
@@ -140,7 +156,7 @@ def prepare_data(config: ExperimentConfig, tokenizer=None) -> PreparedData:
             collate_fn=classification_collator(tokenizer),
             num_labels=num_labels,
             label_names=label_names,
-            summary={k: {"examples": len(df)} for k, df in frames.items()},
+            summary={k: _label_summary(df, label_names) for k, df in frames.items()},
         )
 
     from oelm.data import LMBlockDataset, load_documents, pack_documents, subsample

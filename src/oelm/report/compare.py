@@ -24,7 +24,7 @@ from oelm.report.stats import (
     time_to_target,
 )
 
-__all__ = ["compare_results", "original_layout", "read_metrics", "run_records", "num_labels_of", "device_label", "learning_rate_of", "step_times_of"]
+__all__ = ["compare_results", "original_layout", "read_metrics", "run_records", "num_labels_of", "majority_percent_of", "device_label", "learning_rate_of", "step_times_of"]
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """Records of one ``metrics.jsonl`` (a missing file gives []; a torn last line is skipped)."""
@@ -67,6 +67,13 @@ def num_labels_of(result: dict[str, Any]) -> int | None:
     except Exception:  # an unregistered task in an old output: the chance rule is skipped
         return None
     return len(spec.label_names) if spec.label_names else None
+
+
+def majority_percent_of(result: dict[str, Any]) -> float | None:
+    """The validation split's most frequent label in % of its examples (``None`` in outputs
+    written before oelm recorded label counts, or for language modelling)."""
+    value = ((result.get("data") or {}).get("validation") or {}).get("majority_class_percent")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def learning_rate_of(result: dict[str, Any]) -> float | None:
@@ -141,7 +148,7 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
             records_of[(name, r["seed"])] = recs
             perf = r.get("performance") or {}
             metric = metric or perf.get("metric")
-            reasons = collapse_reasons(r, recs, num_labels=num_labels_of(r))
+            reasons = collapse_reasons(r, recs, num_labels=num_labels_of(r), majority_percent=majority_percent_of(r))
             per_run.append({
                 "seed": r["seed"],
                 "run_name": r.get("run_name"),
@@ -255,6 +262,8 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
         "collapse_rule": {
             "chance_margin_points": CHANCE_MARGIN_POINTS,
             "num_labels": next((n for n in (num_labels_of(r) for r in all_results) if n), None),
+            "validation_majority_class_percent": max(
+                (p for p in (majority_percent_of(r) for r in all_results) if p is not None), default=None),
         },
         "sweep": sweep,
         "reference": dict(config.reference),

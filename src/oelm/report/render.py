@@ -181,7 +181,16 @@ def build_sections(comparison: dict[str, Any], out: Path | None, step_ms: dict[s
                          "; ".join(r["collapse"]) or "ok"])
     s.table(["method", "seed", "status", f"best val{unit}", f"final val{unit}", "test", "total s", "lr", "collapse check"], rows)
     rule = c.get("collapse_rule") or {}
-    chance = f"100/{rule['num_labels']} + {rule['chance_margin_points']:g} points" if rule.get("num_labels") else "not applied (number of labels unknown)"
+    majority = rule.get("validation_majority_class_percent")
+    if rule.get("num_labels"):
+        chance = f"100/{rule['num_labels']}"
+        if majority is not None:
+            chance = f"the higher of {chance} and the validation majority-class share {majority:.2f}%"
+        chance += f" + {rule['chance_margin_points']:g} points"
+    elif majority is not None:
+        chance = f"the validation majority-class share {majority:.2f}% + {rule['chance_margin_points']:g} points"
+    else:
+        chance = "not applied (number of labels unknown)"
     s.text(
         "Collapse rule: a run is excluded from every mean (and listed here) if it did not finish (failed or interrupted), "
         "if any training loss or its validation value is non-finite, if an accuracy run's final validation accuracy is at "

@@ -35,9 +35,10 @@ __all__ = [
     "time_to_target",
 ]
 
-#: An accuracy run whose final validation accuracy is at most ``100 / num_labels`` plus this many
-#: points is "at chance". Two points covers a classifier that predicts the majority class on a
-#: near-balanced validation set (e.g. SST-2: 50.9% positive).
+#: An accuracy run whose final validation accuracy is at most the chance level plus this many
+#: points is "at chance". The chance level is ``100 / num_labels``, or the validation split's
+#: majority-class share when that is higher (a constant predictor scores it: SST-2 validation is
+#: 50.92% positive).
 CHANCE_MARGIN_POINTS = 2.0
 
 
@@ -118,6 +119,7 @@ def collapse_reasons(
     records: Sequence[dict[str, Any]] = (),
     *,
     num_labels: int | None = None,
+    majority_percent: float | None = None,
     chance_margin: float = CHANCE_MARGIN_POINTS,
 ) -> list[str]:
     """Why a run must be excluded from the means (empty list: the run is sound).
@@ -128,8 +130,9 @@ def collapse_reasons(
        an interrupted one);
     2. a non-finite loss: any train record's ``loss`` in ``metrics.jsonl`` (``records``), or the
        final train loss, or the best/final validation value is NaN/Inf/missing;
-    3. accuracy runs: final validation accuracy ``<= 100 / num_labels + chance_margin`` points
-       (skipped when ``num_labels`` is unknown);
+    3. accuracy runs: final validation accuracy ``<= max(100 / num_labels, majority_percent) +
+       chance_margin`` points, i.e. no better than uniform guessing or than always predicting the
+       validation split's most frequent label (skipped when both are unknown);
     4. perplexity runs: the final validation perplexity is not below the first validation
        evaluation's (needs at least two evaluations in ``records``).
 
@@ -137,6 +140,8 @@ def collapse_reasons(
         result: a run's ``result.json`` content.
         records: the run's ``metrics.jsonl`` records (may be empty for old outputs).
         num_labels: classes of the task (for the chance rule).
+        majority_percent: the validation split's most frequent label, in % of its examples
+            (``result["data"]["validation"]["majority_class_percent"]``).
         chance_margin: points above chance still counted as chance.
     """
     reasons: list[str] = []
@@ -159,10 +164,14 @@ def collapse_reasons(
         return reasons
     metric = perf.get("metric")
     final = float(perf["final_validation"])
-    if metric == "accuracy" and num_labels:
-        chance = 100.0 / num_labels
+    levels = [x for x in (100.0 / num_labels if num_labels else None, majority_percent) if _finite([x])]
+    if metric == "accuracy" and levels:
+        chance = max(levels)
+        what = "majority class" if majority_percent is not None and chance == majority_percent and (
+            not num_labels or majority_percent > 100.0 / num_labels) else "uniform"
         if final <= chance + chance_margin:
-            reasons.append(f"at chance: final validation accuracy {final:.2f}% <= {chance:.2f}% + {chance_margin:g}")
+            reasons.append(
+                f"at chance: final validation accuracy {final:.2f}% <= {chance:.2f}% ({what}) + {chance_margin:g}")
     elif metric == "perplexity":
         evals = [r for r in records if r.get("type") == "eval" and _finite([r.get("perplexity")])]
         if len(evals) >= 2:
