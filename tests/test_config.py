@@ -99,6 +99,32 @@ def test_unknown_method_and_custom_method(tmp_path):
     assert cfg.method == "wide_random" and cfg.init == "normal" and cfg.normal_std == "matched"
 
 
+def test_split_fused_is_a_method_setting_that_reaches_apply_oelm(tmp_path):
+    """`split_fused: false` in a method entry keeps GPT-2's fused c_attn in baseline (the default
+    splits it into output-identical q/k/v Linear layers), and it is part of the config fingerprint."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.pytorch_utils import Conv1D
+
+    from oelm.experiment import _config_fingerprint
+    from oelm.method import apply_oelm
+
+    text = MINIMAL.replace("[{name: baseline}]", "[{name: baseline, split_fused: false}, {name: oelm_freeze}]")
+    c = load_config(write(tmp_path, text))
+    fused, split = c.methods[0].oelm_config(), c.methods[1].oelm_config()
+    assert fused.split_fused is False and split.split_fused is True
+    tiny = GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=16)
+    kept = GPT2LMHeadModel(tiny)
+    apply_oelm(kept, fused, seed=0)
+    assert isinstance(kept.transformer.h[0].attn.c_attn, Conv1D)
+    default = GPT2LMHeadModel(tiny)
+    apply_oelm(default, c.methods[0].oelm_config().replace(split_fused=True), seed=0)
+    assert not isinstance(default.transformer.h[0].attn.c_attn, Conv1D)
+    plain = load_config(write(tmp_path, MINIMAL.replace("[{name: baseline}]", "[{name: baseline}, {name: oelm_freeze}]")))
+    assert _config_fingerprint(plain)["methods"]["baseline"] != _config_fingerprint(c)["methods"]["baseline"]
+    with pytest.raises(ConfigError, match="split_fused"):
+        load_config(write(tmp_path, MINIMAL.replace("[{name: baseline}]", "[{name: baseline, split_fused: maybe}]")))
+
+
 def test_overrides(tmp_path):
     c = load_config(write(tmp_path, MINIMAL), ["training.epochs=2.5", "seeds=[0,1,2]", "task.train_samples=100"])
     assert c.training.epochs == 2.5 and c.seeds == [0, 1, 2] and c.task.train_samples == 100

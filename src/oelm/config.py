@@ -119,6 +119,12 @@ class MethodEntry(_Strict):
     freeze: bool | None = None
     freeze_bias: bool | None = None
     extra_frozen_groups: list[str] | None = None
+    split_fused: bool | None = Field(
+        None,
+        description="OELMConfig.split_fused: false keeps a fused Q/K/V module (GPT-2 c_attn, GPT-NeoX "
+        "query_key_value) fused in methods that do not target Q/K (baseline, oelm_ffn_only); default true "
+        "splits it in every method so all run the same matmuls.",
+    )
 
     @model_validator(mode="after")
     def _known_base(self) -> "MethodEntry":
@@ -143,7 +149,7 @@ class MethodEntry(_Strict):
     def oelm_config(self) -> OELMConfig:
         """The :class:`OELMConfig` this entry describes."""
         changes: dict[str, Any] = {"method": self.name}
-        for key in ("init", "normal_std", "freeze", "freeze_bias"):
+        for key in ("init", "normal_std", "freeze", "freeze_bias", "split_fused"):
             if getattr(self, key) is not None:
                 changes[key] = getattr(self, key)
         if self.targets is not None:
