@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from _tiny_lm import tiny_lm_overrides
 from oelm.cli import main
 from oelm.report import compare_results, load_results, original_layout, write_comparison
 from oelm.report.stats import (
@@ -136,12 +137,7 @@ def test_time_to_target_first_evaluation_reaching_it():
 # A real tiny experiment: comparison, exports and report files
 # --------------------------------------------------------------------------------------------
 
-TINY_LM = [
-    "task.train_samples=40", "task.validation_samples=12", "task.tokenizer=bpe-512", "task.block_size=32",
-    "training.max_steps=12", "training.eval_every=4", "training.log_every=2", "training.timing_warmup_steps=2",
-    "training.progress_bar=false", "training.tensorboard=false", "training.eval_at_start=true", "training.save_best_checkpoint=false",
-    "model.gpt_overrides={dropout: 0.0, hidden_size: 32, num_layers: 2, num_heads: 2}",
-    "methods=[{name: baseline, learning_rate: 3.0e-3}, {name: oelm_freeze, learning_rate: 3.0e-3}]", "seeds=[0,1]",
+TINY_LM = tiny_lm_overrides(max_steps=12, eval_every=4) + [
     "reference={baseline: 4.27, oelm_freeze: 4.69}", "reference_source='original README (gpt-medium-512)'",
 ]
 

@@ -12,19 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from _tiny_lm import tiny_lm_overrides
 from oelm.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 
-TINY_LM = [
-    "task.train_samples=40", "task.validation_samples=12", "task.tokenizer=bpe-512", "task.block_size=32",
-    "training.max_steps=10", "training.eval_every=5", "training.log_every=2", "training.timing_warmup_steps=2",
-    "training.progress_bar=false", "training.tensorboard=false", "training.eval_at_start=true", "training.save_best_checkpoint=false",
-    "model.gpt_overrides={dropout: 0.0, hidden_size: 32, num_layers: 2, num_heads: 2}",
-    "methods=[{name: baseline, learning_rate: 3.0e-3}, {name: oelm_freeze, learning_rate: 3.0e-3}]", "seeds=[0,1]",
-]
+TINY_LM = tiny_lm_overrides(max_steps=10, eval_every=5)
 
 
 @pytest.fixture(scope="module")
