@@ -48,7 +48,8 @@ def build(overrides: list[str]):
     from accelerate.utils import set_seed
 
     from oelm.config import _merge, config_from_dict, parse_overrides
-    from oelm.experiment import _loaders, build_model, prepare_data
+    from oelm.data.prepare import make_loaders as _loaders, prepare_data
+    from oelm.models.build import build_model
     from oelm.method import apply_oelm
 
     config = config_from_dict(_merge(BASE, parse_overrides(overrides)))

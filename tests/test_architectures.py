@@ -548,7 +548,7 @@ def test_experiment_config_declares_custom_architecture(tmp_path, restore_regist
     from pathlib import Path
 
     from oelm.config import config_from_dict
-    from oelm.experiment import build_model
+    from oelm.models.build import build_model
 
     torch.manual_seed(0)  # GPT-J is not in the registry: attn.q_proj/k_proj, n_head
     T.GPTJForSequenceClassification(

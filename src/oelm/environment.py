@@ -300,3 +300,7 @@ def capture_environment(device: torch.device | str = "cpu", probe: bool = True) 
         "cuda": _cuda_info() if device.type == "cuda" and torch.cuda.is_available() else None,
         "matmul_probe": matmul_probe(device) if probe else None,
     }
+
+
+def mfu_record(flops_per_token, tokens_per_second, device, precision):  # TEMPORARY placeholder (branch i-bench)
+    return None

@@ -27,16 +27,11 @@ Rules kept here:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import os
-import platform
-import re
 import statistics
 import time
-from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
@@ -45,11 +40,20 @@ import yaml
 from torch.utils.data import DataLoader
 
 from oelm.config import ExperimentConfig, MethodEntry, TrainingConfig
+from oelm.data.prepare import PreparedData, make_loaders, prepare_data
 from oelm.errors import ConfigError, OELMError, RunFaultError, RunInterruptedError
+from oelm.distributed import barrier, is_main_process, main_process_only
 from oelm.io import read_json, write_json_atomic, write_text_atomic
-from oelm.method import apply_oelm
-from oelm.report import compare_results, comparison_rows, render_report, write_comparison  # noqa: F401 (re-exported)
-import oelm.cpu_datasets  # noqa: F401  (registers the CPU stand-in datasets of configs/cpu/)
+from oelm.metrics import get_metric
+from oelm.models.build import build_model, build_run_model, resolve_init_from
+from oelm.report import write_comparison
+from oelm.runs import PlannedRun, run_name
+from oelm.runs import write_status as _write_status_file
+
+# Every process of a launched job runs the protocol; rank 0 alone writes its files.
+_write_json = main_process_only(write_json_atomic)
+_write_text = main_process_only(write_text_atomic)
+write_status = main_process_only(_write_status_file)
 
 __all__ = [
     "PreparedData",
@@ -61,165 +65,7 @@ __all__ = [
     "PlannedRun",
     "resolve_init_from",
     "run_experiment",
-    "compare_results",
-    "render_report",
-    "write_comparison",
 ]
-
-
-@dataclass
-class PreparedData:
-    """Tokenized splits shared by every run of an experiment."""
-
-    metric: str  # "accuracy" | "perplexity"
-    task_type: str  # "classification" | "language_modeling"
-    tokenizer: Any
-    train: torch.utils.data.Dataset
-    validation: torch.utils.data.Dataset
-    test: torch.utils.data.Dataset | None
-    collate_fn: Callable | None
-    num_labels: int | None
-    label_names: list[str] | None
-    summary: dict[str, Any]
-
-
-def _cache_dir() -> Path:
-    """Tokenizer and token caches: ``$OELM_CACHE_DIR``, default ``~/.cache/oelm``."""
-    return Path(os.environ.get("OELM_CACHE_DIR", Path.home() / ".cache" / "oelm"))
-
-
-def _load_splits(task, load: Callable, sample: Callable) -> dict[str, Any]:
-    """train / validation (subsampled with the fixed ``subset_seed``) and the optional test split (whole)."""
-    splits = {
-        "train": sample(load(task.dataset, task.train_split, task.data_dir), task.train_samples, task.subset_seed),
-        "validation": sample(load(task.dataset, task.validation_split, task.data_dir), task.validation_samples, task.subset_seed),
-    }
-    if task.test_split:
-        splits["test"] = load(task.dataset, task.test_split, task.data_dir)
-    return splits
-
-
-def _gpt_tokenizer(config: ExperimentConfig, train_docs: list[str] | None):
-    from oelm.data import get_lm_tokenizer
-
-    spec = config.task.tokenizer or "gpt2"
-    return get_lm_tokenizer(spec, train_docs, _cache_dir() / "tokenizers", data_dir=config.task.data_dir)
-
-
-def _label_summary(frame, label_names: list[str] | None) -> dict[str, Any]:
-    """Examples, examples per label and the majority label's share (%) of one split.
-
-    The share is what a constant predictor scores; the report's collapse rule uses the
-    validation split's share as chance level when it exceeds ``100 / num_labels``.
-    """
-    counts = frame["label"].value_counts().sort_index()
-    names = {i: (label_names[i] if label_names and 0 <= int(i) < len(label_names) else str(int(i))) for i in counts.index}
-    n = len(frame)
-    return {
-        "examples": n,
-        "label_counts": {names[i]: int(c) for i, c in counts.items()},
-        "majority_class_percent": 100.0 * int(counts.max()) / n if n else None,
-    }
-
-
-def prepare_data(config: ExperimentConfig, tokenizer=None) -> PreparedData:
-    """Load, subsample and tokenize the task's splits once for the whole experiment.
-
-    ``tokenizer``: the pretrained model's tokenizer; None for oelm's GPT (then
-    ``task.tokenizer`` decides: local GPT-2 files or a BPE trained on the training split).
-
-    Raises:
-        DataNotFoundError / DataFormatError: from :mod:`oelm.data`.
-        ConfigError: task and model do not fit together.
-    """
-    from oelm.data import get_dataset_spec
-
-    task = config.task
-    spec = get_dataset_spec(task.dataset)
-    if spec.task_type == "classification":
-        from oelm.data import classification_collator, encode_classification, load_classification, subsample
-
-        frames = _load_splits(task, load_classification, subsample)
-        if tokenizer is None:
-            texts = [t for col in spec.text_columns for t in frames["train"][col].tolist()]
-            tokenizer = _gpt_tokenizer(config, texts)
-        encoded = {k: encode_classification(df, tokenizer, spec.text_columns, task.max_length) for k, df in frames.items()}
-        label_names = list(spec.label_names) if spec.label_names else None
-        num_labels = len(label_names) if label_names else int(max(int(df["label"].max()) for df in frames.values()) + 1)
-        return PreparedData(
-            metric=spec.metric,
-            task_type=spec.task_type,
-            tokenizer=tokenizer,
-            train=encoded["train"],
-            validation=encoded["validation"],
-            test=encoded.get("test"),
-            collate_fn=classification_collator(tokenizer),
-            num_labels=num_labels,
-            label_names=label_names,
-            summary={k: _label_summary(df, label_names) for k, df in frames.items()},
-        )
-
-    from oelm.data import LMBlockDataset, load_documents, pack_documents, subsample
-
-    docs = _load_splits(task, load_documents, subsample)
-    if tokenizer is None:
-        tokenizer = _gpt_tokenizer(config, docs["train"])
-    blocks = {k: pack_documents(d, tokenizer, task.block_size, cache_dir=_cache_dir() / "tokens") for k, d in docs.items()}
-    for k, b in blocks.items():
-        if len(b) == 0:
-            raise ConfigError(
-                f"the {k} split of {task.dataset} has fewer tokens than one block (task.block_size={task.block_size}); "
-                "lower task.block_size or use more documents"
-            )
-    return PreparedData(
-        metric=spec.metric,
-        task_type=spec.task_type,
-        tokenizer=tokenizer,
-        train=LMBlockDataset(blocks["train"]),
-        validation=LMBlockDataset(blocks["validation"]),
-        test=LMBlockDataset(blocks["test"]) if "test" in blocks else None,
-        collate_fn=None,
-        num_labels=None,
-        label_names=None,
-        summary={k: {"documents": len(docs[k]), "blocks": len(b), "tokens": int(b.numel())} for k, b in blocks.items()},
-    )
-
-
-def build_model(config: ExperimentConfig, data: PreparedData | None, *, task_type: str | None = None, num_labels: int | None = None):
-    """A fresh model for one run (call after seeding). Returns ``(model, tokenizer)``."""
-    task_type = task_type or (data.task_type if data else "classification")
-    num_labels = num_labels if num_labels is not None else (data.num_labels if data else 2)
-    hf_task = "sequence_classification" if task_type == "classification" else "causal_lm"
-    if config.model.architecture:  # a user-declared registry entry (oelm.architecture_from_dict)
-        from oelm.architectures import architecture_from_dict, register_architecture
-
-        register_architecture(architecture_from_dict(config.model.architecture, source="model.architecture"))
-    if config.model.pretrained:
-        from oelm.models.pretrained import load_pretrained
-
-        return load_pretrained(
-            config.model.pretrained,
-            hf_task,
-            num_labels=num_labels,
-            trust_remote_code=config.model.trust_remote_code,
-            tokenizer=data.tokenizer if data else None,
-        )
-    from oelm.models.gpt import build_gpt
-
-    tokenizer = data.tokenizer if data else None
-    overrides = dict(config.model.gpt_overrides)
-    if tokenizer is not None:
-        overrides.setdefault("vocab_size", len(tokenizer))
-        overrides.setdefault("pad_token_id", tokenizer.pad_token_id)
-    needed = config.task.block_size if task_type == "language_modeling" else config.task.max_length
-    overrides.setdefault("context_length", max(needed, 1))
-    if hf_task == "sequence_classification":
-        overrides.setdefault("num_labels", num_labels)
-    try:
-        model = build_gpt(config.model.gpt, hf_task, **overrides)
-    except TypeError as exc:
-        raise ConfigError(f"model.gpt_overrides: {exc}") from None
-    return model, tokenizer
 
 
 def run_order(methods: list, seeds: list[int]) -> list[tuple[Any, int]]:
@@ -233,156 +79,16 @@ def run_order(methods: list, seeds: list[int]) -> list[tuple[Any, int]]:
     return order
 
 
-_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
-DRIFT_WARNING_PERCENT = 10.0  # speed-probe change (start vs end of a run) that makes timings suspect
-
-
-def run_name(method: str, seed: int, learning_rate: float | None = None) -> str:
-    """Directory name of a run; user strings are sanitized so they cannot escape ``runs/``.
-
-    ``learning_rate`` is part of the name for methods whose learning rate is swept
-    (``oelm_freeze-lr0.001-seed0``), so every (method, learning rate, seed) has its own folder;
-    methods with a single learning rate keep ``<method>-seed<k>``. A method name that is already
-    safe (letters, digits, ``_ . -``, no leading dot) is kept as is; any other one (``"../x"``,
-    ``"a/b"``, spaces, ...) is sanitized and gets 8 hex digits of the sha256 of the original name,
-    so two different names never share a run directory.
-    """
-    safe = _SAFE.sub("_", method).strip("._")[:64] or "method"
-    if safe != method:
-        safe = f"{safe}-{hashlib.sha256(method.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
-    lr = "" if learning_rate is None else "-lr" + _SAFE.sub("_", f"{learning_rate:g}")
-    return f"{safe}{lr}-seed{seed}"
-
-
-def _loaders(data: PreparedData, training: TrainingConfig, seed: int) -> tuple[DataLoader, DataLoader, DataLoader | None]:
-    """Train loader shuffled by ``seed`` (optionally length-grouped); evaluation loaders in
-    length-sorted order, which wastes less compute on padding and cannot change a metric."""
-    t = training
-    g = torch.Generator().manual_seed(seed)
-    kw = {"collate_fn": data.collate_fn, "num_workers": t.num_workers}
-    lengths = getattr(data.train, "lengths", None)
-    if t.group_by_length and lengths is not None:
-        from transformers.trainer_pt_utils import LengthGroupedSampler
-
-        sampler = LengthGroupedSampler(t.batch_size, lengths=lengths, generator=g)
-        train = DataLoader(data.train, batch_size=t.batch_size, sampler=sampler, **kw)
-    else:
-        train = DataLoader(data.train, batch_size=t.batch_size, shuffle=True, generator=g, **kw)
-
-    def eval_loader(ds):
-        if ds is None:
-            return None
-        lens = getattr(ds, "lengths", None)
-        order = sorted(range(len(ds)), key=lens.__getitem__) if lens is not None else None
-        return DataLoader(ds, batch_size=t.eval_batch_size, sampler=order, shuffle=False, **kw)
-
-    return train, eval_loader(data.validation), eval_loader(data.test)
-
-
-@dataclass(frozen=True)
-class PlannedRun:
-    """One cell of the matrix: a method at one learning rate and seed, in a stage."""
-
-    method: str
-    learning_rate: float
-    seed: int
-    stage: str  # "sweep" | "final"
-    name: str  # run directory under runs/
-
-
 def _total_steps(training: TrainingConfig, train_loader: DataLoader) -> int:
-    """Optimizer steps of a run (as :func:`oelm.train.train` computes them)."""
-    return training.max_steps or max(1, math.ceil(training.epochs * len(train_loader)))
+    """Optimizer steps of a run (as :func:`oelm.train.train` computes them from the loader
+    Accelerate shards over the processes)."""
+    from oelm.distributed import num_processes
+    from oelm.train import optimizer_steps_per_epoch
 
+    per_process = math.ceil(len(train_loader) / num_processes())
+    steps_per_epoch = optimizer_steps_per_epoch(per_process, training.gradient_accumulation_steps)
+    return training.max_steps or max(1, math.ceil(training.epochs * steps_per_epoch))
 
-def resolve_init_from(config: ExperimentConfig, method: str, seed: int) -> Path | None:
-    """The safetensors file a run of ``method`` / ``seed`` starts from (``config.init_from``).
-
-    ``{method}`` and ``{seed}`` are substituted. A directory is an ``oelm run`` output folder:
-    its finished *final* run of the same method and seed (at the learning rate selected there)
-    provides ``checkpoint/model.safetensors``.
-
-    Raises:
-        ConfigError: the file, or a finished final run of that method and seed, does not exist.
-    """
-    if not config.init_from:
-        return None
-    path = Path(config.init_from.replace("{method}", method).replace("{seed}", str(seed))).expanduser()
-    if path.is_file():
-        return path
-    if path.is_dir() and (path / "runs").is_dir():
-        for result_path in sorted((path / "runs").glob("*/result.json")):
-            r = read_json(result_path)
-            if r.get("method") == method and r.get("seed") == seed and r.get("stage", "final") == "final" and r.get("status") == "finished":
-                ckpt = result_path.parent / "checkpoint" / "model.safetensors"
-                if ckpt.is_file():
-                    return ckpt
-        raise ConfigError(
-            f"init_from: {path} has no finished final run of method {method!r} with seed {seed} and a "
-            "checkpoint/model.safetensors; run the pretraining config first (same methods and seeds)"
-        )
-    raise ConfigError(f"init_from: {path} is neither a safetensors file nor an `oelm run` output directory")
-
-
-def _load_init_weights(model: torch.nn.Module, path: Path) -> dict[str, Any]:
-    """Copy every tensor of ``path`` (safetensors) whose name and shape match into ``model``.
-
-    A language model's tied ``lm_head.weight`` stands in for ``transformer.wte.weight`` when
-    only one of them was saved. Task heads that the file lacks (e.g. a classifier's ``score``)
-    keep their fresh initialization.
-
-    Returns:
-        ``{"path", "loaded", "skipped"}``: tensor names copied and names left at their init.
-
-    Raises:
-        ConfigError: a tensor has a different shape (another vocabulary or context length), or
-            nothing in the file matches the model.
-    """
-    from safetensors.torch import load_file
-
-    state = load_file(str(path))
-    if "transformer.wte.weight" not in state and "lm_head.weight" in state:
-        state["transformer.wte.weight"] = state["lm_head.weight"]
-    own = model.state_dict()
-    loaded, skipped = [], []
-    for name, tensor in own.items():
-        src = state.get(name)
-        if src is None:
-            skipped.append(name)
-            continue
-        if src.shape != tensor.shape:
-            raise ConfigError(
-                f"init_from {path}: {name} has shape {tuple(src.shape)} there but {tuple(tensor.shape)} here; "
-                "use the same tokenizer (task.tokenizer) and context length (model.gpt_overrides.context_length) "
-                "as the pretraining config"
-            )
-        loaded.append(name)
-    if not loaded:
-        raise ConfigError(f"init_from {path}: no tensor name matches the model; is it a checkpoint of the same architecture?")
-    with torch.no_grad():
-        for name in loaded:
-            own[name].copy_(state[name])
-    return {"path": str(path), "loaded": len(loaded), "skipped": skipped}
-
-
-def _build_run_model(config: ExperimentConfig, entry: MethodEntry, seed: int, data: PreparedData):
-    """Seeded fresh model with the method applied (and ``init_from`` weights loaded first).
-
-    With ``init_from`` the pretrained query/key weights are kept as they are (``init: none``)
-    and frozen as the method says: the pretraining run of the same method already gave them
-    their orthogonal or random initialization."""
-    from accelerate.utils import set_seed
-
-    set_seed(seed)
-    model, _ = build_model(config, data)
-    oelm_cfg = entry.oelm_config()
-    init_info = None
-    init_path = resolve_init_from(config, entry.name, seed)
-    if init_path is not None:
-        init_info = _load_init_weights(model, init_path)
-        oelm_cfg = oelm_cfg.replace(init="none")
-    report = apply_oelm(model, oelm_cfg, seed=seed)
-    return model, oelm_cfg, report, init_info
 
 
 def _run_one(
@@ -401,12 +107,12 @@ def _run_one(
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     env_before = capture_environment(device, probe=True)
-    model, oelm_cfg, report, init_info = _build_run_model(config, entry, run.seed, data)
+    model, oelm_cfg, report, init_info = build_run_model(config, entry, run.seed, data)
     log(f"[{run_dir.name}] {report}")
     training = config.training_for(entry)
-    train_loader, val_loader, test_loader = _loaders(data, training, run.seed)
+    train_loader, val_loader, test_loader = make_loaders(data, training, run.seed)
     total_steps = _total_steps(training, train_loader)
-    _write_status(run_dir, run, "running", total_steps=total_steps)
+    write_status(run_dir, run, "running", total_steps=total_steps)
     result = train(
         model,
         train_loader,
@@ -438,6 +144,11 @@ def _run_one(
             "samples": result.timing.get("samples"),
             "tokens": result.timing.get("tokens"),
             "batch_size": training.batch_size,
+            "gradient_accumulation_steps": training.gradient_accumulation_steps,
+            "num_processes": result.timing.get("num_processes", 1),
+            # examples per optimizer step over all processes (the batch the learning rate sees)
+            "global_batch_size": training.batch_size * training.gradient_accumulation_steps
+            * result.timing.get("num_processes", 1),
             "epochs": training.epochs,
             "max_steps": training.max_steps,
         },
@@ -479,26 +190,6 @@ def _run_identity(config: ExperimentConfig, run: PlannedRun) -> dict[str, Any]:
     }
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def _write_status(run_dir: Path, run: PlannedRun, state: str, **fields: Any) -> None:
-    """``runs/<name>/status.json``: what ``oelm monitor`` reads (state, stage, total steps, times)."""
-    path = run_dir / "status.json"
-    status = read_json(path) if path.exists() else {}
-    status.update(
-        {"name": run_dir.name, "method": run.method, "seed": run.seed, "learning_rate": run.learning_rate,
-         "stage": run.stage, "state": state, "pid": os.getpid(), "host": platform.node()}
-    )
-    if state == "running":
-        status["started_at"] = _now()
-        status.pop("finished_at", None)
-    else:
-        status["finished_at"] = _now()
-    status.update(fields)
-    write_json_atomic(path, status)
-
 
 def _failed_result(config: ExperimentConfig, run: PlannedRun, exc: RunFaultError) -> dict[str, Any]:
     return {
@@ -513,6 +204,7 @@ def _failed_result(config: ExperimentConfig, run: PlannedRun, exc: RunFaultError
 # Settings that change how a run is displayed, fed or saved, never its numbers.
 _COSMETIC_TRAINING_KEYS = (
     "progress_bar", "tensorboard", "num_workers", "log_every", "checkpoint_every", "keep_checkpoints",
+    "timing_warmup_passes",
 )
 
 
@@ -559,6 +251,10 @@ def _check_fingerprint(out: Path, fingerprint: dict[str, Any]) -> dict[str, Any]
     if not path.exists():
         return fingerprint
     previous = read_json(path).get("fingerprint") or {}
+    if isinstance(previous.get("training"), dict):  # keys added to TrainingConfig since: their defaults held
+        defaults = {k: v for k, v in TrainingConfig().model_dump(mode="json").items() if k not in _COSMETIC_TRAINING_KEYS}
+        previous = previous | {"training": {k: v for k, v in defaults.items() if k not in previous["training"]}
+                               | previous["training"]}
     changed = [k for k in fingerprint if k != "methods" and k in previous and previous[k] != fingerprint[k]]
     prev_methods = previous.get("methods", {})
     with_runs = _methods_with_runs(out) if prev_methods else set()
@@ -589,21 +285,22 @@ def _promote(config: ExperimentConfig, entry: MethodEntry, run: PlannedRun, data
             raise OELMError(f"{run_dir}: the selected sweep run has no checkpoint/model.safetensors to evaluate the test split with")
         from safetensors.torch import load_model
 
-        model, _, _, _ = _build_run_model(config, entry, run.seed, data)
+        model, _, _, _ = build_run_model(config, entry, run.seed, data)
         load_model(model, str(ckpt))
         training = config.training_for(entry)
-        _, _, test_loader = _loaders(data, training, run.seed)
+        _, _, test_loader = make_loaders(data, training, run.seed)
         t0 = time.perf_counter()
         test_value = evaluate(model, test_loader, data.metric, training.mixed_precision)["value"]
         seconds = time.perf_counter() - t0
-        with (run_dir / "metrics.jsonl").open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps({"type": "test", "step": result["performance"]["best_step"], data.metric: test_value}) + "\n")
+        if is_main_process():
+            with (run_dir / "metrics.jsonl").open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps({"type": "test", "step": result["performance"]["best_step"], data.metric: test_value}) + "\n")
         result["timing"]["test_seconds"] = seconds
         log(f"[{run_dir.name}] selected; test {data.metric} {test_value:.4f} (evaluated once, best checkpoint)")
     result = dict(result)
     result["performance"] = dict(result["performance"], test=test_value)
     result.update(stage="final", selected=True, swept=True)
-    write_json_atomic(run_dir / "result.json", result)
+    _write_json(run_dir / "result.json", result)
     return result
 
 
@@ -614,7 +311,7 @@ def _select(metric: str | None, by_lr: dict[float, list[float]]) -> float | None
         if not values:
             continue
         mean = statistics.fmean(values)
-        if best is None or (mean > best if metric == "accuracy" else mean < best):
+        if best is None or get_metric(metric).better(mean, best):
             best_lr, best = lr, mean
     return best_lr
 
@@ -648,7 +345,7 @@ def _write_plan(out: Path, config: ExperimentConfig, selected: dict[str, float])
     for m in config.methods:
         if len(config.learning_rate_candidates(m)) > 1 and m.name not in selected:
             runs += [{"name": None, "method": m.name, "seed": s, "learning_rate": None, "stage": "final"} for s in config.seeds]
-    write_json_atomic(out / "plan.json", {"name": config.name, "runs": runs})
+    _write_json(out / "plan.json", {"name": config.name, "runs": runs})
 
 
 def run_experiment(
@@ -687,6 +384,8 @@ def run_experiment(
     """
     out = Path(output_dir or config.output_dir or Path("outputs") / config.name)
     out.mkdir(parents=True, exist_ok=True)
+    if not is_main_process():
+        log = _quiet  # the other processes of a launched job run the same protocol silently
     safe = {}
     for m in config.methods:
         key = run_name(m.name, 0)
@@ -694,8 +393,8 @@ def run_experiment(
             raise ConfigError(f"methods {safe[key]!r} and {m.name!r} map to the same run directory name; rename one")
         safe[key] = m.name
     fingerprint = _check_fingerprint(out, _config_fingerprint(config))
-    write_json_atomic(out / "experiment.json", {"name": config.name, "fingerprint": fingerprint})
-    write_text_atomic(out / "config.yaml", yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    _write_json(out / "experiment.json", {"name": config.name, "fingerprint": fingerprint})
+    _write_text(out / "config.yaml", yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     _write_plan(out, config, {})
 
     tokenizer = None
@@ -718,9 +417,12 @@ def run_experiment(
         if result_path.exists():
             previous = read_json(result_path)
             if previous.get("status") == "failed" and retry_failed:
+                barrier()  # every process has read the old result before rank 0 moves it
                 aside = out / "runs" / ".failed" / f"{run.name}-{datetime.now():%Y%m%d-%H%M%S}"
-                aside.parent.mkdir(parents=True, exist_ok=True)
-                run_dir.rename(aside)
+                if is_main_process():
+                    aside.parent.mkdir(parents=True, exist_ok=True)
+                    run_dir.rename(aside)
+                barrier()
                 log(f"[{run.name}] failed earlier; retrying (old run moved to {aside})")
             else:
                 log(f"[{run.name}] {previous.get('status', 'finished')} earlier; kept ({result_path})")
@@ -728,21 +430,21 @@ def run_experiment(
         elif run_dir.exists():
             log(f"[{run.name}] unfinished; continuing in {run_dir}")
         run_dir.mkdir(parents=True, exist_ok=True)
-        _write_status(run_dir, run, "running")
+        write_status(run_dir, run, "running")
         try:
             result = _run_one(config, entries[run.method], run, data, run_dir, log, evaluate_test=evaluate_test)
         except RunInterruptedError as exc:
-            _write_status(run_dir, run, "interrupted", step=exc.step, signal=exc.signal_name)
+            write_status(run_dir, run, "interrupted", step=exc.step, signal=exc.signal_name)
             log(f"[{run.name}] interrupted ({exc.signal_name}) at step {exc.step}; rerun the same command to continue")
             raise
         except RunFaultError as exc:
             result = _failed_result(config, run, exc)
-            write_json_atomic(result_path, result)
-            _write_status(run_dir, run, "failed", failure=result["failure"])
+            _write_json(result_path, result)
+            write_status(run_dir, run, "failed", failure=result["failure"])
             log(f"[{run.name}] FAILED ({exc.kind} at step {exc.step}): {exc}; going on with the next run")
             return result
-        write_json_atomic(result_path, result)
-        _write_status(run_dir, run, "finished")
+        _write_json(result_path, result)
+        write_status(run_dir, run, "finished")
         perf = result["performance"]
         log(
             f"[{run.name}] best validation {perf['metric']} {perf['best_validation']:.4f} at step {perf['best_step']}, "
@@ -788,7 +490,7 @@ def run_experiment(
             for lr in cands for s in config.sweep_seed_list() for r in [sweep_results[(m.name, lr, s)]]
         ]
     if sweep_summary:
-        write_json_atomic(out / "sweep.json", {
+        _write_json(out / "sweep.json", {
             "selection_metric": "best_validation",
             "selection_rule": "mean over sweep seeds; highest accuracy / lowest perplexity; ties: first candidate",
             "sweep_seeds": config.sweep_seed_list(),
@@ -817,5 +519,15 @@ def run_experiment(
 
     if not any(r.get("status") == "finished" for runs in results.values() for r in runs):
         raise OELMError(f"no run of {config.name} finished (see the failures under {out / 'runs'})")
-    return write_comparison(config, {m: r for m, r in results.items() if r}, out)
+    barrier()  # every result.json and metrics.jsonl is on disk before the comparison reads them
+    results = {m: r for m, r in results.items() if r}
+    if not is_main_process():
+        from oelm.report import compare_results
+
+        return compare_results(config, results, out)
+    return write_comparison(config, results, out)
+
+
+def _quiet(message: str) -> None:
+    """The log of every process but rank 0."""
 

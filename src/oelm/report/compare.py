@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from oelm.io import read_json, read_jsonl
+from oelm.metrics import get_metric
+from oelm.runs import DRIFT_WARNING_PERCENT, run_name
 from oelm.report.stats import (
     CHANCE_MARGIN_POINTS,
     collapse_reasons,
@@ -39,8 +41,6 @@ def run_records(out: str | Path | None, result: dict[str, Any]) -> list[dict[str
     """
     if out is None:
         return []
-    from oelm.experiment import run_name  # lazy: oelm.experiment imports this package
-
     runs = Path(out) / "runs"
     names = [result.get("run_name")] if result.get("run_name") else []
     if result.get("learning_rate") is not None:
@@ -194,7 +194,7 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
             "probe_drift_percent": {r["seed"]: (r.get("environment") or {}).get("matmul_probe_drift_percent") for r in runs},
             "runs": per_run,
         }
-    higher = metric == "accuracy"
+    higher = get_metric(metric).higher_is_better if metric else False
 
     base = methods.get("baseline")
     gaps: dict[str, Any] = {}
@@ -302,8 +302,6 @@ def _environment(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _warnings(c: dict[str, Any]) -> list[str]:
     """Reasons a reader should distrust part of the comparison (devices, drift, collapses)."""
-    from oelm.experiment import DRIFT_WARNING_PERCENT  # lazy: oelm.experiment imports this package
-
     out = []
     devices = c["environment"]["devices"]
     if len(devices) > 1:

@@ -25,6 +25,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from scipy import stats as _st
 
+from oelm.metrics import METRICS, get_metric
+
 __all__ = [
     "CHANCE_MARGIN_POINTS",
     "summarize",
@@ -162,22 +164,22 @@ def collapse_reasons(
             reasons.append(f"non-finite {key.replace('_', ' ')}")
     if reasons:
         return reasons
-    metric = perf.get("metric")
+    metric = get_metric(perf["metric"]) if perf.get("metric") in METRICS else None
     final = float(perf["final_validation"])
-    levels = [x for x in (100.0 / num_labels if num_labels else None, majority_percent) if _finite([x])]
-    if metric == "accuracy" and levels:
-        chance = max(levels)
+    majority = majority_percent if _finite([majority_percent]) else None
+    chance = metric.chance_level(num_labels=num_labels, majority_percent=majority) if metric else None
+    if chance is not None:
         what = "majority class" if majority_percent is not None and chance == majority_percent and (
             not num_labels or majority_percent > 100.0 / num_labels) else "uniform"
         if final <= chance + chance_margin:
             reasons.append(
-                f"at chance: final validation accuracy {final:.2f}% <= {chance:.2f}% ({what}) + {chance_margin:g}")
-    elif metric == "perplexity":
-        evals = [r for r in records if r.get("type") == "eval" and _finite([r.get("perplexity")])]
+                f"at chance: final validation {metric.name} {final:.2f}% <= {chance:.2f}% ({what}) + {chance_margin:g}")
+    elif metric is not None and not metric.higher_is_better:
+        evals = [r for r in records if r.get("type") == "eval" and _finite([r.get(metric.name)])]
         if len(evals) >= 2:
-            first = float(min(evals, key=lambda r: r.get("step", 0))["perplexity"])
-            if not final < first:
-                reasons.append(f"no learning: final validation perplexity {final:.2f} not below first evaluation {first:.2f}")
+            first = float(min(evals, key=lambda r: r.get("step", 0))[metric.name])
+            if not metric.better(final, first):
+                reasons.append(f"no learning: final validation {metric.name} {final:.2f} not below first evaluation {first:.2f}")
     return reasons
 
 

@@ -1,0 +1,164 @@
+"""Task data for an experiment: load, subsample and tokenize each split once; build the loaders.
+
+Every run of an experiment shares one :class:`PreparedData`, so all methods and seeds see
+exactly the same examples; only the training order depends on a run's seed (:func:`make_loaders`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch.utils.data import DataLoader
+
+from oelm.config import ExperimentConfig, TrainingConfig
+from oelm.errors import ConfigError
+
+__all__ = ["PreparedData", "prepare_data", "make_loaders", "cache_dir", "label_summary"]
+
+@dataclass
+class PreparedData:
+    """Tokenized splits shared by every run of an experiment."""
+
+    metric: str  # "accuracy" | "perplexity"
+    task_type: str  # "classification" | "language_modeling"
+    tokenizer: Any
+    train: torch.utils.data.Dataset
+    validation: torch.utils.data.Dataset
+    test: torch.utils.data.Dataset | None
+    collate_fn: Callable | None
+    num_labels: int | None
+    label_names: list[str] | None
+    summary: dict[str, Any]
+
+
+def cache_dir() -> Path:
+    """Tokenizer and token caches: ``$OELM_CACHE_DIR``, default ``~/.cache/oelm``."""
+    return Path(os.environ.get("OELM_CACHE_DIR", Path.home() / ".cache" / "oelm"))
+
+
+def _load_splits(task, load: Callable, sample: Callable) -> dict[str, Any]:
+    """train / validation (subsampled with the fixed ``subset_seed``) and the optional test split (whole)."""
+    splits = {
+        "train": sample(load(task.dataset, task.train_split, task.data_dir), task.train_samples, task.subset_seed),
+        "validation": sample(load(task.dataset, task.validation_split, task.data_dir), task.validation_samples, task.subset_seed),
+    }
+    if task.test_split:
+        splits["test"] = load(task.dataset, task.test_split, task.data_dir)
+    return splits
+
+
+def _gpt_tokenizer(config: ExperimentConfig, train_docs: list[str] | None):
+    from oelm.data import get_lm_tokenizer
+
+    spec = config.task.tokenizer or "gpt2"
+    return get_lm_tokenizer(spec, train_docs, cache_dir() / "tokenizers", data_dir=config.task.data_dir)
+
+
+def label_summary(frame, label_names: list[str] | None) -> dict[str, Any]:
+    """Examples, examples per label and the majority label's share (%) of one split.
+
+    The share is what a constant predictor scores; the report's collapse rule uses the
+    validation split's share as chance level when it exceeds ``100 / num_labels``.
+    """
+    counts = frame["label"].value_counts().sort_index()
+    names = {i: (label_names[i] if label_names and 0 <= int(i) < len(label_names) else str(int(i))) for i in counts.index}
+    n = len(frame)
+    return {
+        "examples": n,
+        "label_counts": {names[i]: int(c) for i, c in counts.items()},
+        "majority_class_percent": 100.0 * int(counts.max()) / n if n else None,
+    }
+
+
+def prepare_data(config: ExperimentConfig, tokenizer=None) -> PreparedData:
+    """Load, subsample and tokenize the task's splits once for the whole experiment.
+
+    ``tokenizer``: the pretrained model's tokenizer; None for oelm's GPT (then
+    ``task.tokenizer`` decides: local GPT-2 files or a BPE trained on the training split).
+
+    Raises:
+        DataNotFoundError / DataFormatError: from :mod:`oelm.data`.
+        ConfigError: task and model do not fit together.
+    """
+    from oelm.data import get_dataset_spec
+
+    task = config.task
+    spec = get_dataset_spec(task.dataset)
+    if spec.task_type == "classification":
+        from oelm.data import classification_collator, encode_classification, load_classification, subsample
+
+        frames = _load_splits(task, load_classification, subsample)
+        if tokenizer is None:
+            texts = [t for col in spec.text_columns for t in frames["train"][col].tolist()]
+            tokenizer = _gpt_tokenizer(config, texts)
+        encoded = {k: encode_classification(df, tokenizer, spec.text_columns, task.max_length) for k, df in frames.items()}
+        label_names = list(spec.label_names) if spec.label_names else None
+        num_labels = len(label_names) if label_names else int(max(int(df["label"].max()) for df in frames.values()) + 1)
+        return PreparedData(
+            metric=spec.metric,
+            task_type=spec.task_type,
+            tokenizer=tokenizer,
+            train=encoded["train"],
+            validation=encoded["validation"],
+            test=encoded.get("test"),
+            collate_fn=classification_collator(tokenizer),
+            num_labels=num_labels,
+            label_names=label_names,
+            summary={k: label_summary(df, label_names) for k, df in frames.items()},
+        )
+
+    from oelm.data import LMBlockDataset, load_documents, pack_documents, subsample
+
+    docs = _load_splits(task, load_documents, subsample)
+    if tokenizer is None:
+        tokenizer = _gpt_tokenizer(config, docs["train"])
+    blocks = {k: pack_documents(d, tokenizer, task.block_size, cache_dir=cache_dir() / "tokens") for k, d in docs.items()}
+    for k, b in blocks.items():
+        if len(b) == 0:
+            raise ConfigError(
+                f"the {k} split of {task.dataset} has fewer tokens than one block (task.block_size={task.block_size}); "
+                "lower task.block_size or use more documents"
+            )
+    return PreparedData(
+        metric=spec.metric,
+        task_type=spec.task_type,
+        tokenizer=tokenizer,
+        train=LMBlockDataset(blocks["train"]),
+        validation=LMBlockDataset(blocks["validation"]),
+        test=LMBlockDataset(blocks["test"]) if "test" in blocks else None,
+        collate_fn=None,
+        num_labels=None,
+        label_names=None,
+        summary={k: {"documents": len(docs[k]), "blocks": len(b), "tokens": int(b.numel())} for k, b in blocks.items()},
+    )
+
+
+
+def make_loaders(data: PreparedData, training: TrainingConfig, seed: int) -> tuple[DataLoader, DataLoader, DataLoader | None]:
+    """Train loader shuffled by ``seed`` (optionally length-grouped); evaluation loaders in
+    length-sorted order, which wastes less compute on padding and cannot change a metric."""
+    t = training
+    g = torch.Generator().manual_seed(seed)
+    kw = {"collate_fn": data.collate_fn, "num_workers": t.num_workers}
+    lengths = getattr(data.train, "lengths", None)
+    if t.group_by_length and lengths is not None:
+        from transformers.trainer_pt_utils import LengthGroupedSampler
+
+        sampler = LengthGroupedSampler(t.batch_size, lengths=lengths, generator=g)
+        train = DataLoader(data.train, batch_size=t.batch_size, sampler=sampler, **kw)
+    else:
+        train = DataLoader(data.train, batch_size=t.batch_size, shuffle=True, generator=g, **kw)
+
+    def eval_loader(ds):
+        if ds is None:
+            return None
+        lens = getattr(ds, "lengths", None)
+        order = sorted(range(len(ds)), key=lens.__getitem__) if lens is not None else None
+        return DataLoader(ds, batch_size=t.eval_batch_size, sampler=order, shuffle=False, **kw)
+
+    return train, eval_loader(data.validation), eval_loader(data.test)
+

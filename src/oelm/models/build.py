@@ -1,0 +1,149 @@
+"""Build the model of one run: a pretrained checkpoint or oelm's GPT, optional ``init_from``
+weights (pretrain -> fine-tune), then the method (:func:`oelm.apply_oelm`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from oelm.config import ExperimentConfig, MethodEntry
+from oelm.errors import ConfigError
+from oelm.io import read_json
+from oelm.method import apply_oelm
+
+if TYPE_CHECKING:
+    from oelm.data.prepare import PreparedData
+
+__all__ = ["build_model", "build_run_model", "resolve_init_from", "load_init_weights"]
+
+
+def build_model(config: ExperimentConfig, data: "PreparedData | None", *, task_type: str | None = None, num_labels: int | None = None):
+    """A fresh model for one run (call after seeding). Returns ``(model, tokenizer)``."""
+    task_type = task_type or (data.task_type if data else "classification")
+    num_labels = num_labels if num_labels is not None else (data.num_labels if data else 2)
+    hf_task = "sequence_classification" if task_type == "classification" else "causal_lm"
+    if config.model.architecture:  # a user-declared registry entry (oelm.architecture_from_dict)
+        from oelm.architectures import architecture_from_dict, register_architecture
+
+        register_architecture(architecture_from_dict(config.model.architecture, source="model.architecture"))
+    if config.model.pretrained:
+        from oelm.models.pretrained import load_pretrained
+
+        return load_pretrained(
+            config.model.pretrained,
+            hf_task,
+            num_labels=num_labels,
+            trust_remote_code=config.model.trust_remote_code,
+            tokenizer=data.tokenizer if data else None,
+        )
+    from oelm.models.gpt import build_gpt
+
+    tokenizer = data.tokenizer if data else None
+    overrides = dict(config.model.gpt_overrides)
+    if tokenizer is not None:
+        overrides.setdefault("vocab_size", len(tokenizer))
+        overrides.setdefault("pad_token_id", tokenizer.pad_token_id)
+    needed = config.task.block_size if task_type == "language_modeling" else config.task.max_length
+    overrides.setdefault("context_length", max(needed, 1))
+    if hf_task == "sequence_classification":
+        overrides.setdefault("num_labels", num_labels)
+    try:
+        model = build_gpt(config.model.gpt, hf_task, **overrides)
+    except TypeError as exc:
+        raise ConfigError(f"model.gpt_overrides: {exc}") from None
+    return model, tokenizer
+
+
+
+def resolve_init_from(config: ExperimentConfig, method: str, seed: int) -> Path | None:
+    """The safetensors file a run of ``method`` / ``seed`` starts from (``config.init_from``).
+
+    ``{method}`` and ``{seed}`` are substituted. A directory is an ``oelm run`` output folder:
+    its finished *final* run of the same method and seed (at the learning rate selected there)
+    provides ``checkpoint/model.safetensors``.
+
+    Raises:
+        ConfigError: the file, or a finished final run of that method and seed, does not exist.
+    """
+    if not config.init_from:
+        return None
+    path = Path(config.init_from.replace("{method}", method).replace("{seed}", str(seed))).expanduser()
+    if path.is_file():
+        return path
+    if path.is_dir() and (path / "runs").is_dir():
+        for result_path in sorted((path / "runs").glob("*/result.json")):
+            r = read_json(result_path)
+            if r.get("method") == method and r.get("seed") == seed and r.get("stage", "final") == "final" and r.get("status") == "finished":
+                ckpt = result_path.parent / "checkpoint" / "model.safetensors"
+                if ckpt.is_file():
+                    return ckpt
+        raise ConfigError(
+            f"init_from: {path} has no finished final run of method {method!r} with seed {seed} and a "
+            "checkpoint/model.safetensors; run the pretraining config first (same methods and seeds)"
+        )
+    raise ConfigError(f"init_from: {path} is neither a safetensors file nor an `oelm run` output directory")
+
+
+def load_init_weights(model: torch.nn.Module, path: Path) -> dict[str, Any]:
+    """Copy every tensor of ``path`` (safetensors) whose name and shape match into ``model``.
+
+    A language model's tied ``lm_head.weight`` stands in for ``transformer.wte.weight`` when
+    only one of them was saved. Task heads that the file lacks (e.g. a classifier's ``score``)
+    keep their fresh initialization.
+
+    Returns:
+        ``{"path", "loaded", "skipped"}``: tensor names copied and names left at their init.
+
+    Raises:
+        ConfigError: a tensor has a different shape (another vocabulary or context length), or
+            nothing in the file matches the model.
+    """
+    from safetensors.torch import load_file
+
+    state = load_file(str(path))
+    if "transformer.wte.weight" not in state and "lm_head.weight" in state:
+        state["transformer.wte.weight"] = state["lm_head.weight"]
+    own = model.state_dict()
+    loaded, skipped = [], []
+    for name, tensor in own.items():
+        src = state.get(name)
+        if src is None:
+            skipped.append(name)
+            continue
+        if src.shape != tensor.shape:
+            raise ConfigError(
+                f"init_from {path}: {name} has shape {tuple(src.shape)} there but {tuple(tensor.shape)} here; "
+                "use the same tokenizer (task.tokenizer) and context length (model.gpt_overrides.context_length) "
+                "as the pretraining config"
+            )
+        loaded.append(name)
+    if not loaded:
+        raise ConfigError(f"init_from {path}: no tensor name matches the model; is it a checkpoint of the same architecture?")
+    with torch.no_grad():
+        for name in loaded:
+            own[name].copy_(state[name])
+    return {"path": str(path), "loaded": len(loaded), "skipped": skipped}
+
+
+def build_run_model(config: ExperimentConfig, entry: MethodEntry, seed: int, data: "PreparedData"):
+    """Seeded fresh model with the method applied (and ``init_from`` weights loaded first).
+
+    With ``init_from`` the pretrained query/key weights are kept as they are (``init: none``)
+    and frozen as the method says: the pretraining run of the same method already gave them
+    their orthogonal or random initialization."""
+    from accelerate.utils import set_seed
+
+    set_seed(seed)
+    model, _ = build_model(config, data)
+    oelm_cfg = entry.oelm_config()
+    init_info = None
+    init_path = resolve_init_from(config, entry.name, seed)
+    if init_path is not None:
+        init_info = load_init_weights(model, init_path)
+        oelm_cfg = oelm_cfg.replace(init="none")
+    report = apply_oelm(model, oelm_cfg, seed=seed)
+    return model, oelm_cfg, report, init_info
+

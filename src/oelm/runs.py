@@ -1,0 +1,149 @@
+"""The run record: what one run of a matrix is called, and what it writes about itself.
+
+This is the ground floor shared by the writer (:mod:`oelm.experiment`) and the readers
+(:mod:`oelm.report`, :mod:`oelm.monitor`); it imports nothing of theirs, so they never import
+each other. An experiment's output folder::
+
+    outputs/<name>/runs/<run name>/
+      status.json     state (running / finished / failed / interrupted), stage, total steps, pid, host, times
+      result.json     a :class:`RunResult` once the run finished or failed
+      metrics.jsonl   train / eval / test records (written by :mod:`oelm.train`)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TypedDict
+
+from oelm.io import read_json, write_json_atomic
+
+__all__ = [
+    "DRIFT_WARNING_PERCENT",
+    "PlannedRun",
+    "RunResult",
+    "Performance",
+    "run_name",
+    "read_status",
+    "write_status",
+    "utc_now",
+]
+
+# Change of the matmul speed probe between the start and the end of a run (%) beyond which the
+# report says the run's timings are suspect (the machine's speed drifted).
+DRIFT_WARNING_PERCENT = 10.0
+
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def run_name(method: str, seed: int, learning_rate: float | None = None) -> str:
+    """Directory name of a run; user strings are sanitized so they cannot escape ``runs/``.
+
+    ``learning_rate`` is part of the name for methods whose learning rate is swept
+    (``oelm_freeze-lr0.001-seed0``), so every (method, learning rate, seed) has its own folder;
+    methods with a single learning rate keep ``<method>-seed<k>``. A method name that is already
+    safe (letters, digits, ``_ . -``, no leading dot) is kept as is; any other one (``"../x"``,
+    ``"a/b"``, spaces, ...) is sanitized and gets 8 hex digits of the sha256 of the original name,
+    so two different names never share a run directory.
+    """
+    safe = _SAFE.sub("_", method).strip("._")[:64] or "method"
+    if safe != method:
+        safe = f"{safe}-{hashlib.sha256(method.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
+    lr = "" if learning_rate is None else "-lr" + _SAFE.sub("_", f"{learning_rate:g}")
+    return f"{safe}{lr}-seed{seed}"
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One cell of the matrix: a method at one learning rate and seed, in a stage."""
+
+    method: str
+    learning_rate: float
+    seed: int
+    stage: str  # "sweep" | "final"
+    name: str  # run directory under runs/
+
+
+class Performance(TypedDict, total=False):
+    """``result["performance"]``: metric values in the metric's unit (accuracy %, perplexity)."""
+
+    metric: str
+    best_validation: float
+    best_step: int
+    final_validation: float
+    final_train_loss: float
+    test: float | None
+    steps: int
+
+
+class RunResult(TypedDict, total=False):
+    """The schema of ``runs/<name>/result.json`` (a plain JSON object on disk).
+
+    Identity: ``method``, ``seed``, ``run_name``, ``learning_rate``, ``stage`` ("sweep" |
+    "final"), ``selected``, ``task``, ``model``. ``status`` is "finished" or "failed"; a failed
+    run has ``failure`` {kind, message, step} and no numbers. A finished run has ``config``,
+    ``method_config``, ``init_from``, ``data`` (per split sizes, label counts), ``budget``
+    (steps, samples, tokens, batch sizes, accumulation, world size), ``environment``,
+    ``parameters`` (total / trainable / frozen, per group), ``projections``, ``performance``
+    (:class:`Performance`), ``timing`` (see :func:`oelm.train.train`) and ``stop_signal``.
+    """
+
+    method: str
+    seed: int
+    run_name: str
+    learning_rate: float
+    stage: str
+    selected: bool
+    swept: bool
+    task: str
+    model: str
+    status: str
+    failure: dict[str, Any]
+    config: dict[str, Any]
+    method_config: dict[str, Any]
+    init_from: dict[str, Any] | None
+    data: dict[str, Any]
+    budget: dict[str, Any]
+    environment: dict[str, Any]
+    parameters: dict[str, Any]
+    projections: list[dict[str, Any]]
+    performance: Performance
+    timing: dict[str, Any]
+    stop_signal: str | None
+
+
+def utc_now() -> str:
+    """The current UTC time, ISO 8601 to the second (``2026-11-23T16:40:00+00:00``)."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def read_status(run_dir: Path) -> dict[str, Any]:
+    """``run_dir/status.json`` ({} when absent)."""
+    path = Path(run_dir) / "status.json"
+    return read_json(path) if path.exists() else {}
+
+
+def write_status(run_dir: Path, run: PlannedRun, state: str, **fields: Any) -> None:
+    """``runs/<name>/status.json``: what ``oelm monitor`` reads (state, stage, total steps, times).
+
+    ``state`` "running" sets ``started_at`` (UTC) and clears ``finished_at``; any other state sets
+    ``finished_at``. ``fields`` are merged in (``total_steps``, ``failure``, ``signal``, ...).
+    """
+    path = Path(run_dir) / "status.json"
+    status = read_status(run_dir)
+    status.update(
+        {"name": Path(run_dir).name, "method": run.method, "seed": run.seed, "learning_rate": run.learning_rate,
+         "stage": run.stage, "state": state, "pid": os.getpid(), "host": platform.node()}
+    )
+    if state == "running":
+        status["started_at"] = utc_now()
+        status.pop("finished_at", None)
+    else:
+        status["finished_at"] = utc_now()
+    status.update(fields)
+    write_json_atomic(path, status)

@@ -1,0 +1,91 @@
+"""`oelm run` on two processes (torchrun, gloo on CPU) against one process with the same global batch.
+
+Two ranks with micro-batch 4 see, per optimizer step, the same 8 sequences as one process with
+batch 8 (Accelerate shards each epoch's batches over the ranks; DDP averages the gradients), so
+their losses, validation perplexities and step counts agree to float tolerance. Only rank 0
+writes files: one result.json per run, one comparison.json.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import oelm
+
+from _tiny_lm import tiny_lm_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(data_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    src = str(Path(oelm.__file__).resolve().parents[1])
+    env.update(PYTHONPATH=os.pathsep.join([src, env.get("PYTHONPATH", "")]).rstrip(os.pathsep), OMP_NUM_THREADS="1",
+               OMP_WAIT_POLICY="PASSIVE", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OELM_DATA_DIR=str(data_dir))
+    return env
+
+
+def _overrides(batch_size: int) -> list[str]:
+    return [*tiny_lm_overrides(max_steps=12, eval_every=6), "seeds=[0]", f"training.batch_size={batch_size}",
+            "training.eval_batch_size=5", "training.timing_warmup_steps=1", "task.train_samples=60",
+            "task.validation_samples=16"]
+
+
+def _run(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, f"{cmd[:6]} exited with {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return proc
+
+
+def _results(out: Path) -> dict[str, dict]:
+    return {p.parent.name: json.loads(p.read_text()) for p in sorted((out / "runs").glob("*/result.json"))}
+
+
+def _train_losses(out: Path, run: str) -> list[float]:
+    lines = (out / "runs" / run / "metrics.jsonl").read_text().splitlines()
+    return [r["loss"] for r in map(json.loads, lines) if r["type"] == "train"]
+
+
+@pytest.mark.slow
+def test_two_process_oelm_run_equals_one_process_with_the_same_global_batch(tmp_path, data_dir):
+    env = _env(data_dir)
+    config = str(ROOT / "configs" / "tinystories-tiny.yaml")
+    one, two = tmp_path / "one", tmp_path / "two"
+    _run([sys.executable, "-m", "oelm", "run", config, "--output-dir", str(one), *_overrides(8)], env)
+    proc = _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
+                 "-m", "oelm", "run", config, "--output-dir", str(two), *_overrides(4)], env)
+    assert proc.stdout.count("oelm run: tinystories-tiny ->") == 1  # rank 0 alone prints
+
+    single, double = _results(one), _results(two)
+    assert sorted(single) == sorted(double) == ["baseline-seed0", "oelm_freeze-seed0"]
+    for name in single:
+        a, b = single[name], double[name]
+        assert b["budget"]["num_processes"] == 2 and b["timing"]["num_processes"] == 2
+        assert a["budget"]["global_batch_size"] == b["budget"]["global_batch_size"] == 8
+        assert a["budget"]["steps"] == b["budget"]["steps"] == 12
+        # The same examples per step: equal tokens over the run (rank 0 counts its half).
+        assert a["budget"]["tokens"] == 2 * b["budget"]["tokens"]
+        for key in ("best_validation", "final_validation", "final_train_loss"):
+            assert math.isclose(a["performance"][key], b["performance"][key], rel_tol=2e-4), (name, key)
+        la, lb = _train_losses(one, name), _train_losses(two, name)
+        assert len(la) == len(lb) == 6 and all(math.isclose(x, y, rel_tol=2e-4) for x, y in zip(la, lb))
+        # One writer: every metrics line once (no duplicate records from rank 1).
+        steps = [json.loads(l)["step"] for l in (two / "runs" / name / "metrics.jsonl").read_text().splitlines()
+                 if json.loads(l)["type"] == "train"]
+        assert steps == sorted(set(steps))
+    comparison = json.loads((two / "comparison.json").read_text())
+    assert set(comparison["methods"]) == {"baseline", "oelm_freeze"}
