@@ -539,6 +539,7 @@ class _Engine:
     t_start: float = 0.0
     best_state: dict[str, torch.Tensor] | None = None
     compiled: Any = None  # torch.compile wrapper, when training.compile
+    warmup_batch: dict[str, torch.Tensor] | None = None  # the first batch_size training examples (warm-up)
 
     @property
     def ckpt_root(self) -> Path:
@@ -591,6 +592,8 @@ def _setup(model, loaders, *, metric, config, learning_rate, run_dir) -> tuple[_
     Returns ``(engine, (train, eval, test loaders as prepared), data generators, their seeds)``.
     """
     train_loader, eval_loader, test_loader = loaders
+    if config.tensorboard:  # a one-time import of seconds: before the run's clock, not inside the first run
+        import torch.utils.tensorboard  # noqa: F401
     accelerator = _accelerator(config)
     optimizer = build_optimizer(model, learning_rate, config)
     generators = _data_generators(train_loader)
@@ -601,6 +604,7 @@ def _setup(model, loaders, *, metric, config, learning_rate, run_dir) -> tuple[_
                       "data order (give DataLoader(generator=torch.Generator().manual_seed(seed)))", RuntimeWarning,
                       stacklevel=3)
     batch_size = getattr(train_loader, "batch_size", None)
+    warmup_batch = _fixed_batch(train_loader) if config.timing_warmup_passes or config.compile else None
     model, optimizer = accelerator.prepare(model, optimizer)
     # Loaders are sharded by Accelerate but left on the host: tokens are counted there (counting
     # on a GPU would synchronize every step) and batches are moved with non_blocking copies.
@@ -630,7 +634,7 @@ def _setup(model, loaders, *, metric, config, learning_rate, run_dir) -> tuple[_
         total_steps=total_steps, steps_per_epoch=steps_per_epoch,
         eval_every=config.eval_every or max(1, steps_per_epoch // config.evals_per_epoch),
         running_loss=torch.zeros((), device=device), grad_nonfinite=torch.zeros((), dtype=torch.bool, device=device),
-        compiled=compiled,
+        compiled=compiled, warmup_batch=warmup_batch,
     )
     return engine, (train_loader, eval_loader, test_loader), generators, base_seeds
 
@@ -698,7 +702,7 @@ def _fixed_batch(loader: DataLoader) -> dict[str, torch.Tensor] | None:
     return collate([dataset[i] for i in range(min(size, len(dataset)))])
 
 
-def _warm_up(engine: _Engine, loader: DataLoader) -> float:
+def _warm_up(engine: _Engine) -> float:
     """``config.timing_warmup_passes`` forward+backward passes on a fixed batch, then undone.
 
     Gradients are cleared, no optimizer step is taken and the RNG states are restored, so the run
@@ -707,9 +711,9 @@ def _warm_up(engine: _Engine, loader: DataLoader) -> float:
     run's clock starts, for every method alike. Returns the seconds it took (the compile time
     when compiling: the first compiled pass traces and compiles).
     """
-    passes = engine.config.timing_warmup_passes if not engine.compiled else max(1, engine.config.timing_warmup_passes)
-    batch = _fixed_batch(loader) if passes else None
-    if batch is None:
+    passes = engine.config.timing_warmup_passes if engine.compiled is None else max(1, engine.config.timing_warmup_passes)
+    batch = engine.warmup_batch
+    if batch is None or not passes:
         return 0.0
     rng = _capture_rng()
     with engine.phases.measure("warmup"):
@@ -1172,7 +1176,7 @@ def train(
     engine, loaders, generators, base_seeds = _setup(
         model, (train_loader, eval_loader, test_loader), metric=metric, config=config,
         learning_rate=learning_rate, run_dir=run_dir)
-    warmup_seconds = _warm_up(engine, loaders[0])
+    warmup_seconds = _warm_up(engine)
     wall_start = time.perf_counter()
     state, rng_to_restore, resumed = _start_or_resume(engine)
     for leftover in engine.ckpt_root.glob(".tmp-*") if engine.ckpt_root.is_dir() and engine.is_main else ():
