@@ -89,3 +89,26 @@ def test_two_process_oelm_run_equals_one_process_with_the_same_global_batch(tmp_
         assert steps == sorted(set(steps))
     comparison = json.loads((two / "comparison.json").read_text())
     assert set(comparison["methods"]) == {"baseline", "oelm_freeze"}
+
+
+@pytest.mark.slow
+def test_two_process_fsdp_keeps_query_key_frozen_and_orthogonal(tmp_path, data_dir):
+    """training.distributed=fsdp: Accelerate's FSDP plugin (use_orig_params) on 2 gloo ranks; the
+    frozen Q/K of OELM-Freeze leave training with orthonormal head rows, the run finishes and
+    rank 0 saves full (unsharded) weights."""
+    from safetensors.torch import load_file
+
+    from oelm.init import max_orthogonality_error
+
+    out = tmp_path / "fsdp"
+    overrides = [*_overrides(4), "training.distributed=fsdp", "training.save_best_checkpoint=true",
+                 "methods=[{name: oelm_freeze, learning_rate: 3.0e-3}]"]
+    _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
+          "-m", "oelm", "run", str(ROOT / "configs" / "tinystories-tiny.yaml"), "--output-dir", str(out), *overrides],
+         _env(data_dir))
+    result = _results(out)["oelm_freeze-seed0"]
+    assert result["status"] == "finished" and result["budget"]["num_processes"] == 2
+    weights = load_file(str(out / "runs" / "oelm_freeze-seed0" / "checkpoint" / "model.safetensors"))
+    qk = [k for k in weights if k.endswith(("q_proj.weight", "k_proj.weight"))]
+    assert len(qk) == 4 and all(weights[k].shape == (32, 32) for k in qk)
+    assert max(max_orthogonality_error(weights[k], 2) for k in qk) < 1e-5

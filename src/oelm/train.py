@@ -593,7 +593,7 @@ def _setup(model, loaders, *, metric, config, learning_rate, run_dir) -> tuple[_
     """
     train_loader, eval_loader, test_loader = loaders
     if config.tensorboard:  # a one-time import of seconds: before the run's clock, not inside the first run
-        import torch.utils.tensorboard  # noqa: F401
+        from torch.utils import tensorboard  # noqa: F401
     accelerator = _accelerator(config)
     optimizer = build_optimizer(model, learning_rate, config)
     generators = _data_generators(train_loader)
