@@ -31,6 +31,7 @@ import json
 import math
 import statistics
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
@@ -386,6 +387,43 @@ def run_experiment(
     out.mkdir(parents=True, exist_ok=True)
     if not is_main_process():
         log = _quiet  # the other processes of a launched job run the same protocol silently
+    _start_output(config, out)
+    matrix = _Matrix(config, out, _prepare(config, log), log, retry_failed)
+    sweep_results = {(r.method, r.learning_rate, r.seed): _execute(matrix, r, evaluate_test=False)
+                     for r in plan_runs(config) if r.stage == "sweep"}                       # 1. sweep
+    selected = _select_learning_rates(matrix, sweep_results)                                 # 2. selection
+    results = _final_runs(matrix, selected, sweep_results)                                   # 3. final runs
+    if not any(r.get("status") == "finished" for runs in results.values() for r in runs):
+        raise OELMError(f"no run of {config.name} finished (see the failures under {out / 'runs'})")
+    barrier()  # every result.json and metrics.jsonl is on disk before the comparison reads them
+    results = {m: r for m, r in results.items() if r}
+    if not is_main_process():
+        from oelm.report import compare_results
+
+        return compare_results(config, results, out)
+    return write_comparison(config, results, out)
+
+
+@dataclass
+class _Matrix:
+    """What every run of one ``run_experiment`` call shares (fixed once the data is prepared)."""
+
+    config: ExperimentConfig
+    out: Path
+    data: PreparedData
+    log: Callable[[str], None]
+    retry_failed: bool
+
+    def entry(self, method: str) -> MethodEntry:
+        return next(m for m in self.config.methods if m.name == method)
+
+
+def _start_output(config: ExperimentConfig, out: Path) -> None:
+    """Check run names and the fingerprint, then write experiment.json, config.yaml, plan.json.
+
+    Raises:
+        ConfigError: two methods map to one run directory, or ``out`` holds another config's results.
+    """
     safe = {}
     for m in config.methods:
         key = run_name(m.name, 0)
@@ -397,6 +435,10 @@ def run_experiment(
     _write_text(out / "config.yaml", yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     _write_plan(out, config, {})
 
+
+def _prepare(config: ExperimentConfig, log: Callable[[str], None]) -> PreparedData:
+    """The shared data (with the pretrained model's tokenizer); every ``init_from`` checkpoint
+    is resolved here, so a missing one is an error before any run starts."""
     tokenizer = None
     if config.model.pretrained:
         from oelm.models.pretrained import load_tokenizer
@@ -405,67 +447,81 @@ def run_experiment(
     log(f"preparing data: {config.task.dataset} ...")
     data = prepare_data(config, tokenizer)
     log(f"data: {data.summary}")
-    for m in config.methods:  # a missing pretraining checkpoint is an error before any run starts
+    for m in config.methods:
         for seed in config.seeds:
             resolve_init_from(config, m.name, seed)
+    return data
 
-    entries = {m.name: m for m in config.methods}
 
-    def execute(run: PlannedRun, evaluate_test: bool) -> dict:
-        run_dir = out / "runs" / run.name
-        result_path = run_dir / "result.json"
-        if result_path.exists():
-            previous = read_json(result_path)
-            if previous.get("status") == "failed" and retry_failed:
-                barrier()  # every process has read the old result before rank 0 moves it
-                aside = out / "runs" / ".failed" / f"{run.name}-{datetime.now():%Y%m%d-%H%M%S}"
-                if is_main_process():
-                    aside.parent.mkdir(parents=True, exist_ok=True)
-                    run_dir.rename(aside)
-                barrier()
-                log(f"[{run.name}] failed earlier; retrying (old run moved to {aside})")
-            else:
-                log(f"[{run.name}] {previous.get('status', 'finished')} earlier; kept ({result_path})")
-                return previous
-        elif run_dir.exists():
+def _reuse_or_clear(matrix: _Matrix, run: PlannedRun, run_dir: Path) -> dict | None:
+    """The earlier result of ``run`` when it is to be kept; None when the run is to (re)start
+    (a failed run under ``--retry-failed`` is moved to ``runs/.failed/`` first)."""
+    result_path, log = run_dir / "result.json", matrix.log
+    if not result_path.exists():
+        if run_dir.exists():
             log(f"[{run.name}] unfinished; continuing in {run_dir}")
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_status(run_dir, run, "running")
-        try:
-            result = _run_one(config, entries[run.method], run, data, run_dir, log, evaluate_test=evaluate_test)
-        except RunInterruptedError as exc:
-            write_status(run_dir, run, "interrupted", step=exc.step, signal=exc.signal_name)
-            log(f"[{run.name}] interrupted ({exc.signal_name}) at step {exc.step}; rerun the same command to continue")
-            raise
-        except RunFaultError as exc:
-            result = _failed_result(config, run, exc)
-            _write_json(result_path, result)
-            write_status(run_dir, run, "failed", failure=result["failure"])
-            log(f"[{run.name}] FAILED ({exc.kind} at step {exc.step}): {exc}; going on with the next run")
-            return result
-        _write_json(result_path, result)
-        write_status(run_dir, run, "finished")
-        perf = result["performance"]
-        log(
-            f"[{run.name}] best validation {perf['metric']} {perf['best_validation']:.4f} at step {perf['best_step']}, "
-            f"{result['timing']['total_seconds']:.1f} s total"
-        )
-        if result.get("stop_signal"):
-            raise RunInterruptedError(
-                f"{result['stop_signal']} arrived during the last evaluation of {run.name}; that run finished and "
-                "was kept, the matrix stops here; rerun the same command to continue with the next run",
-                step=perf["steps"],
-                signal_name=result["stop_signal"],
-            )
+        return None
+    previous = read_json(result_path)
+    if previous.get("status") != "failed" or not matrix.retry_failed:
+        log(f"[{run.name}] {previous.get('status', 'finished')} earlier; kept ({result_path})")
+        return previous
+    barrier()  # every process has read the old result before rank 0 moves it
+    aside = matrix.out / "runs" / ".failed" / f"{run.name}-{datetime.now():%Y%m%d-%H%M%S}"
+    if is_main_process():
+        aside.parent.mkdir(parents=True, exist_ok=True)
+        run_dir.rename(aside)
+    barrier()
+    log(f"[{run.name}] failed earlier; retrying (old run moved to {aside})")
+    return None
+
+
+def _execute(matrix: _Matrix, run: PlannedRun, evaluate_test: bool) -> dict:
+    """Run (or continue, or keep) one cell of the matrix; returns its result (finished or failed).
+
+    Raises:
+        RunInterruptedError: SIGTERM/SIGINT (the run's status says ``interrupted``), or a signal
+            during the last evaluation of a run that finished and was kept.
+    """
+    run_dir, log = matrix.out / "runs" / run.name, matrix.log
+    previous = _reuse_or_clear(matrix, run, run_dir)
+    if previous is not None:
+        return previous
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_status(run_dir, run, "running")
+    try:
+        result = _run_one(matrix.config, matrix.entry(run.method), run, matrix.data, run_dir, log,
+                          evaluate_test=evaluate_test)
+    except RunInterruptedError as exc:
+        write_status(run_dir, run, "interrupted", step=exc.step, signal=exc.signal_name)
+        log(f"[{run.name}] interrupted ({exc.signal_name}) at step {exc.step}; rerun the same command to continue")
+        raise
+    except RunFaultError as exc:
+        result = _failed_result(matrix.config, run, exc)
+        _write_json(run_dir / "result.json", result)
+        write_status(run_dir, run, "failed", failure=result["failure"])
+        log(f"[{run.name}] FAILED ({exc.kind} at step {exc.step}): {exc}; going on with the next run")
         return result
+    _write_json(run_dir / "result.json", result)
+    write_status(run_dir, run, "finished")
+    perf = result["performance"]
+    log(
+        f"[{run.name}] best validation {perf['metric']} {perf['best_validation']:.4f} at step {perf['best_step']}, "
+        f"{result['timing']['total_seconds']:.1f} s total"
+    )
+    if result.get("stop_signal"):
+        raise RunInterruptedError(
+            f"{result['stop_signal']} arrived during the last evaluation of {run.name}; that run finished and "
+            "was kept, the matrix stops here; rerun the same command to continue with the next run",
+            step=perf["steps"],
+            signal_name=result["stop_signal"],
+        )
+    return result
 
-    # 1. sweep
-    sweep_results: dict[tuple[str, float, int], dict] = {}
-    for run in plan_runs(config):
-        if run.stage == "sweep":
-            sweep_results[(run.method, run.learning_rate, run.seed)] = execute(run, evaluate_test=False)
 
-    # 2. selection, on validation only
+def _select_learning_rates(matrix: _Matrix, sweep_results: dict[tuple[str, float, int], dict]) -> dict[str, float]:
+    """Per swept method, the candidate with the best mean best-validation over the sweep seeds
+    (failed runs excluded); writes ``sweep.json`` and the updated ``plan.json``."""
+    config, log = matrix.config, matrix.log
     selected: dict[str, float] = {}
     sweep_summary: dict[str, list[dict]] = {}
     for m in config.methods:
@@ -477,10 +533,9 @@ def run_experiment(
                  for s in config.sweep_seed_list() if sweep_results[(m.name, lr, s)].get("status") == "finished"]
             for lr in cands
         }
-        choice = _select(data.metric, by_lr)
+        choice = _select(matrix.data.metric, by_lr)
         if choice is None:
             log(f"[{m.name}] every sweep run failed; no learning rate selected, no final runs")
-            sweep_summary[m.name] = []
         else:
             selected[m.name] = choice
             log(f"[{m.name}] selected learning rate {choice:g} (mean best validation over seeds {config.sweep_seed_list()})")
@@ -490,42 +545,36 @@ def run_experiment(
             for lr in cands for s in config.sweep_seed_list() for r in [sweep_results[(m.name, lr, s)]]
         ]
     if sweep_summary:
-        _write_json(out / "sweep.json", {
+        _write_json(matrix.out / "sweep.json", {
             "selection_metric": "best_validation",
             "selection_rule": "mean over sweep seeds; highest accuracy / lowest perplexity; ties: first candidate",
             "sweep_seeds": config.sweep_seed_list(),
             "selected_learning_rates": selected,
             "methods": sweep_summary,
         })
-    _write_plan(out, config, selected)
+    _write_plan(matrix.out, config, selected)
+    return selected
 
-    # 3. final runs at the selected learning rates
-    results: dict[str, list[dict]] = {m.name: [] for m in config.methods}
-    for run in plan_runs(config, selected):
+
+def _final_runs(matrix: _Matrix, selected: dict[str, float],
+                sweep_results: dict[tuple[str, float, int], dict]) -> dict[str, list[dict]]:
+    """Every seed of every method at its selected learning rate: a sweep run at that rate is
+    promoted (test evaluated once), any other final run is trained. Failed runs are kept in the
+    results: the report flags and excludes them, so a failure is never silently dropped."""
+    results: dict[str, list[dict]] = {m.name: [] for m in matrix.config.methods}
+    for run in plan_runs(matrix.config, selected):
         if run.stage != "final":
             continue
         swept = sweep_results.get((run.method, run.learning_rate, run.seed))
-        if swept is not None:
-            if swept.get("status") != "finished":
-                # failed at the selected rate for this seed: not retried here, but reported (as a
-                # collapsed run) so a method's failures are never silently dropped
-                results[run.method].append(swept)
-                continue
-            result = swept if swept.get("stage") == "final" else _promote(
-                config, entries[run.method], run, data, out / "runs" / run.name, swept, log)
+        if swept is None:
+            result = _execute(matrix, run, evaluate_test=True)
+        elif swept.get("status") != "finished" or swept.get("stage") == "final":
+            result = swept  # failed at the selected rate (not retried here), or promoted earlier
         else:
-            result = execute(run, evaluate_test=True)
-        results[run.method].append(result)  # failed runs too: the report flags and excludes them
-
-    if not any(r.get("status") == "finished" for runs in results.values() for r in runs):
-        raise OELMError(f"no run of {config.name} finished (see the failures under {out / 'runs'})")
-    barrier()  # every result.json and metrics.jsonl is on disk before the comparison reads them
-    results = {m: r for m, r in results.items() if r}
-    if not is_main_process():
-        from oelm.report import compare_results
-
-        return compare_results(config, results, out)
-    return write_comparison(config, results, out)
+            result = _promote(matrix.config, matrix.entry(run.method), run, matrix.data,
+                              matrix.out / "runs" / run.name, swept, matrix.log)
+        results[run.method].append(result)
+    return results
 
 
 def _quiet(message: str) -> None:

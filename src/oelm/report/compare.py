@@ -52,6 +52,17 @@ def run_records(out: str | Path | None, result: dict[str, Any]) -> list[dict[str
     return []
 
 
+def _mfu(result: dict[str, Any]) -> dict[str, Any]:
+    """``timing.mfu`` of a result ({} when absent: older results, or FLOPs not derivable)."""
+    return (result.get("timing") or {}).get("mfu") or {}
+
+
+def _telemetry(result: dict[str, Any], key: str, stat: str = "median") -> float | None:
+    """One statistic of ``timing.gpu_telemetry`` (None on CPU, or when NVML was not available)."""
+    tel = (result.get("timing") or {}).get("gpu_telemetry") or {}
+    return (tel.get(key) or {}).get(stat) if tel.get("available") else None
+
+
 def num_labels_of(result: dict[str, Any]) -> int | None:
     """Classes of a classification run: ``data.num_labels``, else the dataset registry's label names."""
     n = (result.get("data") or {}).get("num_labels")
@@ -187,6 +198,12 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
             "train_seconds": col(timing("train_seconds")),
             "step_ms_median": col(lambda r: ((r.get("timing") or {}).get("per_step_ms") or {}).get("median")),
             "tokens_per_second": col(timing("tokens_per_second")),
+            # model FLOPs utilization in % (timing.mfu.mfu is a fraction) and the peak it was taken against
+            "mfu_percent": col(lambda r: None if _mfu(r).get("mfu") is None else 100.0 * _mfu(r)["mfu"]),
+            "mfu_peak_source": sorted({str(_mfu(r).get("peak_source")) for r in sound if _mfu(r).get("mfu") is not None}),
+            "compile_seconds": col(timing("compile_seconds")),
+            "gpu_utilization_percent_median": col(lambda r: _telemetry(r, "gpu_utilization_percent")),
+            "gpu_temperature_c_max": col(lambda r: _telemetry(r, "temperature_c", "max")),
             "step_times": step_time_stats(steps_all) | {"source": step_source},
             "parameters": groups,
             "learning_rate": learning_rate_of(runs[0]),
