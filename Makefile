@@ -2,6 +2,7 @@
 #   make demo   trains Baseline vs OELM-Freeze vs OELM-Random on real SST-2 and prints the comparison
 #   make test   runs the test suite
 #   make results-cpu  the CPU-scale SST-2 and TinyStories comparisons (3 seeds, LR sweep)
+#   make gpu-check    on a machine with an NVIDIA GPU: env, tests, benchmarks, two short bf16 runs
 # Both create .venv and install everything first (torch 2.13.0 CPU build before anything else).
 
 PYTHON ?= python3
@@ -18,7 +19,7 @@ export HF_HUB_OFFLINE ?= 1
 export OMP_WAIT_POLICY ?= PASSIVE
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install browser demo test test-fast tinystories results-cpu clean
+.PHONY: install browser demo test test-fast tinystories results-cpu gpu-check clean
 
 install: $(STAMP)
 
@@ -48,6 +49,13 @@ browser:
 results-cpu: $(STAMP)
 	$(BIN)/oelm run configs/cpu/phase1_bert/sst2.yaml --output-dir outputs/cpu-sst2
 	$(BIN)/oelm run configs/cpu/phase2_gpt_lm/tinystories.yaml --output-dir outputs/cpu-tinystories
+
+# The GPU check (scripts/gpu_check.sh): everything under docs/results/gpu-<date>-<gpu>/ (or OUT=DIR),
+# ending with SUMMARY.md. Needs a CUDA build of torch in .venv: a plain `pip install torch` from
+# PyPI on Linux is one; the CPU wheel this Makefile installs on a CPU-only mirror is not, and the
+# script then stops with "gpu-check: no CUDA GPU: ..." and says how to reinstall.
+gpu-check: $(STAMP)
+	PYTHON=$(BIN)/python OUT="$(OUT)" bash scripts/gpu_check.sh
 
 test: $(STAMP) browser
 	$(BIN)/python -m pytest -q

@@ -14,32 +14,73 @@ Public API::
 
 import os as _os
 
-# Defaults that must be in place before torch loads its OpenMP runtime (importing oelm imports
-# torch): on small CPU machines busy-waiting OpenMP threads made a training step ~20x slower.
+# Defaults that must be in place before torch loads its OpenMP runtime (every oelm module that
+# needs torch is imported after this package's __init__ has run): on small CPU machines busy-waiting OpenMP threads made a training step ~20x slower.
 # setdefault only: a value the user set wins.
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 _os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from oelm.errors import ConfigError, DataFormatError, DataNotFoundError, OELMError, UnsupportedModelError  # noqa: E402
-from oelm.init import global_orthogonal_, head_wise_orthogonal_, matched_std, max_orthogonality_error, normal_  # noqa: E402
-from oelm.method import (  # noqa: E402
-    ARCHITECTURES,
-    METHODS,
-    ArchitectureSpec,
-    OELMConfig,
-    ParameterReport,
-    apply_oelm,
-    architecture_from_dict,
-    find_attention_projections,
-    get_method,
-    get_oelm_model,
-    load_architecture,
-    parameter_report,
-    print_trainable_parameters,
-    register_architecture,
-)
+import importlib as _importlib
+import importlib.util as _importlib_util
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
-from oelm.checkpoint import CheckpointError, CheckpointMismatchError, SaveReport, load_oelm, save_pretrained  # noqa: E402
+from oelm.errors import ConfigError, DataFormatError, DataNotFoundError, OELMError, UnsupportedModelError  # noqa: E402
+
+# The rest of the public API is imported on first use (module ``__getattr__``, PEP 562), so that
+# ``import oelm`` and ``oelm --help`` do not pay for torch (~2 s) before anything needs it.
+# name -> the module that defines it.
+_LAZY = {
+    **dict.fromkeys(
+        ("global_orthogonal_", "head_wise_orthogonal_", "matched_std", "max_orthogonality_error", "normal_"), "oelm.init"
+    ),
+    **dict.fromkeys(
+        (
+            "ARCHITECTURES", "METHODS", "ArchitectureSpec", "OELMConfig", "ParameterReport", "apply_oelm",
+            "architecture_from_dict", "find_attention_projections", "get_method", "get_oelm_model",
+            "load_architecture", "parameter_report", "print_trainable_parameters", "register_architecture",
+        ),
+        "oelm.method",
+    ),
+    **dict.fromkeys(("CheckpointError", "CheckpointMismatchError", "SaveReport", "load_oelm", "save_pretrained"), "oelm.checkpoint"),
+}
+
+if _TYPE_CHECKING:  # static analysers and IDEs see the eager imports
+    from oelm.checkpoint import CheckpointError, CheckpointMismatchError, SaveReport, load_oelm, save_pretrained
+    from oelm.init import global_orthogonal_, head_wise_orthogonal_, matched_std, max_orthogonality_error, normal_
+    from oelm.method import (
+        ARCHITECTURES,
+        METHODS,
+        ArchitectureSpec,
+        OELMConfig,
+        ParameterReport,
+        apply_oelm,
+        architecture_from_dict,
+        find_attention_projections,
+        get_method,
+        get_oelm_model,
+        load_architecture,
+        parameter_report,
+        print_trainable_parameters,
+        register_architecture,
+    )
+
+
+def __getattr__(name: str):
+    """``oelm.<name>`` for the lazily imported public names (see ``_LAZY``), and ``oelm.<submodule>``
+    (``oelm.method``, ...) imported on first access as ``import oelm`` used to provide."""
+    module = _LAZY.get(name)
+    if module is None:
+        if not name.startswith("_") and _importlib_util.find_spec(f"{__name__}.{name}") is not None:
+            return _importlib.import_module(f"{__name__}.{name}")
+        raise AttributeError(f"module 'oelm' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __version__ = "0.1.0"
 

@@ -15,15 +15,18 @@ median sentence is ~10 tokens, so padding everything to 128 would waste most of 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
-import pandas as pd
 import torch
 
 from oelm.data.registry import DatasetSpec, find_local_files, get_dataset_spec, holdout_indices, load_hub_split, resolve_split
 from oelm.errors import ConfigError, DataFormatError
+
+if TYPE_CHECKING:  # pandas (~0.4 s to import) is imported where a file is read, not with oelm.data
+    import pandas as pd
 
 __all__ = [
     "ClassificationDataset",
@@ -121,6 +124,8 @@ def check_texts(texts: Sequence[Any], where: str, unit: str = "item") -> None:
 
 
 def _read_parquet(spec: DatasetSpec, split: str, paths: list[Path]) -> pd.DataFrame:
+    import pandas as pd
+
     frames = []
     for path in paths:
         try:
@@ -189,6 +194,8 @@ def _label_set(spec: DatasetSpec) -> str:
 
 
 def _integer_labels(labels: pd.Series, where: str, spec: DatasetSpec) -> pd.Series:
+    import pandas as pd
+
     if pd.api.types.is_bool_dtype(labels) or not pd.api.types.is_numeric_dtype(labels):
         shown = sorted({repr(v) for v in labels.dropna().tolist()[:1000]})[:3]
         raise DataFormatError(
@@ -219,7 +226,8 @@ def subsample(data, n: int | None, seed: int):
     if n < 0:
         raise ConfigError(f"subsample size must be >= 0 or None, got {n}")
     idx = np.sort(np.random.RandomState(seed).permutation(len(data))[:n])
-    if isinstance(data, pd.DataFrame):
+    pd = sys.modules.get("pandas")  # a DataFrame exists only once pandas is imported
+    if pd is not None and isinstance(data, pd.DataFrame):
         return data.iloc[idx].reset_index(drop=True)
     return [data[i] for i in idx]
 

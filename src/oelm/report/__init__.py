@@ -17,15 +17,44 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import importlib
+from typing import TYPE_CHECKING
+
 from oelm.io import write_bytes_atomic, write_json_atomic, write_text_atomic
-from oelm.report.compare import compare_results, original_layout, run_records, step_times_of
-from oelm.report.render import build_sections, comparison_rows, render_html, render_markdown
 
 __all__ = ["write_comparison", "compare_results", "original_layout", "comparison_rows", "render_report", "load_results"]
+
+# Imported on first use (module ``__getattr__``, PEP 562): the statistics need scipy and the plots
+# matplotlib (~1.5 s together), which `oelm run` needs only once its runs are done and which
+# `import oelm.report` alone should not pay for. name -> the module that defines it.
+_LAZY = {
+    **dict.fromkeys(("compare_results", "original_layout", "run_records", "step_times_of"), "oelm.report.compare"),
+    **dict.fromkeys(("build_sections", "comparison_rows", "render_html", "render_markdown"), "oelm.report.render"),
+}
+
+if TYPE_CHECKING:
+    from oelm.report.compare import compare_results, original_layout, run_records, step_times_of
+    from oelm.report.render import build_sections, comparison_rows, render_html, render_markdown
+
+
+def __getattr__(name: str) -> Any:
+    """``oelm.report.<name>`` for the lazily imported names (see ``_LAZY``)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def render_report(comparison: dict[str, Any], out: str | Path | None = None) -> str:
     """``report.md`` text for ``comparison`` (without plots when ``out`` is None)."""
+    from oelm.report.render import build_sections, render_markdown
+
     text, _ = render_markdown(comparison, build_sections(comparison, Path(out) if out else None))
     return text
 
@@ -58,6 +87,9 @@ def load_results(out: str | Path) -> dict[str, list[dict]]:
 def write_comparison(config, results: dict[str, list[dict]], out: str | Path) -> dict[str, Any]:
     """Compare ``results`` (method -> run results) and write comparison.json, original_layout.json,
     report.md (+ report_files/*.png) and report.html atomically into ``out``. Returns the comparison."""
+    from oelm.report.compare import compare_results, original_layout, run_records, step_times_of
+    from oelm.report.render import build_sections, render_html, render_markdown
+
     out = Path(out)
     comparison = compare_results(config, results, out)
     write_json_atomic(out / "comparison.json", comparison)

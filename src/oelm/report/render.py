@@ -14,10 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oelm.report import plots
 from oelm.report.compare import run_records
 
 __all__ = ["Section", "comparison_rows", "build_sections", "render_markdown", "render_html", "curves_from_runs"]
+
+
+def _plots():
+    """:mod:`oelm.report.plots`, imported when the first plot is drawn (matplotlib costs ~0.6 s)."""
+    from oelm.report import plots
+
+    return plots
 
 
 @dataclass
@@ -214,11 +220,11 @@ def build_sections(comparison: dict[str, Any], out: Path | None, step_ms: dict[s
     if out is not None:
         curves = curves_from_runs(out, c)
         if any(v for m in curves.values() for v in m["eval"] + m["train"]):
-            sections.append(Section("Learning curves").image("learning_curves.png", plots.learning_curves(curves, metric),
+            sections.append(Section("Learning curves").image("learning_curves.png", _plots().learning_curves(curves, metric),
                                                              "train loss and validation metric vs step and wall time"))
     if any(m["best_validation"]["mean"] is not None for m in c["methods"].values()):
         sections.append(Section("Best validation metric with 95% CI").image(
-            "final_metric.png", plots.final_metric_bars(c), "bar chart of best validation metric with 95% confidence intervals"))
+            "final_metric.png", _plots().final_metric_bars(c), "bar chart of best validation metric with 95% confidence intervals"))
 
     s = Section("Step time")
     rows = []
@@ -230,7 +236,7 @@ def build_sections(comparison: dict[str, Any], out: Path | None, step_ms: dict[s
     s.text("Warm-up steps are excluded. CV = sample std / mean. \"sampled at log steps\": older runs kept only the step "
            "time at each log line, not every step.")
     if step_ms and any(step_ms.values()):
-        s.image("step_times.png", plots.step_time_boxes(step_ms), "box plots of step time per method")
+        s.image("step_times.png", _plots().step_time_boxes(step_ms), "box plots of step time per method")
     sections.append(s)
 
     t = c.get("time_to_target")

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# The GPU check: one command for anyone with an NVIDIA GPU (our own sessions usually have none).
+#
+#   make gpu-check                      # or: bash scripts/gpu_check.sh
+#   make gpu-check OUT=/tmp/gpu-run     # another output folder
+#
+# Writes into OUT (default docs/results/gpu-<YYYYMMDD>-<gpu-name-slug>/):
+#   env.json                      `oelm env`: versions, GPU, driver, matmul probe
+#   nvidia-smi.txt                `nvidia-smi` and `nvidia-smi -q` at the start
+#   pytest-cuda.log               the test suite with OELM_TEST_DEVICE=cuda (see the note in the log)
+#   bench-gpt-medium-512-bf16-compile.json / -nocompile.json   `oelm bench`, torch.compile on / off
+#   tinystories/                  `oelm run configs/tinystories-tiny.yaml`, 200 steps, bf16, seed 0
+#   sst2/                         `oelm run configs/quickstart.yaml` (MiniLM on SST-2), bf16, seed 0
+#   logs/<step>.log, steps.tsv    each step's output; name, exit status, seconds per step
+#   SUMMARY.md                    scripts/gpu_summary.py: every step's status and the numbers
+# A failing step is recorded in steps.tsv and SUMMARY.md and does not stop the next ones; the
+# script exits 1 when any step failed, 0 when all passed.
+#
+# Needs a CUDA build of torch in the venv. Without a usable CUDA GPU it stops at once with one
+# line "gpu-check: no CUDA GPU: ..." and exit status 3, before writing anything.
+#
+# Environment: PYTHON (default .venv/bin/python), OUT, PYTEST_MARK (pytest -m expression, default
+# "not slow"; empty: the whole suite; more pytest options through pytest's own PYTEST_ADDOPTS),
+# BENCH_ARGS (extra `oelm bench` flags, e.g. "--steps 50 --batch-size 8 --seq-len 512"),
+# TINYSTORIES_ARGS / SST2_ARGS (extra `oelm run` overrides, e.g. "training.max_steps=100").
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PYTHON:-.venv/bin/python}"
+
+# -- 0. a CUDA GPU, seen by this torch ---------------------------------------------------------
+if ! CUDA_LINE="$("$PY" - <<'EOF' 2>&1
+import sys
+try:
+    import torch
+except Exception as exc:  # no torch, or a broken one
+    print(f"torch does not import ({type(exc).__name__}: {exc})")
+    sys.exit(1)
+if not torch.cuda.is_available():
+    built = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+    print(f"torch.cuda.is_available() is False (torch {torch.__version__}, {built})")
+    sys.exit(1)
+print(torch.cuda.get_device_name(0))
+EOF
+)"; then
+  echo "gpu-check: no CUDA GPU: ${CUDA_LINE##*$'\n'}. Needs an NVIDIA GPU and a CUDA build of torch in the venv, e.g. .venv/bin/pip install --force-reinstall 'torch==2.13.0' --index-url https://download.pytorch.org/whl/cu128 (pick the cuXXX your driver supports; see README 'GPU check')." >&2
+  exit 3
+fi
+GPU_NAME="${CUDA_LINE##*$'\n'}"  # the last line: torch may warn first
+SLUG="$(printf '%s' "$GPU_NAME" | tr '[:upper:]' '[:lower:]' | sed -E 's/[^a-z0-9]+/-/g; s/^-+//; s/-+$//')"
+OUT="${OUT:-docs/results/gpu-$(date +%Y%m%d)-${SLUG:-gpu}}"
+mkdir -p "$OUT/logs"
+OUT="$(cd "$OUT" && pwd)"
+STEPS="$OUT/steps.tsv"
+printf 'step\texit_status\tseconds\tlog\n' > "$STEPS"
+echo "gpu-check: $GPU_NAME -> $OUT"
+
+export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}" TOKENIZERS_PARALLELISM="${TOKENIZERS_PARALLELISM:-false}"
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
+# Real data as the Makefile finds it: ../shared/data when it is there, else $OELM_DATA_DIR.
+if [ -z "${OELM_DATA_DIR:-}" ] && [ -f ../shared/data/MANIFEST.md ]; then
+  OELM_DATA_DIR="$(cd ../shared/data && pwd)"
+  export OELM_DATA_DIR
+fi
+OELM=("$PY" -m oelm.cli)
+FAILED=0
+
+# step NAME CMD... : run CMD with its output in logs/NAME.log; record the exit status, go on.
+step() {
+  local name="$1"; shift
+  local log="$OUT/logs/$name.log" start=$SECONDS rc=0
+  echo "gpu-check: $name ..."
+  "$@" > "$log" 2>&1 || rc=$?
+  printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - start))" "logs/$name.log" >> "$STEPS"
+  if [ "$rc" -ne 0 ]; then
+    FAILED=1
+    echo "gpu-check: $name FAILED (exit $rc), see $log" >&2
+  fi
+}
+
+env_json() { "${OELM[@]}" env > "$OUT/env.json"; }
+
+smi() {
+  { nvidia-smi; echo; nvidia-smi -q; } > "$OUT/nvidia-smi.txt"
+}
+
+pytest_cuda() {
+  local args=(-q) mark="${PYTEST_MARK-not slow}"
+  if [ -n "$mark" ]; then args+=(-m "$mark"); fi
+  {
+    echo "# OELM_TEST_DEVICE=cuda $PY -m pytest ${args[*]}"
+    echo "# CUDA available: $GPU_NAME. No test reads OELM_TEST_DEVICE yet: the suite runs as on CPU, on a machine with CUDA."
+  } > "$OUT/pytest-cuda.log"
+  OELM_TEST_DEVICE=cuda "$PY" -m pytest "${args[@]}" >> "$OUT/pytest-cuda.log" 2>&1
+}
+
+bench() {  # bench compile|nocompile
+  local flag="--compile" extra
+  if [ "$1" = nocompile ]; then flag="--no-compile"; fi
+  read -r -a extra <<< "${BENCH_ARGS:-}"
+  "${OELM[@]}" bench --model gpt-medium-512 --precision bf16 --device cuda "$flag" \
+    --json "$OUT/bench-gpt-medium-512-bf16-$1.json" ${extra[@]+"${extra[@]}"}
+}
+
+run_tinystories() {
+  local extra
+  read -r -a extra <<< "${TINYSTORIES_ARGS:-}"
+  "${OELM[@]}" run configs/tinystories-tiny.yaml --output-dir "$OUT/tinystories" \
+    training.max_steps=200 training.eval_every=50 training.mixed_precision=bf16 'seeds=[0]' \
+    training.progress_bar=false ${extra[@]+"${extra[@]}"}
+}
+
+run_sst2() {  # 12,000 sentences, 1 epoch = 375 steps per method: a minute or two on an H100
+  local extra
+  read -r -a extra <<< "${SST2_ARGS:-}"
+  "${OELM[@]}" run configs/quickstart.yaml --output-dir "$OUT/sst2" \
+    training.mixed_precision=bf16 'seeds=[0]' training.progress_bar=false ${extra[@]+"${extra[@]}"}
+}
+
+step env env_json
+step nvidia-smi smi
+step pytest-cuda pytest_cuda
+step bench-compile bench compile
+step bench-nocompile bench nocompile
+step tinystories run_tinystories
+step sst2 run_sst2
+
+if ! "$PY" scripts/gpu_summary.py "$OUT" > "$OUT/logs/summary.log" 2>&1; then
+  echo "gpu-check: writing SUMMARY.md failed, see $OUT/logs/summary.log" >&2
+  FAILED=1
+fi
+echo "gpu-check: done -> $OUT/SUMMARY.md"
+exit "$FAILED"

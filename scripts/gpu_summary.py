@@ -1,0 +1,175 @@
+"""SUMMARY.md of a `make gpu-check` folder (scripts/gpu_check.sh calls it last).
+
+    python scripts/gpu_summary.py OUT
+
+Reads what the check wrote into OUT — ``steps.tsv`` (step, exit status, seconds, log),
+``env.json``, ``bench-*.json`` and ``<comparison>/runs/*/result.json`` — and writes
+``OUT/SUMMARY.md``: every step with its status, the GPU and software, the benchmark numbers, and
+per run the throughput (``timing.tokens_per_second``), the median step time
+(``timing.per_step_ms.median``, ms, warm-up steps excluded), ``timing.mfu`` and the GPU telemetry
+(``timing.gpu_telemetry``: median utilization %, max memory used GiB, median power W, max
+temperature °C, median SM clock MHz). Numbers are copied from those files, never computed
+here; a missing file or key shows as "–". Standard library only.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+DASH = "–"
+
+
+def _load(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _get(d: Any, *keys: str) -> Any:
+    for k in keys:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
+def _num(v: Any, digits: int = 1) -> str:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return DASH if v is None else str(v)
+    return f"{v:,.{digits}f}"
+
+
+def _mfu(v: Any) -> str:
+    """``timing.mfu``: a fraction, or a record holding one under ``mfu``."""
+    if isinstance(v, dict):
+        v = v.get("mfu", v.get("value"))
+    return f"{100 * v:.1f}%" if isinstance(v, (int, float)) and not isinstance(v, bool) else DASH
+
+
+def steps_table(out: Path) -> list[str]:
+    path = out / "steps.tsv"
+    if not path.is_file():
+        return ["No steps.tsv: the check did not run its steps."]
+    lines = ["| step | status | seconds | log |", "|---|---|---|---|"]
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f, delimiter="\t"):
+            status = "ok" if row["exit_status"] == "0" else f"**FAILED** (exit {row['exit_status']})"
+            lines.append(f"| {row['step']} | {status} | {row['seconds']} | [{row['log']}]({row['log']}) |")
+    return lines
+
+
+def environment_lines(out: Path) -> list[str]:
+    env = _load(out / "env.json")
+    if not isinstance(env, dict):
+        return ["env.json missing or unreadable."]
+    pkgs = env.get("packages") or {}
+    cuda = env.get("cuda") or {}
+    probe = env.get("matmul_probe") or {}
+    return [
+        f"- GPU: {cuda.get('name') or DASH} (driver {cuda.get('driver_version') or DASH}, CUDA {cuda.get('torch_cuda') or DASH}, "
+        f"cuDNN {cuda.get('cudnn') or DASH})",
+        f"- torch {pkgs.get('torch') or DASH}, transformers {pkgs.get('transformers') or DASH}, "
+        f"accelerate {pkgs.get('accelerate') or DASH}, oelm {pkgs.get('oelm') or DASH}; python {env.get('python') or DASH}",
+        f"- host {env.get('hostname') or DASH}, {env.get('cpu_count') or DASH} CPUs; matmul probe "
+        f"{_num(probe.get('gflops'), 0)} GFLOP/s ({probe.get('dtype') or DASH}, n={probe.get('size') or DASH})",
+    ]
+
+
+def bench_lines(out: Path) -> list[str]:
+    paths = sorted(out.glob("bench-*.json"))
+    if not paths:
+        return ["No benchmark JSON (see the bench steps' logs)."]
+    lines = []
+    for path in paths:
+        data = _load(path)
+        lines.append(f"**{path.name}**")
+        if not isinstance(data, dict):
+            lines += ["", "unreadable", ""]
+            continue
+        lines += ["", "| key | value |", "|---|---|"]
+        for key, value in data.items():
+            if isinstance(value, dict) and "median" in value:
+                value = f"median {_num(value['median'], 3)}"
+            elif isinstance(value, (dict, list)):
+                continue  # nested records: in the JSON file
+            lines.append(f"| {key} | {_num(value, 3) if isinstance(value, float) else value} |")
+        lines.append("")
+    return lines
+
+
+def runs_table(out: Path) -> list[str]:
+    results = sorted(out.glob("*/runs/*/result.json"))
+    if not results:
+        return ["No runs (see the tinystories/sst2 steps' logs)."]
+    lines = [
+        "| comparison | run | status | best val | tokens/s | step ms (median) | MFU | GPU util % (median) | "
+        "GPU mem GiB (max) | power W (median) | temp °C (max) | SM MHz (median) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for path in results:
+        r = _load(path)
+        comparison, run = path.parts[-4], path.parent.name
+        if not isinstance(r, dict):
+            lines.append(f"| {comparison} | {run} | unreadable result.json |" + " |" * 9)
+            continue
+        t = r.get("timing") or {}
+        tel = t.get("gpu_telemetry") or {}
+        if tel.get("available"):
+            telemetry = [_num(_get(tel, "gpu_utilization_percent", "median"), 0), _num(_get(tel, "memory_used_gib", "max"), 2),
+                         _num(_get(tel, "power_w", "median"), 0), _num(_get(tel, "temperature_c", "max"), 0),
+                         _num(_get(tel, "sm_clock_mhz", "median"), 0)]
+        else:
+            telemetry = [f"n/a ({tel.get('reason')})" if tel.get("reason") else DASH] + [DASH] * 4
+        lines.append(
+            f"| {comparison} | {run} | {r.get('status', DASH)} | {_get(r, 'performance', 'metric') or ''} "
+            f"{_num(_get(r, 'performance', 'best_validation'), 3)} | "
+            f"{_num(t.get('tokens_per_second'), 0)} | {_num(_get(t, 'per_step_ms', 'median'), 2)} | {_mfu(t.get('mfu'))} | "
+            + " | ".join(telemetry) + " |"
+        )
+    return lines
+
+
+def summary(out: Path) -> str:
+    parts = [
+        f"# GPU check: {out.name}",
+        "",
+        "Written by `make gpu-check` (scripts/gpu_check.sh); numbers copied from the files next to this one.",
+        "",
+        "## Steps",
+        "",
+        *steps_table(out),
+        "",
+        "## Environment",
+        "",
+        *environment_lines(out),
+        "",
+        "## Benchmark (`oelm bench`, gpt-medium-512, bf16)",
+        "",
+        *bench_lines(out),
+        "",
+        "## Comparisons (`oelm run`, bf16, seed 0)",
+        "",
+        *runs_table(out),
+        "",
+    ]
+    return "\n".join(parts)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python scripts/gpu_summary.py OUT", file=sys.stderr)
+        return 2
+    out = Path(argv[0])
+    text = summary(out)
+    (out / "SUMMARY.md").write_text(text)
+    print(f"wrote {out / 'SUMMARY.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,118 @@
+"""`make gpu-check` (scripts/gpu_check.sh + scripts/gpu_summary.py), checked without a GPU: it
+stops with one clear line when torch sees no CUDA GPU; with a stand-in python whose every step
+fails it still runs every step, records each exit status and writes SUMMARY.md; the summary
+copies the numbers of result.json / bench JSON files."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu_check.sh"
+STEPS = ["env", "nvidia-smi", "pytest-cuda", "bench-compile", "bench-nocompile", "tinystories", "sst2"]
+
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+
+
+def _run(env: dict[str, str], timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, env={**os.environ, **env}, timeout=timeout, cwd=ROOT)
+
+
+def _executable(path: Path, text: str) -> Path:
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return path
+
+
+def test_script_syntax():
+    out = subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine the check would really run")
+def test_cpu_torch_stops_with_one_clear_line(tmp_path):
+    out_dir = tmp_path / "out"
+    res = _run({"PYTHON": sys.executable, "OUT": str(out_dir)})
+    assert res.returncode == 3, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpu-check: no CUDA GPU: torch.cuda.is_available() is False")
+    assert "index-url https://download.pytorch.org/whl/" in lines[0]  # how to get a CUDA torch
+    assert not out_dir.exists()  # nothing written
+
+
+def test_torch_that_does_not_import_stops_with_one_clear_line(tmp_path):
+    fake = tmp_path / "fake" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('libcudart.so.12: cannot open shared object file')\n")
+    res = _run({"PYTHON": sys.executable, "PYTHONPATH": str(fake.parent), "OUT": str(tmp_path / "out")})
+    assert res.returncode == 3
+    assert res.stderr.startswith("gpu-check: no CUDA GPU: torch does not import (ImportError: libcudart.so.12")
+
+
+def test_every_step_runs_and_failures_are_recorded(tmp_path):
+    """A stand-in python says a GPU is there, then fails every oelm/pytest step with status 7;
+    nvidia-smi (a stand-in too) succeeds. The real python writes the summary."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _executable(bin_dir / "nvidia-smi", "#!/bin/sh\necho 'fake nvidia-smi'\n")
+    fake_python = _executable(bin_dir / "python", f"""#!/bin/bash
+if [ "$1" = "-" ]; then cat > /dev/null; echo "Fake GPU 80GB HBM3"; exit 0; fi
+if [ "$1" = "scripts/gpu_summary.py" ]; then exec {sys.executable} "$@"; fi
+echo "fake python: $* (OELM_TEST_DEVICE=${{OELM_TEST_DEVICE:-}})"
+exit 7
+""")
+    out_dir = tmp_path / "out"
+    res = _run({"PYTHON": str(fake_python), "OUT": str(out_dir), "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert res.returncode == 1, res.stdout + res.stderr
+    rows = [line.split("\t") for line in (out_dir / "steps.tsv").read_text().splitlines()[1:]]
+    assert [r[0] for r in rows] == STEPS
+    assert {r[0]: r[1] for r in rows} == {s: ("0" if s == "nvidia-smi" else "7") for s in STEPS}
+    assert (out_dir / "nvidia-smi.txt").read_text().startswith("fake nvidia-smi")
+    logs = {s: (out_dir / "logs" / f"{s}.log").read_text() for s in STEPS}
+    assert "bench --model gpt-medium-512 --precision bf16 --device cuda --compile --json" in logs["bench-compile"]
+    assert f"{out_dir}/bench-gpt-medium-512-bf16-nocompile.json" in logs["bench-nocompile"] and "--no-compile" in logs["bench-nocompile"]
+    assert "run configs/tinystories-tiny.yaml" in logs["tinystories"] and "training.max_steps=200" in logs["tinystories"]
+    assert "run configs/quickstart.yaml" in logs["sst2"] and "training.mixed_precision=bf16" in logs["sst2"]
+    pytest_log = (out_dir / "pytest-cuda.log").read_text()
+    assert "-m pytest -q -m not slow (OELM_TEST_DEVICE=cuda)" in pytest_log
+    summary = (out_dir / "SUMMARY.md").read_text()
+    assert summary.count("**FAILED** (exit 7)") == 6 and "| nvidia-smi | ok |" in summary
+
+
+def _write(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+
+
+def test_summary_copies_the_numbers(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import gpu_summary
+    finally:
+        sys.path.pop(0)
+    (tmp_path / "steps.tsv").write_text("step\texit_status\tseconds\tlog\nsst2\t0\t95\tlogs/sst2.log\n")
+    _write(tmp_path / "env.json", {"packages": {"torch": "2.13.0+cu128"}, "cuda": {"name": "NVIDIA H100 80GB HBM3", "driver_version": "570.1"}})
+    _write(tmp_path / "bench-gpt-medium-512-bf16-compile.json", {"tokens_per_second": 81234.5, "per_step_ms": {"median": 50.25}})
+    telemetry = {"available": True, "gpu_utilization_percent": {"min": 3, "median": 96.5, "max": 100},
+                 "memory_used_gib": {"min": 1.0, "median": 9.0, "max": 11.25}, "power_w": {"min": 90, "median": 512.4, "max": 690},
+                 "temperature_c": {"min": 40, "median": 60, "max": 71}, "sm_clock_mhz": {"min": 1400, "median": 1980, "max": 1980}}
+    _write(tmp_path / "sst2" / "runs" / "baseline-seed0" / "result.json", {
+        "status": "finished", "performance": {"metric": "accuracy", "best_validation": 84.5},
+        "timing": {"tokens_per_second": 250123.4, "per_step_ms": {"median": 11.37}, "mfu": {"mfu": 0.0312}, "gpu_telemetry": telemetry}})
+    _write(tmp_path / "sst2" / "runs" / "oelm_freeze-seed0" / "result.json", {
+        "status": "failed", "timing": {"gpu_telemetry": {"available": False, "reason": "pynvml is not importable"}}})
+    assert gpu_summary.main([str(tmp_path)]) == 0
+    text = (tmp_path / "SUMMARY.md").read_text()
+    assert "| sst2 | ok | 95 |" in text and "NVIDIA H100 80GB HBM3 (driver 570.1" in text
+    assert "| tokens_per_second | 81,234.500 |" in text and "| per_step_ms | median 50.250 |" in text
+    assert ("| sst2 | baseline-seed0 | finished | accuracy 84.500 | 250,123 | 11.37 | 3.1% | 96 | 11.25 | 512 | 71 | 1,980 |") in text
+    assert "| sst2 | oelm_freeze-seed0 | failed |" in text and "n/a (pynvml is not importable)" in text

@@ -1,0 +1,86 @@
+"""Import cost: ``import oelm``, ``import oelm.report`` and ``oelm --help`` must not load the heavy
+libraries (plotting, statistics, data frames, logging; and for the first and last, torch and
+Hugging Face) — they are imported where they are used. Each check runs in a fresh interpreter,
+since this test process has long imported all of them. A property of what gets imported, not a
+timing: it holds on a loaded machine too.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import oelm
+
+SRC = str(Path(oelm.__file__).resolve().parents[1])  # the oelm under test, not an installed one
+
+HEAVY = ("matplotlib", "scipy", "pandas", "tensorboard")
+FRAMEWORKS = ("torch", "transformers", "accelerate", "datasets")
+
+
+def _loaded_after(code: str, env: dict[str, str] | None = None) -> list[str]:
+    """Which of HEAVY + FRAMEWORKS are in sys.modules after running ``code`` in a fresh python."""
+    probe = f"{code}\nimport json, sys\nprint(json.dumps(sorted(m for m in {HEAVY + FRAMEWORKS!r} if m in sys.modules)))"
+    run_env = {**os.environ, **(env or {}), "PYTHONPATH": SRC}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=run_env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_import_oelm_loads_no_heavy_library():
+    assert _loaded_after("import oelm") == []
+
+
+def test_import_oelm_report_loads_no_heavy_library():
+    loaded = _loaded_after("import oelm.report")
+    assert [m for m in loaded if m in HEAVY] == []
+
+
+def test_cli_help_loads_no_heavy_library():
+    code = "from oelm.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass"
+    assert _loaded_after(code) == []
+
+
+def test_public_api_is_unchanged():
+    code = (
+        "import oelm\n"
+        "from oelm import *\n"
+        "missing = [n for n in oelm.__all__ if n not in globals()]\n"
+        "assert not missing, missing\n"
+        "from oelm import apply_oelm, OELMConfig, head_wise_orthogonal_, save_pretrained, load_oelm\n"
+        "import oelm.method, oelm.checkpoint\n"
+        "assert oelm.apply_oelm is oelm.method.apply_oelm and oelm.load_oelm is oelm.checkpoint.load_oelm\n"
+        "assert oelm.io.read_json  # a submodule reached as an attribute, as before\n"
+        "from oelm.report import write_comparison, compare_results, comparison_rows, render_report, load_results\n"
+        "import oelm.report.compare, oelm.report.render\n"
+        "assert compare_results is oelm.report.compare.compare_results\n"
+        "assert comparison_rows is oelm.report.render.comparison_rows\n"
+    )
+    _loaded_after(code)  # asserts a zero exit status
+
+
+def test_unknown_attribute_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        oelm.no_such_name  # noqa: B018
+    report = importlib.import_module("oelm.report")
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        report.no_such_name  # noqa: B018
+
+
+def test_omp_default_is_set_before_torch_loads():
+    """Lazy imports must keep the OMP_WAIT_POLICY default in place for any oelm module that
+    brings torch in (busy-waiting OpenMP threads made CPU steps ~20x slower on 2 cores)."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    code = (
+        "import oelm.method, os, sys\n"
+        "assert 'torch' in sys.modules\n"
+        "assert os.environ['OMP_WAIT_POLICY'] == 'PASSIVE', os.environ.get('OMP_WAIT_POLICY')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**env, "PYTHONPATH": SRC}, timeout=120)
+    assert out.returncode == 0, out.stderr
