@@ -82,7 +82,7 @@ def test_compile_trains_the_same_model_and_reports_compile_seconds(tmp_path, dat
 
 
 def test_train_state_round_trips_through_its_checkpoint_dict():
-    state = TrainState(step=7, epoch=1, batches_in_epoch=3, running_n=2, best_value=4.5, best_step=6,
+    state = TrainState(step=7, epoch=1, batches_in_epoch=3, running_n=2, last_loss=0.75, best_value=4.5, best_step=6,
                        last_eval={"value": 4.5, "loss": 1.5, "n": 10}, history=[{"type": "eval", "step": 6}],
                        per_epoch_seconds=[1.25], elapsed_seconds=3.5, process_start_steps=[0])
     d = state.to_dict() | {"identity": {"learning_rate": 1e-3}, "format": 1}  # checkpoint extras are ignored

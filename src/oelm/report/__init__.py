@@ -14,11 +14,9 @@ Modules: :mod:`oelm.report.stats` (the statistics and their formulas), :mod:`.co
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 import importlib
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from oelm.io import write_bytes_atomic, write_json_atomic, write_text_atomic
 

@@ -239,6 +239,10 @@ def build_sections(comparison: dict[str, Any], out: Path | None, step_ms: dict[s
         s.image("step_times.png", _plots().step_time_boxes(step_ms), "box plots of step time per method")
     sections.append(s)
 
+    util = _utilization_section(c)
+    if util is not None:
+        sections.append(util)
+
     t = c.get("time_to_target")
     if t:
         s = Section("Time to target (MLPerf-style)")
@@ -295,6 +299,24 @@ def build_sections(comparison: dict[str, Any], out: Path | None, step_ms: dict[s
                "speed drifted during the run.")
     sections.append(s)
     return sections
+
+
+def _utilization_section(c: dict[str, Any]) -> Section | None:
+    """Tokens/s, MFU and GPU telemetry per method (means over sound seeds); None when no run has
+    an MFU, a compile time or GPU telemetry (older results)."""
+    keys = ("mfu_percent", "compile_seconds", "gpu_utilization_percent_median")
+    if not any((m.get(k) or {}).get("mean") is not None for m in c["methods"].values() for k in keys):
+        return None
+    s = Section("Throughput and utilization")
+    rows = [[n, _fmt(m["tokens_per_second"], 0), _fmt(m.get("mfu_percent"), 1), ", ".join(m.get("mfu_peak_source") or []) or "–",
+             _fmt(m.get("compile_seconds"), 1), _fmt(m.get("gpu_utilization_percent_median"), 0),
+             _fmt(m.get("gpu_temperature_c_max"), 0)]
+            for n, m in c["methods"].items()]
+    s.table(["method", "tokens/s", "MFU %", "peak", "compile s", "GPU util % (median)", "GPU °C (max)"], rows)
+    s.text("MFU = model FLOPs per token (6N + 12·L·H·T, PaLM appendix B) x tokens/s / the device's peak for the run's "
+           "precision (\"datasheet:...\" or a measured matmul probe). Compile time is outside every step and total time. "
+           "GPU figures are sampled through NVML about once a second during training.")
+    return s
 
 
 def _md_cell(s: str) -> str:
