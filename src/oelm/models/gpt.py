@@ -41,6 +41,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers.modeling_outputs import CausalLMOutput, SequenceClassifierOutput
 
 from oelm.errors import ConfigError
+from oelm.flops import model_flops_per_token
 
 __all__ = [
     "GPTConfig",
@@ -348,7 +349,9 @@ class _GPTBase(nn.Module):
         ``Q K^T`` and ``P V`` add ``2 * 2 * L * C * T`` forward, times 3 with the backward.
         ``N = num_parameters(exclude_embeddings=True)``; ``L = num_layers``, ``C = hidden_size``,
         ``T = seq_len``. The formula ignores the causal mask's saved work (it counts full
-        ``T x T`` attention, as PaLM and nanoGPT's MFU do).
+        ``T x T`` attention, as PaLM and nanoGPT's MFU do), and counts frozen weights like
+        trainable ones. It is :func:`oelm.flops.model_flops_per_token` (the same count for any
+        model), with the context length checked here.
 
         Raises:
             ValueError: ``seq_len`` is not in ``[1, context_length]``.
@@ -357,9 +360,7 @@ class _GPTBase(nn.Module):
             raise ValueError(
                 f"seq_len must be in [1, context_length={self.config.context_length}], got {seq_len}"
             )
-        cfg = self.config
-        n = self.num_parameters(exclude_embeddings=True)
-        return float(6 * n + 12 * cfg.num_layers * cfg.hidden_size * int(seq_len))
+        return model_flops_per_token(self, int(seq_len))
 
 
 class GPTModel(_GPTBase):
