@@ -18,7 +18,7 @@ export HF_HUB_OFFLINE ?= 1
 export OMP_WAIT_POLICY ?= PASSIVE
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install browser demo test test-fast tinystories results-cpu clean
+.PHONY: install browser demo test test-fast tinystories results-cpu bench clean
 
 install: $(STAMP)
 
@@ -48,6 +48,11 @@ browser:
 results-cpu: $(STAMP)
 	$(BIN)/oelm run configs/cpu/phase1_bert/sst2.yaml --output-dir outputs/cpu-sst2
 	$(BIN)/oelm run configs/cpu/phase2_gpt_lm/tinystories.yaml --output-dir outputs/cpu-tinystories
+
+# Issue 12's CPU benchmark: OELM-Freeze vs baseline vs a plain PyTorch loop, interleaved (~2 min on 2 cores).
+# See benchmarks/README.md; on a GPU: `$(BIN)/oelm bench --model gpt-medium-512 --precision bf16 --compile`.
+bench: $(STAMP)
+	$(BIN)/oelm bench --model cpu-bench --steps 50 --json outputs/bench/cpu-bench.json
 
 test: $(STAMP) browser
 	$(BIN)/python -m pytest -q

@@ -34,7 +34,8 @@ value before the first step (``frozen_bit_identical``).
 Data: ``--data tinystories`` packs the local TinyStories train stories (``$OELM_DATA_DIR``) into
 blocks, tokenized with a byte-level BPE of the model's vocabulary size trained on them
 (``bpe-<V>``, cached) when ``V < 50257``, else GPT-2's tokenizer; ``--data random`` draws
-uniform token ids; ``auto`` (default) takes TinyStories when it is there.
+uniform token ids; ``auto`` (default) takes TinyStories when it is there (and the vocabulary
+has at least 257 ids).
 """
 
 from __future__ import annotations
@@ -166,7 +167,9 @@ def _token_blocks(config: BenchConfig, vocab_size: int, seq_len: int, n_needed: 
     Raises:
         DataNotFoundError: ``--data tinystories`` without the local files.
     """
-    if config.data in ("auto", "tinystories"):
+    if config.data == "tinystories" and vocab_size < 257:
+        raise ConfigError(f"--data tinystories needs a vocabulary of at least 257 ids (byte-level BPE), got {vocab_size}")
+    if config.data == "tinystories" or (config.data == "auto" and vocab_size >= 257):
         from oelm.data.lm import get_lm_tokenizer, load_documents, pack_documents
 
         try:
@@ -322,6 +325,8 @@ def run_bench(config: BenchConfig, progress: bool = True) -> dict:
     autocast = autocast_context(device, "bf16" if config.precision == "bf16" else "no")
     grad_nonfinite = torch.zeros((), dtype=torch.bool, device=device)
     tokens = batch_size * seq_len
+    flops = model_flops_per_token(runners[0].base, seq_len)
+    mfu_record(flops, None, device, config.precision)  # probe the peak (if needed) now, not between steps
 
     from tqdm.auto import tqdm
 
@@ -351,7 +356,6 @@ def run_bench(config: BenchConfig, progress: bool = True) -> dict:
         r.timer.flush()
     wall = time.perf_counter() - start
 
-    flops = model_flops_per_token(runners[0].base, seq_len)
     by_name = {r.name: r for r in runners}
     base_ms = by_name["baseline"].timer.measured_step_times_ms
     result_runners = {}
