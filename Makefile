@@ -19,7 +19,7 @@ export HF_HUB_OFFLINE ?= 1
 export OMP_WAIT_POLICY ?= PASSIVE
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install browser demo test test-fast tinystories results-cpu gpu-check clean
+.PHONY: install browser demo test test-fast tinystories results-cpu bench gpu-check clean
 
 install: $(STAMP)
 
@@ -56,6 +56,11 @@ results-cpu: $(STAMP)
 # script then stops with "gpu-check: no CUDA GPU: ..." and says how to reinstall.
 gpu-check: $(STAMP)
 	PYTHON=$(BIN)/python OUT="$(OUT)" bash scripts/gpu_check.sh
+
+# Issue 12's CPU benchmark: OELM-Freeze vs baseline vs a plain PyTorch loop, interleaved (~2 min on 2 cores).
+# See benchmarks/README.md; on a GPU: `$(BIN)/oelm bench --model gpt-medium-512 --precision bf16 --compile`.
+bench: $(STAMP)
+	$(BIN)/oelm bench --model cpu-bench --steps 50 --json outputs/bench/cpu-bench.json
 
 test: $(STAMP) browser
 	$(BIN)/python -m pytest -q

@@ -17,6 +17,7 @@ from oelm.models.gpt import (
     GPTForSequenceClassification,
     GPTModel,
     build_gpt,
+    causal_lm_loss,
     gpt_config,
 )
 
@@ -288,6 +289,46 @@ def test_causal_lm_loss_is_shifted_cross_entropy():
     # An unshifted loss would be different: guards against dropping the shift.
     unshifted = F.cross_entropy(out.logits.reshape(-1, V), ids.reshape(-1))
     assert not torch.isclose(out.loss, unshifted)
+
+
+def _sliced_logits_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The loss as oelm computed it before shifting labels: slice (copy) the logits instead."""
+    V = logits.size(-1)
+    return F.cross_entropy(logits[:, :-1].reshape(-1, V).float(), labels[:, 1:].reshape(-1), ignore_index=-100)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_causal_lm_loss_equals_the_sliced_logits_formula_with_gradients(dtype):
+    g = torch.Generator().manual_seed(3)
+    B, T, V = 4, 17, 53
+    logits = (3 * torch.randn(B, T, V, generator=g)).to(dtype).requires_grad_()
+    labels = torch.randint(0, V, (B, T), generator=g)
+    labels[1, :5] = -100  # left padding
+    labels[2, -3:] = -100  # right padding
+    new = causal_lm_loss(logits, labels)
+    (grad_new,) = torch.autograd.grad(new, logits)
+    old = _sliced_logits_loss(logits, labels)
+    (grad_old,) = torch.autograd.grad(old, logits)
+    assert new.dtype == torch.float32
+    torch.testing.assert_close(new, old, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grad_new, grad_old, rtol=1e-6, atol=1e-7)
+    assert grad_new[:, -1].abs().max() == 0  # the last position predicts nothing
+
+
+def test_causal_lm_loss_never_materializes_shifted_logits():
+    from torch.profiler import ProfilerActivity, profile
+
+    B, T, V = 2, 9, 31
+    logits = torch.randn(B, T, V, requires_grad=True)
+    labels = torch.randint(0, V, (B, T))
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        causal_lm_loss(logits, labels).backward()
+    shapes = [shape for e in prof.events() for shape in e.input_shapes]
+    assert [B, T - 1, V] not in shapes  # no copy of logits[:, :-1] forward, no scatter into zeros backward
+    # The check can fail: the sliced formula does touch a [B, T-1, V] tensor.
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        _sliced_logits_loss(logits, labels).backward()
+    assert [B, T - 1, V] in [shape for e in prof.events() for shape in e.input_shapes]
 
 
 def test_classification_loss_is_cross_entropy():

@@ -195,6 +195,43 @@ def cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parse_set(items: list[str]) -> dict:
+    """``["num_layers=4", "dropout=0.1"]`` -> ``{"num_layers": 4, "dropout": 0.1}`` (values read as YAML)."""
+    import yaml
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise OELMError(f"--set expects key=value, got {item!r}")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from oelm.bench import BenchConfig, format_bench, run_bench
+
+    config = BenchConfig(
+        model=args.model, overrides=_parse_set(args.set), batch_size=args.batch_size, seq_len=args.seq_len,
+        vocab_size=args.vocab_size, steps=args.steps, warmup_steps=args.warmup_steps,
+        methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), device=args.device,
+        precision=args.precision, compile=args.compile, data=args.data, seed=args.seed, plain=not args.no_plain,
+    )
+    result = run_bench(config, progress=not args.no_progress)
+    header, rows, lines = format_bench(result)
+    m = result["model"]
+    _print_table(f"oelm bench: {config.model} (batch {m['batch_size']} x {m['seq_len']} tokens, {config.precision}"
+                 f"{', compiled' if config.compile else ''})", header, rows)
+    for line in lines:
+        print(line)
+    if args.json:
+        from oelm.io import write_json_atomic
+
+        write_json_atomic(Path(args.json), result)
+        print(f"figures: {args.json}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="oelm", description="Orthogonal ELM transformer training and comparisons.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -228,6 +265,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", action="append", help="method name (repeatable); default: every named method (MODEL) or the config's methods")
     p.add_argument("--num-labels", type=int, default=2)
     p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("bench", help="interleaved step timing of methods vs baseline vs a plain PyTorch loop: ms/step, tokens/s, MFU, ratio")
+    p.add_argument("--model", default="cpu-bench", help="cpu-bench (issue 12's CPU shape) or an oelm GPT preset: gpt-tiny, gpt-medium-512")
+    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="GPTConfig overrides, e.g. --set num_layers=4 hidden_size=256")
+    p.add_argument("--batch-size", type=int, help="sequences per step (default: the shape's, else 8)")
+    p.add_argument("--seq-len", type=int, help="tokens per sequence / block (default: the shape's, else the context length)")
+    p.add_argument("--vocab-size", type=int, help="vocabulary size (default: the shape's / preset's)")
+    p.add_argument("--steps", type=int, default=50, help="timed steps per runner (default 50)")
+    p.add_argument("--warmup-steps", type=int, default=5, help="untimed steps per runner first (default 5)")
+    p.add_argument("--methods", default="baseline,oelm_freeze", help="comma-separated, must include baseline (default baseline,oelm_freeze)")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="fp32 (default) or bf16 autocast")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False, help="torch.compile each model copy (compile time reported apart)")
+    p.add_argument("--data", default="auto", help="auto (TinyStories when available), tinystories or random")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-plain", action="store_true", help="skip the plain PyTorch reference loop")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", metavar="PATH", help="write every figure (and per-step times) as JSON")
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("env", help="print the environment record (versions, device, matmul speed probe)")
     p.add_argument("--no-probe", action="store_true")

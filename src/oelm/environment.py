@@ -10,7 +10,10 @@ Model FLOPs utilization, as in the PaLM paper (Chowdhery et al. 2022, appendix B
 
     mfu = flops_per_token * tokens_per_second / peak_flops
 
-with ``peak_flops`` the accelerator's dense BF16 tensor-core peak from :func:`peak_flops`.
+with ``peak_flops`` the accelerator's dense datasheet peak at the run's precision from
+:func:`peak_flops` (BF16 / TF32 tensor cores or plain FP32), or, where there is none (a CPU, an
+unknown GPU), the measured matmul peak of :func:`measured_peak_flops`. :func:`mfu_record` picks
+one and says which (``peak_source``); FLOPs per token come from :mod:`oelm.flops`.
 """
 
 from __future__ import annotations
@@ -30,9 +33,12 @@ import torch
 from oelm.timing import cuda_synchronize_if_needed
 
 __all__ = [
+    "PRECISIONS",
     "capture_environment",
     "matmul_probe",
+    "measured_peak_flops",
     "mfu",
+    "mfu_record",
     "peak_flops",
     "probe_drift_percent",
 ]
@@ -107,44 +113,112 @@ def probe_drift_percent(before_gflops: float, after_gflops: float) -> float:
 
 # -- peak FLOPs and MFU ------------------------------------------------------------------------
 
-# Dense (no 2:4 sparsity) BF16 tensor-core peaks, FLOP/s. NVIDIA datasheets quote BF16 "with
-# sparsity"; the dense peak is half of it:
-#   H100 Tensor Core GPU datasheet: H100 SXM 1,979 TFLOPS, H100 PCIe 1,513, H100 NVL 1,671.
-#   H200 Tensor Core GPU datasheet: H200 SXM 1,979 TFLOPS, H200 NVL 1,671.
-#   A100 Tensor Core GPU datasheet: A100 (SXM and PCIe) 312 TFLOPS dense, 624 with sparsity.
+# Dense (no 2:4 sparsity) peaks in FLOP/s, from NVIDIA's datasheets. Tensor-core figures
+# (BF16, FP16, TF32) are quoted "with sparsity"; the dense peak is half of it. "fp32" is the
+# plain (non-tensor-core) FP32 rate; "tf32" the TF32 tensor-core rate that FP32 matmuls get
+# when torch allows TF32 (torch.backends.cuda.matmul.allow_tf32 / set_float32_matmul_precision).
+#   H100 Tensor Core GPU datasheet: SXM  BF16 1,979, TF32 989, FP32 67 TFLOPS;
+#                                   PCIe BF16 1,513, TF32 756, FP32 51; NVL BF16 1,671, TF32 835, FP32 60.
+#   H200 Tensor Core GPU datasheet: SXM  BF16 1,979, TF32 989, FP32 67; NVL BF16 1,671, TF32 835, FP32 60.
+#   A100 Tensor Core GPU datasheet: BF16 312 dense (624 sparse), TF32 156 (312 sparse), FP32 19.5
+#                                   (SXM and PCIe alike).
+# FP16 tensor-core peaks equal the BF16 ones on all of these, so "fp16" reads the "bf16" column.
 # Checked in order; the first rule whose substrings all occur in the upper-cased device name wins.
-_BF16_DENSE_PEAKS: tuple[tuple[tuple[str, ...], float], ...] = (
-    (("H200", "NVL"), 835e12),
-    (("H200",), 989e12),  # also GH200 (same Hopper GPU as H100 SXM)
-    (("H100", "NVL"), 835e12),
-    (("H100", "PCIE"), 756e12),
-    (("H100",), 989e12),  # SXM5, reported as e.g. "NVIDIA H100 80GB HBM3"
-    (("A100",), 312e12),
+_DATASHEET_PEAKS: tuple[tuple[tuple[str, ...], str, dict[str, float]], ...] = (
+    (("H200", "NVL"), "H200 NVL", {"bf16": 835e12, "tf32": 417.5e12, "fp32": 60e12}),
+    (("H200",), "H200 SXM", {"bf16": 989e12, "tf32": 494.5e12, "fp32": 67e12}),  # also GH200
+    (("H100", "NVL"), "H100 NVL", {"bf16": 835e12, "tf32": 417.5e12, "fp32": 60e12}),
+    (("H100", "PCIE"), "H100 PCIe", {"bf16": 756e12, "tf32": 378e12, "fp32": 51e12}),
+    (("H100",), "H100 SXM", {"bf16": 989e12, "tf32": 494.5e12, "fp32": 67e12}),  # "NVIDIA H100 80GB HBM3"
+    (("A100",), "A100", {"bf16": 312e12, "tf32": 156e12, "fp32": 19.5e12}),
 )
+PRECISIONS = ("bf16", "fp16", "tf32", "fp32")
+# Names the training loop uses for its precision setting -> the peak column they run at.
+_PRECISION_ALIASES = {"no": "fp32", "float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
-def _peak_flops_for_name(name: str) -> float | None:
-    """Dense BF16 peak FLOP/s for a CUDA device name, or None when unknown (or a MIG slice)."""
+def _precision_column(dtype: str) -> str:
+    """The table column of a precision name (``fp16`` -> ``bf16``). Raises ValueError if unknown."""
+    name = _PRECISION_ALIASES.get(str(dtype), str(dtype))
+    if name not in PRECISIONS:
+        raise ValueError(f"unknown precision {dtype!r}; use one of {', '.join(PRECISIONS)} (or 'no' for fp32)")
+    return "bf16" if name == "fp16" else name
+
+
+def _datasheet_entry(name: str, dtype: str = "bf16") -> tuple[str, float] | None:
+    """``(label, dense peak FLOP/s)`` of a CUDA device name at ``dtype``; None when unknown or a MIG slice."""
+    column = _precision_column(dtype)
     upper = name.upper()
     if "MIG" in upper:
         return None  # a slice of the GPU: the full-GPU peak does not apply
-    for needles, peak in _BF16_DENSE_PEAKS:
+    for needles, label, peaks in _DATASHEET_PEAKS:
         if all(needle in upper for needle in needles):
-            return peak
+            return label, peaks[column]
     return None
 
 
-def peak_flops(device: torch.device | str) -> float | None:
-    """Dense BF16 tensor-core peak of ``device`` in FLOP/s, for MFU; None for CPU or unknown GPUs.
+def _peak_flops_for_name(name: str, dtype: str = "bf16") -> float | None:
+    """Dense peak FLOP/s of a CUDA device name at ``dtype``, or None when unknown (or a MIG slice)."""
+    entry = _datasheet_entry(name, dtype)
+    return entry[1] if entry is not None else None
 
-    Known: H100 SXM 989e12, H100 PCIe 756e12, H100 NVL 835e12, H200 989e12, H200 NVL 835e12,
-    A100 312e12 (NVIDIA datasheets, dense = half the "with sparsity" figure). The peak is a
-    BF16 figure: MFU of an FP32 run against it is not meaningful.
+
+def peak_flops(device: torch.device | str, dtype: str = "bf16") -> float | None:
+    """Datasheet dense peak of ``device`` in FLOP/s at ``dtype``; None for CPU, MIG or unknown GPUs.
+
+    Args:
+        device: a CUDA device (anything else gives None).
+        dtype: ``"bf16"`` (default; tensor cores), ``"fp16"`` (same as bf16 here), ``"tf32"``
+            (FP32 matmuls on tensor cores) or ``"fp32"`` (non-tensor-core FP32).
+
+    Known (dense, TFLOP/s): H100 SXM bf16 989 / tf32 494.5 / fp32 67; H100 PCIe 756 / 378 / 51;
+    H100 NVL 835 / 417.5 / 60; H200 as H100 SXM, H200 NVL as H100 NVL; A100 312 / 156 / 19.5
+    (NVIDIA datasheets; dense = half the "with sparsity" tensor-core figure).
+
+    Raises:
+        ValueError: an unknown ``dtype``.
     """
+    _precision_column(dtype)
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
-    return _peak_flops_for_name(torch.cuda.get_device_name(device))
+    return _peak_flops_for_name(torch.cuda.get_device_name(device), dtype)
+
+
+_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, "fp32": torch.float32}
+_measured_peaks: dict[tuple[str, str], dict] = {}  # (device, dtype) -> probe result; one probe per process
+
+
+def measured_peak_flops(device: torch.device | str, dtype: str = "fp32", budget_seconds: float = 1.0) -> float:
+    """The best dense matmul throughput (FLOP/s) :func:`matmul_probe` reaches on ``device`` at ``dtype``.
+
+    Square sizes 256, 512, 1024, ... are probed (0.1 s each) until one matmul takes over 0.1 s,
+    ``budget_seconds`` have passed, or the size reaches 16384; the best throughput is the peak.
+    Large enough matmuls run at the device's practical peak, so this is the reference for MFU
+    where no datasheet figure applies (a CPU, an unknown GPU, a MIG slice). The result is
+    cached per (device, dtype) for the process. On CUDA, ``"fp32"`` runs with whatever TF32
+    setting torch has at the time of the first call.
+
+    Raises:
+        ValueError: an unknown ``dtype``.
+    """
+    column = _precision_column(dtype)
+    device = torch.device(device)
+    key = (str(device), column)
+    if key not in _measured_peaks:
+        best: dict | None = None
+        start = time.perf_counter()
+        size = 256
+        while True:
+            result = matmul_probe(device, size=size, dtype=_TORCH_DTYPES[column], min_seconds=0.1)
+            if best is None or result["gflops"] > best["gflops"]:
+                best = result
+            one_matmul = result["seconds"] / result["matmuls"]
+            if one_matmul > 0.1 or time.perf_counter() - start > budget_seconds or size >= 16384:
+                break
+            size *= 2
+        _measured_peaks[key] = best
+    return _measured_peaks[key]["gflops"] * 1e9
 
 
 def mfu(flops_per_token: float, tokens_per_second: float, peak: float | None) -> float | None:
@@ -156,6 +230,72 @@ def mfu(flops_per_token: float, tokens_per_second: float, peak: float | None) ->
     if peak is None or peak <= 0:
         return None
     return flops_per_token * tokens_per_second / peak
+
+
+def _tf32_enabled() -> bool:
+    """Whether CUDA FP32 matmuls may run on TF32 tensor cores (``allow_tf32`` / float32 precision)."""
+    return bool(torch.backends.cuda.matmul.allow_tf32)
+
+
+def _matmul_column(device: torch.device, precision: str) -> str:
+    """The peak column a run's matmuls actually use: fp32 on a GPU with TF32 allowed runs on tf32."""
+    column = _precision_column(precision)
+    if column == "fp32" and device.type == "cuda" and _tf32_enabled():
+        return "tf32"
+    return column
+
+
+def mfu_record(
+    flops_per_token: float,
+    tokens_per_second: float | None,
+    device: torch.device | str,
+    precision: str,
+    measure: bool = True,
+) -> dict:
+    """MFU with the peak it was measured against, for a result record (``timing.mfu``).
+
+    The peak is the datasheet figure of the GPU (:func:`peak_flops`) at the precision the
+    matmuls run in (``"bf16"``/``"fp16"``; ``"fp32"``/``"no"`` on a GPU that allows TF32 uses
+    the TF32 peak, else plain FP32); where there is none (CPU, unknown GPU, MIG slice) the
+    measured matmul peak of :func:`measured_peak_flops` (about a second, once per process),
+    unless ``measure`` is False.
+
+    Args:
+        flops_per_token: model FLOPs per token (forward + backward), e.g.
+            :func:`oelm.flops.model_flops_per_token`.
+        tokens_per_second: training throughput (tokens/s); None gives ``mfu: None``.
+        device: the device the run trained on.
+        precision: ``"bf16"``, ``"fp16"``, ``"fp32"``, ``"tf32"`` or the engine's ``"no"`` (= fp32).
+        measure: allow the matmul probe when no datasheet figure applies.
+
+    Returns:
+        ``{"mfu": fraction or None, "flops_per_token": float, "tokens_per_second": float or None,
+        "peak_flops": FLOP/s or None, "peak_source": "datasheet:<GPU>" (e.g. "datasheet:H100 SXM")
+        | "measured-probe" | None, "peak_precision": the column used ("bf16", "tf32", "fp32"),
+        "precision": the precision given}``.
+
+    Raises:
+        ValueError: an unknown ``precision``.
+    """
+    device = torch.device(device)
+    column = _matmul_column(device, precision)
+    peak, source = None, None
+    if device.type == "cuda" and torch.cuda.is_available():
+        entry = _datasheet_entry(torch.cuda.get_device_name(device), column)
+        if entry is not None:
+            peak, source = entry[1], f"datasheet:{entry[0]}"
+    if peak is None and measure:
+        peak, source = measured_peak_flops(device, column), "measured-probe"
+    value = mfu(flops_per_token, tokens_per_second, peak) if tokens_per_second is not None else None
+    return {
+        "mfu": value,
+        "flops_per_token": float(flops_per_token),
+        "tokens_per_second": None if tokens_per_second is None else float(tokens_per_second),
+        "peak_flops": peak,
+        "peak_source": source,
+        "peak_precision": column,
+        "precision": precision,
+    }
 
 
 # -- environment capture -----------------------------------------------------------------------
@@ -301,6 +441,3 @@ def capture_environment(device: torch.device | str = "cpu", probe: bool = True) 
         "matmul_probe": matmul_probe(device) if probe else None,
     }
 
-
-def mfu_record(flops_per_token, tokens_per_second, device, precision):  # TEMPORARY placeholder (branch i-bench)
-    return None

@@ -41,6 +41,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers.modeling_outputs import CausalLMOutput, SequenceClassifierOutput
 
 from oelm.errors import ConfigError
+from oelm.flops import model_flops_per_token
 
 __all__ = [
     "GPTConfig",
@@ -52,6 +53,7 @@ __all__ = [
     "GPTModel",
     "GPTForCausalLM",
     "GPTForSequenceClassification",
+    "causal_lm_loss",
     "build_gpt",
     "TASKS",
 ]
@@ -348,7 +350,9 @@ class _GPTBase(nn.Module):
         ``Q K^T`` and ``P V`` add ``2 * 2 * L * C * T`` forward, times 3 with the backward.
         ``N = num_parameters(exclude_embeddings=True)``; ``L = num_layers``, ``C = hidden_size``,
         ``T = seq_len``. The formula ignores the causal mask's saved work (it counts full
-        ``T x T`` attention, as PaLM and nanoGPT's MFU do).
+        ``T x T`` attention, as PaLM and nanoGPT's MFU do), and counts frozen weights like
+        trainable ones. It is :func:`oelm.flops.model_flops_per_token` (the same count for any
+        model), with the context length checked here.
 
         Raises:
             ValueError: ``seq_len`` is not in ``[1, context_length]``.
@@ -357,9 +361,7 @@ class _GPTBase(nn.Module):
             raise ValueError(
                 f"seq_len must be in [1, context_length={self.config.context_length}], got {seq_len}"
             )
-        cfg = self.config
-        n = self.num_parameters(exclude_embeddings=True)
-        return float(6 * n + 12 * cfg.num_layers * cfg.hidden_size * int(seq_len))
+        return model_flops_per_token(self, int(seq_len))
 
 
 class GPTModel(_GPTBase):
@@ -426,6 +428,28 @@ class GPTModel(_GPTBase):
         return self.ln_f(x)  # (B, T, C)
 
 
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy: ``logits[:, t]`` predicts ``labels[:, t+1]``, ``-100`` ignored.
+
+    Args:
+        logits: ``[B, T, V]`` (any float dtype; the loss is computed in float32).
+        labels: ``[B, T]`` long, usually the input ids (Hugging Face convention).
+
+    Returns:
+        A 0-d float32 tensor: the mean over every ``(b, t)``, ``t < T - 1``, whose
+        ``labels[b, t+1] != -100``.
+
+    The *labels* are shifted, not the logits: ``labels[:, 1:]`` padded with one ``-100`` at the
+    end lines up with all ``T`` logit positions (the last is ignored). So a contiguous ``logits``
+    is flattened without a copy (a view), where slicing ``logits[:, :-1]`` copied the whole ``[B, T-1, V]``
+    tensor every step and its backward zero-filled a ``[B, T, V]`` gradient to scatter into
+    (about 2 % of a CPU step at V = 4096). Same terms, same mean.
+    """
+    V = logits.size(-1)
+    target = F.pad(labels[:, 1:], (0, 1), value=-100)  # (B, T): target of position t is labels[t+1]
+    return F.cross_entropy(logits.float().reshape(-1, V), target.reshape(-1), ignore_index=-100)
+
+
 class GPTForCausalLM(_GPTBase):
     """GPTModel plus a language-modelling head ``lm_head: Linear(C, V, bias=False)``.
 
@@ -462,13 +486,7 @@ class GPTForCausalLM(_GPTBase):
         logits = self.lm_head(x)  # (B, T, V)
         loss = None
         if labels is not None:
-            shift_logits = logits[:, :-1, :]  # (B, T-1, V): predictions for positions 1..T-1
-            shift_labels = labels[:, 1:]  # (B, T-1)
-            loss = F.cross_entropy(
-                shift_logits.reshape(-1, shift_logits.size(-1)).float(),
-                shift_labels.reshape(-1),
-                ignore_index=-100,
-            )
+            loss = causal_lm_loss(logits, labels)
         return CausalLMOutput(loss=loss, logits=logits)
 
 
