@@ -6,10 +6,11 @@ What runs, in one process, on the same batches::
         engine step of each method's model copy       # baseline, oelm_freeze, ...
         plain step of one more baseline copy          # the reference: a minimal PyTorch loop
 
-* An **engine step** is the body of :func:`oelm.train.train`'s inner loop, unchanged in what it
-  does: batch to device, forward under autocast, backward, gradient clipping (norm 1.0,
-  ``TrainingConfig`` default), the non-finite gradient check, ``optimizer.step()``, LR scheduler
-  step, ``zero_grad(set_to_none=True)``; optimizer from :func:`oelm.train.build_optimizer`.
+* An **engine step** is :func:`oelm.train.optimizer_step` itself, on an engine built by
+  :func:`oelm.train.build_engine` (the code ``oelm run`` trains with): batch to device, forward
+  under autocast, backward, gradient clipping (norm 1.0, ``TrainingConfig`` default), the
+  non-finite gradient check, ``optimizer.step()``, LR scheduler step,
+  ``zero_grad(set_to_none=True)``; optimizer from :func:`oelm.train.build_optimizer`.
 * The **plain step** is ``loss = model(**batch).loss; loss.backward(); opt.step();
   opt.zero_grad()`` with AdamW over the ``requires_grad`` parameters (same fused / foreach
   implementation as the engine's, so the comparison is about the loop, not the optimizer
@@ -217,21 +218,16 @@ class _Runner:
     step_memory_mib: float | None = None
     compile_seconds: float | None = None
     losses: list[float] = field(default_factory=list)
+    engine: Any = None  # oelm.train's engine (kind "engine")
+    state: Any = None  # its TrainState
 
 
-def _engine_step(r: _Runner, batch: dict[str, torch.Tensor], device: torch.device, autocast, grad_nonfinite) -> torch.Tensor:
-    """oelm's training step (as in :func:`oelm.train.train`), on a host batch."""
-    dev_batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-    with autocast():
-        out = r.model(**dev_batch)
-    loss = out.loss
-    loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(r.model.parameters(), 1.0)
-    grad_nonfinite.logical_or_(~torch.isfinite(grad_norm))
-    r.optimizer.step()
-    r.scheduler.step()
-    r.optimizer.zero_grad(set_to_none=True)
-    return loss
+def _engine_step(r: _Runner, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """oelm's training step: :func:`oelm.train.optimizer_step` itself (forward, backward,
+    clipping, the NaN check's accumulator, AdamW, schedule), timed by the engine's own timer."""
+    from oelm.train import optimizer_step
+
+    return optimizer_step(r.engine, r.state, batch, iter(()))
 
 
 def _plain_step(r: _Runner, batch: dict[str, torch.Tensor], device: torch.device, autocast) -> torch.Tensor:
@@ -249,18 +245,27 @@ def _frozen_bytes(model: nn.Module) -> dict[str, bytes]:
     return {n: p.detach().cpu().contiguous().numpy().tobytes() for n, p in model.named_parameters() if not p.requires_grad}
 
 
-def _make_runners(config: BenchConfig, gpt, device: torch.device, total_steps: int) -> list[_Runner]:
-    from transformers import get_scheduler
+def _make_runners(config: BenchConfig, gpt, device: torch.device, batches: list[dict[str, torch.Tensor]]) -> list[_Runner]:
+    """One runner per method (the engine: :func:`oelm.train.build_engine` over a copy of one
+    initial model, the method applied) and the plain loop's runner (baseline weights, AdamW with
+    the engine's kernel choice, no schedule, no clipping)."""
+    from torch.utils.data import DataLoader
 
     from oelm.config import TrainingConfig
     from oelm.method import apply_oelm
     from oelm.models.gpt import GPTForCausalLM
     from oelm.timing import StepTimer
-    from oelm.train import build_optimizer
+    from oelm.train import TrainState, build_engine, build_optimizer
 
     torch.manual_seed(config.seed)
     template = GPTForCausalLM(gpt)
-    training = TrainingConfig(learning_rate=config.learning_rate)
+    training = TrainingConfig(
+        learning_rate=config.learning_rate, max_steps=len(batches), timing_warmup_steps=config.warmup_steps,
+        timing_warmup_passes=0, compile=config.compile, tensorboard=False, progress_bar=False,
+        mixed_precision="bf16" if config.precision == "bf16" else "no",
+    )
+    # The engine's loader only sizes the schedule: the bench feeds the same batches to every runner.
+    sizing = DataLoader(list(range(len(batches))), batch_size=1)
     runners = []
     for name in [*config.methods, *(["plain"] if config.plain else [])]:
         base = copy.deepcopy(template)
@@ -271,15 +276,13 @@ def _make_runners(config: BenchConfig, gpt, device: torch.device, total_steps: i
             impl = {k: engine_opt.defaults.get(k) for k in ("fused", "foreach")}
             optimizer = torch.optim.AdamW([p for p in base.parameters() if p.requires_grad], lr=config.learning_rate,
                                           **{k: v for k, v in impl.items() if v is not None})
-            scheduler = None
-        else:
-            optimizer = build_optimizer(base, config.learning_rate, training)
-            scheduler = get_scheduler("linear", optimizer=optimizer,
-                                      num_warmup_steps=int(training.warmup_ratio * total_steps),
-                                      num_training_steps=total_steps)
-        model = torch.compile(base) if config.compile else base
-        runners.append(_Runner(name, "plain" if name == "plain" else "engine", model, base, optimizer, scheduler,
-                               StepTimer(device, warmup_steps=config.warmup_steps), _frozen_bytes(base)))
+            model = torch.compile(base) if config.compile else base
+            runners.append(_Runner(name, "plain", model, base, optimizer, None,
+                                   StepTimer(device, warmup_steps=config.warmup_steps), _frozen_bytes(base)))
+            continue
+        engine = build_engine(base, sizing, config=training, learning_rate=config.learning_rate)
+        runners.append(_Runner(name, "engine", engine.model, base, engine.optimizer, engine.scheduler, engine.timer,
+                               _frozen_bytes(base), engine=engine, state=TrainState()))
     return runners
 
 
@@ -321,9 +324,8 @@ def run_bench(config: BenchConfig, progress: bool = True) -> dict:
     total = config.warmup_steps + config.steps
     blocks, data_source = _token_blocks(config, gpt.vocab_size, seq_len, total * batch_size)
     batches = _batches(blocks, batch_size, total, config.seed)
-    runners = _make_runners(config, gpt, device, total)
+    runners = _make_runners(config, gpt, device, batches)
     autocast = autocast_context(device, "bf16" if config.precision == "bf16" else "no")
-    grad_nonfinite = torch.zeros((), dtype=torch.bool, device=device)
     tokens = batch_size * seq_len
     flops = model_flops_per_token(runners[0].base, seq_len)
     mfu_record(flops, None, device, config.precision)  # probe the peak (if needed) now, not between steps
@@ -338,10 +340,12 @@ def run_bench(config: BenchConfig, progress: bool = True) -> dict:
                 torch.cuda.reset_peak_memory_stats(device)
                 allocated = torch.cuda.memory_allocated(device)
             first = time.perf_counter()
-            r.timer.start_step()
-            loss = (_engine_step(r, batch, device, autocast, grad_nonfinite) if r.kind == "engine"
-                    else _plain_step(r, batch, device, autocast))
-            r.timer.end_step(tokens=tokens, samples=batch_size)
+            if r.kind == "engine":
+                loss = _engine_step(r, batch)  # timed inside, by the engine's own timer
+            else:
+                r.timer.start_step()
+                loss = _plain_step(r, batch, device, autocast)
+                r.timer.end_step(tokens=tokens, samples=batch_size)
             if i == 0 and config.compile:
                 from oelm.timing import cuda_synchronize_if_needed
 
@@ -394,7 +398,7 @@ def run_bench(config: BenchConfig, progress: bool = True) -> dict:
         "runners": result_runners,
         "ratios": ratios,
         "engine_overhead_percent": overhead,
-        "grad_nonfinite": bool(grad_nonfinite),
+        "grad_nonfinite": any(bool(r.engine.grad_nonfinite) for r in runners if r.engine is not None),
         "process_max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "wall_seconds": wall,
     }

@@ -12,7 +12,7 @@ Accelerate's plugin); only rank 0 writes files.
 Reading order: :func:`train` at the bottom calls, top-down, :func:`_setup` (the
 :class:`_Engine`: optimizer, schedule, Accelerate), :func:`_warm_up`, :func:`_start_or_resume`
 (a :class:`TrainState` from the newest checkpoint), :func:`_run_epochs` (each step is
-:func:`_optimizer_step`; :func:`_log_train`, :func:`_validate` and :func:`_save_checkpoint`
+:func:`optimizer_step`; :func:`_log_train`, :func:`_validate` and :func:`_save_checkpoint`
 on their cadence), :func:`_save_best_and_test` and :func:`_timing`.
 
 Timing follows :mod:`oelm.timing`: each optimizer step is timed on its own (CUDA events read at
@@ -54,7 +54,8 @@ from oelm.metrics import Metric, get_metric
 from oelm.timing import PhaseTimer, StepTimer
 
 __all__ = [
-    "TrainingDivergedError", "TrainResult", "TrainState", "build_optimizer", "evaluate", "make_scheduler", "train",
+    "TrainingDivergedError", "TrainResult", "TrainState", "build_engine", "build_optimizer", "evaluate", "make_scheduler",
+    "optimizer_step", "train",
     "higher_is_better",
 ]
 
@@ -639,6 +640,20 @@ def _setup(model, loaders, *, metric, config, learning_rate, run_dir) -> tuple[_
     return engine, (train_loader, eval_loader, test_loader), generators, base_seeds
 
 
+def build_engine(model: nn.Module, train_loader: DataLoader, *, config: TrainingConfig, learning_rate: float,
+                 metric: Metric | str = "perplexity", run_dir: Path | None = None) -> _Engine:
+    """The engine :func:`train` runs, without its loop, resume or files: for benchmarks that time
+    the engine's own step (:func:`optimizer_step`) beside other code (``oelm bench``).
+
+    ``train_loader`` decides the schedule's length (``config.max_steps`` or its epochs); nothing
+    is written (``run_dir`` defaults to the current directory and is only recorded).
+    """
+    engine, _, _, _ = _setup(model, (train_loader, None, None), metric=metric, config=config,
+                             learning_rate=learning_rate, run_dir=Path(run_dir or "."))
+    engine.log = _MetricsLog(engine.run_dir, False, enabled=False)
+    return engine
+
+
 def _start_or_resume(engine: _Engine) -> tuple[TrainState, tuple | None, bool]:
     """Open ``metrics.jsonl`` and load the newest intact checkpoint (when ``config.resume``).
 
@@ -822,11 +837,12 @@ def _next_batch(engine: _Engine, it: Iterator) -> dict[str, torch.Tensor] | None
         return next(it, None)
 
 
-def _optimizer_step(engine: _Engine, state: TrainState, batch: dict[str, torch.Tensor], it: Iterator) -> None:
+def optimizer_step(engine: _Engine, state: TrainState, batch: dict[str, torch.Tensor], it: Iterator) -> torch.Tensor:
     """One optimizer step over ``gradient_accumulation_steps`` micro-batches (``batch`` and the
     next ones drawn from ``it``, their waits timed as data time): forward, backward (the loss
     divided by the accumulation count; gradients synchronized across processes on the last
-    micro-batch only), clipping, optimizer and scheduler step. Timed as one step.
+    micro-batch only), clipping, optimizer and scheduler step. Timed as one step with
+    ``engine.timer``. Returns the last micro-batch's loss (a device tensor: reading it syncs).
 
     Raises:
         RunFaultError: kind ``oom``, naming the batch size to lower.
@@ -858,6 +874,7 @@ def _optimizer_step(engine: _Engine, state: TrainState, batch: dict[str, torch.T
     e.timer.end_step(tokens=tokens, samples=samples)
     state.running_n += e.accumulation
     state.step += 1
+    return loss
 
 
 def _apply_gradients(e: _Engine) -> None:
@@ -955,7 +972,7 @@ def _run_epochs(engine: _Engine, state: TrainState, loaders: tuple, generators: 
                 batch = _next_batch(e, it)
                 if batch is None:
                     break
-            _optimizer_step(e, state, batch, it)
+            optimizer_step(e, state, batch, it)
             batch = None
             bar.update(1)
             if state.step % config.log_every == 0 or state.step == e.total_steps:
