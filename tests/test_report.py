@@ -184,6 +184,23 @@ def test_comparison_statistics_match_the_runs(lm_run):
     assert st["n"] > 0 and st["q1"] <= st["median"] <= st["q3"]
 
 
+def test_mfu_per_method_is_the_mean_of_the_runs_and_has_its_section(lm_run):
+    """Every run records timing.mfu (CPU: against the measured matmul probe); the comparison's
+    mfu_percent is 100 x the mean of the runs' fractions and the report shows it."""
+    c = json.loads((lm_run / "comparison.json").read_text())
+    for method, runs in load_results(lm_run).items():
+        fractions = [r["timing"]["mfu"]["mfu"] for r in runs]
+        assert all(0 < f < 1 for f in fractions)
+        assert {r["timing"]["mfu"]["peak_source"] for r in runs} == {"measured-probe"}
+        assert all(r["timing"]["gpu_telemetry"]["available"] is False for r in runs)
+        assert c["methods"][method]["mfu_percent"]["mean"] == pytest.approx(100 * np.mean(fractions))
+        assert c["methods"][method]["mfu_peak_source"] == ["measured-probe"]
+    md = (lm_run / "report.md").read_text()
+    section = md.split("## Throughput and utilization", 1)[1].split("\n## ", 1)[0]
+    row = next(l for l in section.splitlines() if l.startswith("| baseline |"))
+    assert f"{c['methods']['baseline']['mfu_percent']['mean']:.1f}" in row and "measured-probe" in row
+
+
 def test_original_layout_definitions(lm_run):
     c = json.loads((lm_run / "comparison.json").read_text())
     o = json.loads((lm_run / "original_layout.json").read_text())
