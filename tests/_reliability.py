@@ -72,9 +72,15 @@ def metrics_records(run_dir: Path) -> list[dict]:
 
 
 def in_process(run_dir: Path, *overrides: str, hook=None, pre_hook=None):
-    """Build and train the driver's run in this process; returns (TrainResult, model, config)."""
+    """Build and train the driver's run in this process; returns (TrainResult, model, config).
+
+    With a ``hook``/``pre_hook`` (which count training forwards to act at a chosen step), the
+    engine's undone warm-up pass is switched off: it is a training-mode forward too, and would
+    shift every count by one (``training.timing_warmup_passes=0``; results do not depend on it)."""
     from oelm.train import train
 
+    if hook is not None or pre_hook is not None:
+        overrides = ("training.timing_warmup_passes=0", *overrides)
     config, data, model, (train_loader, val_loader, _) = _train_driver.build(list(overrides))
     if hook is not None:
         model.register_forward_hook(hook, with_kwargs=True)

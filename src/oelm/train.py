@@ -731,6 +731,18 @@ def _warm_up(engine: _Engine) -> float:
     if batch is None or not passes:
         return 0.0
     rng = _capture_rng()
+    try:
+        _warm_up_passes(engine, batch, passes)
+    except Exception as exc:
+        if _is_oom(exc):
+            engine.optimizer.zero_grad(set_to_none=True)
+            raise _oom_error(exc, batch, 0, "batch_size", "the warm-up pass before training") from exc
+        raise
+    _restore_rng(*rng)
+    return engine.phases.seconds.pop("warmup", 0.0)
+
+
+def _warm_up_passes(engine: _Engine, batch: dict[str, torch.Tensor], passes: int) -> None:
     with engine.phases.measure("warmup"):
         for _ in range(passes):
             with engine.accelerator.no_sync(engine.model) if engine.world_size > 1 else contextlib.nullcontext():
@@ -743,8 +755,6 @@ def _warm_up(engine: _Engine) -> float:
             with torch.no_grad(), engine.autocast():
                 engine.model(**_to_device(batch, engine.device))
             engine.model.train()
-    _restore_rng(*rng)
-    return engine.phases.seconds.pop("warmup", 0.0)
 
 
 def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
