@@ -66,3 +66,91 @@ def test_a_directory_as_the_config_is_named_a_directory_with_its_yaml_files(tmp_
     empty.mkdir()
     with pytest.raises(ConfigError, match="is a directory, not a YAML file; it holds no .yaml file"):
         load_config(empty)
+
+
+# --- output directory: a file, under a file, read-only, read-only parent ---------------------
+
+
+def test_output_dir_that_is_a_file(tmp_path, no_work):
+    out = tmp_path / "out"
+    out.write_text("not a directory")
+    with pytest.raises(ConfigError) as info:
+        _run(_config(), out)
+    assert str(info.value) == (
+        f"output directory {out} is a file, not a directory; pass another --output-dir (or output_dir in the config), "
+        "or move the file away"
+    )
+
+
+def test_output_dir_under_a_file(tmp_path, no_work):
+    (tmp_path / "file").write_text("x")
+    out = tmp_path / "file" / "sub" / "out"
+    with pytest.raises(ConfigError) as info:
+        _run(_config(), out)
+    assert str(info.value) == (
+        f"output directory {out} lies under {tmp_path / 'file'}, which is a file, not a directory; "
+        "pass another --output-dir (or output_dir in the config)"
+    )
+
+
+def _writable_for_us(directory: Path) -> bool:
+    try:
+        fd, probe = tempfile.mkstemp(dir=directory)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(probe)
+    return True
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes into a 0o555 directory")
+def test_read_only_output_dir_by_mode(tmp_path, no_work):
+    out = tmp_path / "out"
+    out.mkdir()
+    out.chmod(0o555)
+    try:
+        with pytest.raises(ConfigError, match=rf"^output directory {out} is not writable \(Permission denied\); "
+                                              r"make it writable or pass another --output-dir"):
+            _run(_config(), out)
+    finally:
+        out.chmod(0o755)
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes into a 0o555 directory")
+def test_read_only_parent_by_mode(tmp_path, no_work):
+    parent = tmp_path / "parent"
+    parent.mkdir()
+    parent.chmod(0o555)
+    try:
+        with pytest.raises(ConfigError, match=rf"^cannot create output directory {parent / 'out'}: Permission denied "
+                                              rf"in {parent}; make {parent} writable or pass another --output-dir"):
+            _run(_config(), parent / "out")
+    finally:
+        parent.chmod(0o755)
+
+
+@pytest.mark.skipif(not Path("/sys").is_dir() or _writable_for_us(Path("/sys")), reason="needs a /sys nobody may write in")
+def test_output_dir_not_writable_even_for_root(no_work):
+    with pytest.raises(ConfigError, match=r"^output directory /sys is not writable \(.+\); make it writable or "
+                                          r"pass another --output-dir"):
+        _run(_config(), Path("/sys"))
+
+
+@pytest.mark.skipif(not Path("/sys").is_dir() or _writable_for_us(Path("/sys")), reason="needs a /sys nobody may write in")
+def test_output_dir_whose_parent_is_not_writable_even_for_root(no_work):
+    out = Path("/sys/oelm-test-output")
+    with pytest.raises(ConfigError, match=r"^cannot create output directory /sys/oelm-test-output: .+ in /sys; "
+                                          r"make /sys writable or pass another --output-dir"):
+        _run(_config(), out)
+    assert not out.exists()
+
+
+def test_output_dir_on_a_read_only_file_system(tmp_path, no_work, monkeypatch):
+    """EROFS, as a read-only mount gives it (simulated: the probe file cannot be created)."""
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match=rf"^output directory {out} is not writable \(Read-only file system\)"):
+        _run(_config(), out)

@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -378,13 +380,14 @@ def run_experiment(
         The comparison dict (``comparison.json``; ``report.md`` beside it) of the final runs.
 
     Raises:
-        ConfigError: ``output_dir`` holds results of an incompatible config.
+        ConfigError: ``output_dir`` holds results of an incompatible config, cannot be created or
+            is not writable.
         RunInterruptedError: a run was interrupted (SIGTERM/SIGINT); its ``status.json`` says
             ``interrupted`` and rerunning continues it.
         OELMError subclasses: data or model problems, raised before any run starts.
     """
     out = Path(output_dir or config.output_dir or Path("outputs") / config.name)
-    out.mkdir(parents=True, exist_ok=True)
+    _open_output_dir(out)
     if not is_main_process():
         log = _quiet  # the other processes of a launched job run the same protocol silently
     _start_output(config, out)
@@ -416,6 +419,41 @@ class _Matrix:
 
     def entry(self, method: str) -> MethodEntry:
         return next(m for m in self.config.methods if m.name == method)
+
+
+_OUTPUT_FIX = "pass another --output-dir (or output_dir in the config)"
+
+
+def _open_output_dir(out: Path) -> None:
+    """Create ``out`` and check that files can be written in it, before any data or training work.
+
+    Raises:
+        ConfigError: ``out`` is a file, lies under a file, cannot be created (its parent is
+            read-only, ...) or is not writable; one line naming the path and the fix.
+    """
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output directory {out} is a file, not a directory; {_OUTPUT_FIX}, or move the file away")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        # The deepest path that exists is the one in the way: a file, or a directory we may not write in.
+        blocker = next((p for p in [out, *out.parents] if p.exists() or p.is_symlink()), out)
+        if blocker != out and not blocker.is_dir():
+            raise ConfigError(
+                f"output directory {out} lies under {blocker}, which is a file, not a directory; {_OUTPUT_FIX}"
+            ) from None
+        raise ConfigError(
+            f"cannot create output directory {out}: {exc.strerror or exc} in {blocker}; "
+            f"make {blocker} writable or {_OUTPUT_FIX}"
+        ) from None
+    try:  # a read-only directory (or file system) is only found out by writing in it
+        fd, probe = tempfile.mkstemp(prefix=".oelm-write-test-", dir=out)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(
+            f"output directory {out} is not writable ({exc.strerror or exc}); make it writable or {_OUTPUT_FIX}"
+        ) from None
 
 
 def _start_output(config: ExperimentConfig, out: Path) -> None:
