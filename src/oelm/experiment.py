@@ -48,7 +48,7 @@ from oelm.errors import ConfigError, OELMError, RunFaultError, RunInterruptedErr
 from oelm.distributed import barrier, is_main_process, main_process_only
 from oelm.io import read_json, write_json_atomic, write_text_atomic
 from oelm.metrics import get_metric
-from oelm.models.build import build_model, build_run_model, resolve_init_from
+from oelm.models.build import build_model, build_run_model, check_sequence_length, resolve_init_from
 from oelm.report import write_comparison
 from oelm.runs import PlannedRun, run_name
 from oelm.runs import write_status as _write_status_file
@@ -381,12 +381,13 @@ def run_experiment(
 
     Raises:
         ConfigError: ``output_dir`` holds results of an incompatible config, cannot be created or
-            is not writable.
+            is not writable; ``task.max_length`` / ``task.block_size`` exceeds the model's positions.
         RunInterruptedError: a run was interrupted (SIGTERM/SIGINT); its ``status.json`` says
             ``interrupted`` and rerunning continues it.
         OELMError subclasses: data or model problems, raised before any run starts.
     """
     out = Path(output_dir or config.output_dir or Path("outputs") / config.name)
+    check_sequence_length(config)
     _open_output_dir(out)
     if not is_main_process():
         log = _quiet  # the other processes of a launched job run the same protocol silently
