@@ -213,3 +213,24 @@ def test_output_dir_on_a_read_only_file_system(tmp_path, no_work, monkeypatch):
     out = tmp_path / "out"
     with pytest.raises(ConfigError, match=rf"^output directory {out} is not writable \(Read-only file system\)"):
         _run(_config(), out)
+
+
+# --- any exception inside a run marks it failed -----------------------------------------------
+
+
+def test_unexpected_exception_in_a_run_marks_its_status_failed(tmp_path, data_dir, monkeypatch):
+    import oelm.train
+    from oelm.io import read_json
+
+    def broken_train(*args, **kwargs):
+        raise RuntimeError("boom: a bug inside the training loop")
+
+    monkeypatch.setattr(oelm.train, "train", broken_train)
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="boom"):  # the bug propagates with its traceback
+        _run(_config(), out)
+    status = read_json(out / "runs" / "baseline-seed0" / "status.json")
+    assert status["state"] == "failed" and "finished_at" in status
+    assert status["failure"] == {"kind": "error", "type": "RuntimeError",
+                                 "message": "boom: a bug inside the training loop", "step": None}
+    assert not (out / "runs" / "baseline-seed0" / "result.json").exists()  # rerunning retries it

@@ -520,6 +520,8 @@ def _execute(matrix: _Matrix, run: PlannedRun, evaluate_test: bool) -> dict:
     Raises:
         RunInterruptedError: SIGTERM/SIGINT (the run's status says ``interrupted``), or a signal
             during the last evaluation of a run that finished and was kept.
+        Exception: anything else raised inside the run, after its status is set to ``failed``
+            (``failure``: kind "error", the exception's type and message).
     """
     run_dir, log = matrix.out / "runs" / run.name, matrix.log
     previous = _reuse_or_clear(matrix, run, run_dir)
@@ -540,6 +542,16 @@ def _execute(matrix: _Matrix, run: PlannedRun, evaluate_test: bool) -> dict:
         write_status(run_dir, run, "failed", failure=result["failure"])
         log(f"[{run.name}] FAILED ({exc.kind} at step {exc.step}): {exc}; going on with the next run")
         return result
+    except KeyboardInterrupt:  # outside the training loop's own signal handling (e.g. while building the model)
+        write_status(run_dir, run, "interrupted", signal="SIGINT")
+        raise
+    except Exception as exc:
+        # Not a fault the matrix can go on from (a bug, or a deliberate error inside the run): the
+        # status says failed, so `oelm monitor` does not show the run as running forever, and the
+        # exception propagates with its traceback. No result.json: rerunning retries the run.
+        write_status(run_dir, run, "failed",
+                     failure={"kind": "error", "type": type(exc).__name__, "message": str(exc), "step": None})
+        raise
     _write_json(run_dir / "result.json", result)
     write_status(run_dir, run, "finished")
     perf = result["performance"]
