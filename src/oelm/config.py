@@ -434,10 +434,18 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
     """Read, merge overrides into, and validate an experiment YAML file.
 
     Raises:
-        ConfigError: missing file, malformed YAML (with line/column), unknown keys (with the
+        ConfigError: missing file, a directory, malformed YAML (with line/column), unknown keys (with the
             closest valid key), wrong types or out-of-range values.
     """
     path = Path(path)
+    if path.is_dir():
+        found = sorted(p.name for p in path.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
+        if found:
+            shown = ", ".join(found[:10]) + (f" (and {len(found) - 10} more)" if len(found) > 10 else "")
+            fix = f"pass one of its YAML files: {shown}, e.g. {path / found[0]}"
+        else:
+            fix = "it holds no .yaml file; pass a YAML file such as configs/quickstart.yaml"
+        raise ConfigError(f"config file {path} is a directory, not a YAML file; {fix}")
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist (configs live under configs/, e.g. configs/quickstart.yaml)")
     try:

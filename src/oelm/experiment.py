@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -46,7 +48,7 @@ from oelm.errors import ConfigError, OELMError, RunFaultError, RunInterruptedErr
 from oelm.distributed import barrier, is_main_process, main_process_only
 from oelm.io import read_json, write_json_atomic, write_text_atomic
 from oelm.metrics import get_metric
-from oelm.models.build import build_model, build_run_model, resolve_init_from
+from oelm.models.build import build_model, build_run_model, check_sequence_length, resolve_init_from
 from oelm.report import write_comparison
 from oelm.runs import PlannedRun, run_name
 from oelm.runs import write_status as _write_status_file
@@ -378,13 +380,15 @@ def run_experiment(
         The comparison dict (``comparison.json``; ``report.md`` beside it) of the final runs.
 
     Raises:
-        ConfigError: ``output_dir`` holds results of an incompatible config.
+        ConfigError: ``output_dir`` holds results of an incompatible config, cannot be created or
+            is not writable; ``task.max_length`` / ``task.block_size`` exceeds the model's positions.
         RunInterruptedError: a run was interrupted (SIGTERM/SIGINT); its ``status.json`` says
             ``interrupted`` and rerunning continues it.
         OELMError subclasses: data or model problems, raised before any run starts.
     """
     out = Path(output_dir or config.output_dir or Path("outputs") / config.name)
-    out.mkdir(parents=True, exist_ok=True)
+    check_sequence_length(config)
+    _open_output_dir(out)
     if not is_main_process():
         log = _quiet  # the other processes of a launched job run the same protocol silently
     _start_output(config, out)
@@ -416,6 +420,41 @@ class _Matrix:
 
     def entry(self, method: str) -> MethodEntry:
         return next(m for m in self.config.methods if m.name == method)
+
+
+_OUTPUT_FIX = "pass another --output-dir (or output_dir in the config)"
+
+
+def _open_output_dir(out: Path) -> None:
+    """Create ``out`` and check that files can be written in it, before any data or training work.
+
+    Raises:
+        ConfigError: ``out`` is a file, lies under a file, cannot be created (its parent is
+            read-only, ...) or is not writable; one line naming the path and the fix.
+    """
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output directory {out} is a file, not a directory; {_OUTPUT_FIX}, or move the file away")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        # The deepest path that exists is the one in the way: a file, or a directory we may not write in.
+        blocker = next((p for p in [out, *out.parents] if p.exists() or p.is_symlink()), out)
+        if blocker != out and not blocker.is_dir():
+            raise ConfigError(
+                f"output directory {out} lies under {blocker}, which is a file, not a directory; {_OUTPUT_FIX}"
+            ) from None
+        raise ConfigError(
+            f"cannot create output directory {out}: {exc.strerror or exc} in {blocker}; "
+            f"make {blocker} writable or {_OUTPUT_FIX}"
+        ) from None
+    try:  # a read-only directory (or file system) is only found out by writing in it
+        fd, probe = tempfile.mkstemp(prefix=".oelm-write-test-", dir=out)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(
+            f"output directory {out} is not writable ({exc.strerror or exc}); make it writable or {_OUTPUT_FIX}"
+        ) from None
 
 
 def _start_output(config: ExperimentConfig, out: Path) -> None:
@@ -481,6 +520,8 @@ def _execute(matrix: _Matrix, run: PlannedRun, evaluate_test: bool) -> dict:
     Raises:
         RunInterruptedError: SIGTERM/SIGINT (the run's status says ``interrupted``), or a signal
             during the last evaluation of a run that finished and was kept.
+        Exception: anything else raised inside the run, after its status is set to ``failed``
+            (``failure``: kind "error", the exception's type and message).
     """
     run_dir, log = matrix.out / "runs" / run.name, matrix.log
     previous = _reuse_or_clear(matrix, run, run_dir)
@@ -501,6 +542,16 @@ def _execute(matrix: _Matrix, run: PlannedRun, evaluate_test: bool) -> dict:
         write_status(run_dir, run, "failed", failure=result["failure"])
         log(f"[{run.name}] FAILED ({exc.kind} at step {exc.step}): {exc}; going on with the next run")
         return result
+    except KeyboardInterrupt:  # outside the training loop's own signal handling (e.g. while building the model)
+        write_status(run_dir, run, "interrupted", signal="SIGINT")
+        raise
+    except Exception as exc:
+        # Not a fault the matrix can go on from (a bug, or a deliberate error inside the run): the
+        # status says failed, so `oelm monitor` does not show the run as running forever, and the
+        # exception propagates with its traceback. No result.json: rerunning retries the run.
+        write_status(run_dir, run, "failed",
+                     failure={"kind": "error", "type": type(exc).__name__, "message": str(exc), "step": None})
+        raise
     _write_json(run_dir / "result.json", result)
     write_status(run_dir, run, "finished")
     perf = result["performance"]

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -16,11 +17,38 @@ from typing import Any, Callable, Iterator
 __all__ = ["atomic_path", "write_text_atomic", "write_bytes_atomic", "write_json_atomic", "read_json", "read_jsonl", "sha256_file", "write_dir_atomic", "verify_dir"]
 
 
+def _umask() -> int:
+    """The process umask, read without changing it where Linux shows it (``/proc/self/status``);
+    elsewhere set and restored at once (``os.umask`` has no read-only form)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def _plain_mode(path: Path, base: int) -> int:
+    """The permission bits a plain ``open(path, "w")`` (``base`` 0o666) or ``mkdir`` (0o777) would
+    leave: an existing file keeps its own, a new one gets ``base & ~umask``."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return base & ~_umask()
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path`` to write into; on success fsync it, rename it over
     ``path`` and fsync the directory (so the rename survives a crash). On an exception the
     temporary file is removed and ``path`` is untouched.
+
+    The new file gets the permissions a plain ``open(path, "w")`` would give it (an existing
+    file's own, else ``0o666 & ~umask``), not the ``0o600`` of the temporary file.
 
     Example::
 
@@ -34,6 +62,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        os.chmod(tmp_path, _plain_mode(path, 0o666))
         with open(tmp_path, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp_path, path)
@@ -163,6 +192,7 @@ def write_dir_atomic(path: str | os.PathLike, fill: Callable[[Path], None], extr
             fh.write(json.dumps(manifest, indent=1) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp made it 0o700; a plain mkdir would not
         _fsync_path(tmp)
         os.rename(tmp, path)
     except BaseException:

@@ -17,7 +17,72 @@ from oelm.method import apply_oelm
 if TYPE_CHECKING:
     from oelm.data.prepare import PreparedData
 
-__all__ = ["build_model", "build_run_model", "resolve_init_from", "load_init_weights"]
+__all__ = ["build_model", "build_run_model", "check_sequence_length", "pretrained_max_positions", "resolve_init_from",
+           "load_init_weights", "MAX_GPT_CONTEXT"]
+
+# An oelm GPT's context length defaults to task.max_length / block_size, and its position table
+# (and attention) grow with it: cap it, so a typo such as max_length=100000000 is an error, not a
+# 512 GB allocation. A config that sets model.gpt_overrides.context_length chooses its own limit.
+MAX_GPT_CONTEXT = 65_536
+
+# config.json fields that hold a checkpoint's number of positions, most common first.
+_POSITION_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len", "max_sequence_length", "seq_length", "n_ctx")
+# RoBERTa-style models number positions from padding_idx + 1, so pad_token_id + 1 of them are unusable.
+_PADDING_OFFSET_TYPES = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "longformer", "data2vec-text", "mpnet", "ibert"}
+
+
+def pretrained_max_positions(name: str, *, trust_remote_code: bool = False) -> tuple[int, str] | None:
+    """The longest input (tokens) of pretrained checkpoint ``name`` and the config.json field it
+    comes from, read from its config only (no weights); None when the config cannot be read or
+    has no such field (relative positions, e.g. T5): the model loader reports a missing checkpoint."""
+    from transformers import AutoConfig
+
+    from oelm.models.pretrained import resolve_pretrained
+
+    try:
+        hf_config = AutoConfig.from_pretrained(resolve_pretrained(name), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError):
+        return None
+    for field in _POSITION_FIELDS:
+        value = getattr(hf_config, field, None)
+        if isinstance(value, int) and value > 0:
+            if getattr(hf_config, "model_type", None) in _PADDING_OFFSET_TYPES:
+                value -= (getattr(hf_config, "pad_token_id", None) or 0) + 1
+            return value, field
+    return None
+
+
+def check_sequence_length(config: ExperimentConfig) -> None:
+    """Refuse a ``task.max_length`` (classification) or ``task.block_size`` (language modelling)
+    longer than the model takes, before any data is read or model built.
+
+    Limits: a pretrained checkpoint's positions (:func:`pretrained_max_positions`); an oelm GPT's
+    ``model.gpt_overrides.context_length`` when set, else :data:`MAX_GPT_CONTEXT`.
+
+    Raises:
+        ConfigError: naming the key, its value, the limit and where the limit comes from.
+    """
+    from oelm.data import get_dataset_spec
+
+    lm = get_dataset_spec(config.task.dataset).task_type == "language_modeling"
+    key, length = ("task.block_size", config.task.block_size) if lm else ("task.max_length", config.task.max_length)
+    if config.model.gpt is not None:
+        context = config.model.gpt_overrides.get("context_length")
+        if context is not None:
+            limit, source = int(context), "model.gpt_overrides.context_length"
+            fix = f"lower {key} to at most {limit} or raise model.gpt_overrides.context_length"
+        else:
+            limit, source = MAX_GPT_CONTEXT, "oelm's cap on a GPT's context length"
+            fix = f"lower {key} to at most {limit:,}"
+    else:
+        found = pretrained_max_positions(config.model.pretrained, trust_remote_code=config.model.trust_remote_code)
+        if found is None:
+            return
+        limit, field = found
+        source = f"{field} in the config.json of {config.model.pretrained}"
+        fix = f"lower {key} to at most {limit}"
+    if length > limit:
+        raise ConfigError(f"{key}={length} is longer than the model takes ({limit:,} tokens, {source}); {fix}")
 
 
 def build_model(config: ExperimentConfig, data: "PreparedData | None", *, task_type: str | None = None, num_labels: int | None = None):
