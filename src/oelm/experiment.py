@@ -45,6 +45,7 @@ from oelm.data.prepare import PreparedData, make_loaders, prepare_data
 from oelm.errors import ConfigError, OELMError, RunFaultError, RunInterruptedError
 from oelm.distributed import barrier, is_main_process, main_process_only
 from oelm.io import read_json, write_json_atomic, write_text_atomic
+from oelm.lock import hold_output_lock
 from oelm.metrics import get_metric
 from oelm.models.build import build_model, build_run_model, resolve_init_from
 from oelm.report import write_comparison
@@ -379,12 +380,20 @@ def run_experiment(
 
     Raises:
         ConfigError: ``output_dir`` holds results of an incompatible config.
+        OutputLockedError: another ``oelm run`` is using ``output_dir`` (its ``.oelm.lock`` is
+            held; see :mod:`oelm.lock`). The lock is released when this call returns or raises.
         RunInterruptedError: a run was interrupted (SIGTERM/SIGINT); its ``status.json`` says
             ``interrupted`` and rerunning continues it.
         OELMError subclasses: data or model problems, raised before any run starts.
     """
     out = Path(output_dir or config.output_dir or Path("outputs") / config.name)
     out.mkdir(parents=True, exist_ok=True)
+    with hold_output_lock(out, enabled=is_main_process()):  # one `oelm run` per output directory
+        return _run_matrix(config, out, log, retry_failed)
+
+
+def _run_matrix(config: ExperimentConfig, out: Path, log: Callable[[str], None], retry_failed: bool) -> dict[str, Any]:
+    """The body of :func:`run_experiment`, run while the output directory's lock is held."""
     if not is_main_process():
         log = _quiet  # the other processes of a launched job run the same protocol silently
     _start_output(config, out)
