@@ -3,6 +3,7 @@
 One experiment = one task, one model source, several methods, several seeds::
 
     outputs/<name>/
+      .oelm.lock                       held (flock) while an `oelm run` uses the folder (oelm.lock)
       config.yaml, experiment.json     the resolved config and its fingerprint (resume check)
       plan.json                        every planned run (read by `oelm monitor`)
       runs/<method>[-lr<lr>]-seed<k>/  status.json, result.json, metrics.jsonl, tensorboard/, checkpoint/
