@@ -7,7 +7,9 @@
   ``torch.load(weights_only=True)``;
 * a YAML config carrying a Python object tag is refused without running anything;
 * ``trust_remote_code`` is False unless the user sets it, and reaches transformers as set;
-* run names and experiment names cannot become paths outside their folder.
+* run names and experiment names cannot become paths outside their folder;
+* ``load_oelm`` imports the class a checkpoint's metadata names only from ``oelm.`` or
+  ``transformers.`` unless the caller opts in (``allow_model_class``).
 """
 
 from __future__ import annotations
@@ -295,3 +297,84 @@ def test_every_accepted_experiment_name_is_one_folder(name):
         return
     assert isinstance(cfg, ExperimentConfig)
     _stays_inside(Path("/tmp/outputs"), cfg.name)
+
+
+# --- load_oelm: the metadata's model_class is data, not an import instruction -------------------
+
+EVIL_MODULE = """
+from pathlib import Path
+Path(__file__).with_name("imported.marker").write_text("module code ran")
+
+class Model:
+    @classmethod
+    def from_pretrained(cls, location, **kwargs):
+        import torch
+        from transformers import BertConfig, BertForSequenceClassification
+        torch.manual_seed(0)
+        return BertForSequenceClassification(BertConfig(
+            vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=128, max_position_embeddings=64, num_labels=2))
+"""
+
+
+@pytest.fixture()
+def tampered_checkpoint(tmp_path, monkeypatch):
+    """A lean checkpoint with a recorded source (so load_oelm rebuilds the base from its classes)
+    and an importable module ``oelm_test_mypkg`` whose import leaves a marker file."""
+    import json
+
+    from oelm import apply_oelm, save_pretrained
+    from oelm.checkpoint import METADATA_NAME
+
+    pkg = tmp_path / "site"
+    pkg.mkdir()
+    (pkg / "oelm_test_mypkg.py").write_text(EVIL_MODULE)
+    monkeypatch.syspath_prepend(str(pkg))
+    source = tmp_path / "base"
+    source.mkdir()
+    model = _tiny_bert()
+    apply_oelm(model, "oelm_freeze")
+    save_pretrained(model, tmp_path / "ckpt", source=str(source))
+    meta_path = tmp_path / "ckpt" / METADATA_NAME
+
+    def tamper(model_class: str) -> Path:
+        meta = json.loads(meta_path.read_text())
+        meta["model_class"] = model_class
+        meta_path.write_text(json.dumps(meta))
+        return tmp_path / "ckpt"
+
+    return tamper, pkg / "imported.marker", model
+
+
+def _tiny_bert():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    return BertForSequenceClassification(BertConfig(
+        vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=128, max_position_embeddings=64, num_labels=2))
+
+
+@pytest.mark.parametrize("model_class", ["os.system", "subprocess.Popen", "oelm_test_mypkg.Model", "builtins.eval"])
+def test_load_oelm_refuses_a_model_class_outside_oelm_and_transformers(tampered_checkpoint, model_class):
+    import sys
+
+    from oelm import CheckpointError, load_oelm
+
+    tamper, marker, _ = tampered_checkpoint
+    with pytest.raises(CheckpointError) as info:
+        load_oelm(tamper(model_class))
+    msg = str(info.value)
+    assert f"model_class {model_class!r} is not a class of oelm or transformers; refusing to import it" in msg
+    assert f"allow_model_class=({model_class.rpartition('.')[0] + '.'!r},)" in msg and "base_model=" in msg
+    assert not marker.exists() and "oelm_test_mypkg" not in sys.modules  # nothing was imported
+
+
+def test_load_oelm_imports_an_opted_in_model_class(tampered_checkpoint):
+    from oelm import load_oelm
+
+    tamper, marker, model = tampered_checkpoint
+    loaded = load_oelm(tamper("oelm_test_mypkg.Model"), allow_model_class=("oelm_test_mypkg.",))
+    assert marker.exists()
+    state, ref = loaded.state_dict(), model.state_dict()
+    assert state.keys() == ref.keys() and all(torch.equal(state[k], ref[k]) for k in ref)

@@ -187,9 +187,37 @@ def _config_dict(model: nn.Module) -> tuple[str | None, dict[str, Any] | None]:
     return cls, None
 
 
+#: Module prefixes whose classes a checkpoint's ``model_class`` / ``model_config_class`` may name
+#: without the caller's opt-in (``load_oelm(..., allow_model_class=...)``).
+TRUSTED_MODEL_CLASS_PREFIXES = ("oelm.", "transformers.")
+
+
 def _import_object(dotted: str) -> Any:
     module, _, name = dotted.rpartition(".")
     return getattr(importlib.import_module(module), name)
+
+
+def _import_class(dotted: Any, field: str, allowed: tuple[str, ...], ask: str) -> type:
+    """Import the class a checkpoint names in ``field``, only under a trusted or opted-in module
+    prefix: the metadata is data, and importing a module runs its code.
+
+    Raises:
+        CheckpointError: the name is outside ``allowed`` (names the class and the opt-in), cannot
+            be imported, or is not a class.
+    """
+    if not isinstance(dotted, str) or not dotted.startswith(allowed):
+        raise CheckpointError(
+            f"the checkpoint's {field} {dotted!r} is not a class of {' or '.join(p.rstrip('.') for p in allowed)}; "
+            f"refusing to import it. If you trust this checkpoint, pass allow_model_class=({dotted.rpartition('.')[0] + '.'!r},) "
+            f"to oelm.load_oelm, or {ask[0].lower() + ask[1:]}"
+        )
+    try:
+        obj = _import_object(dotted)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise CheckpointError(f"cannot import the recorded {field} {dotted!r} ({exc}). {ask}") from None
+    if not isinstance(obj, type) or not (obj.__module__ + ".").startswith(allowed):
+        raise CheckpointError(f"the recorded {field} {dotted!r} is not a class defined under {allowed}. {ask}")
+    return obj
 
 
 def _mb(n: int) -> str:
@@ -401,8 +429,9 @@ def _oelm_config_from(meta: dict[str, Any]):
         ) from None
 
 
-def _build_base(meta: dict[str, Any], directory: Path) -> nn.Module:
-    """Rebuild the base model from the recorded source, offline only; else a clear error."""
+def _build_base(meta: dict[str, Any], directory: Path, allowed: tuple[str, ...] = TRUSTED_MODEL_CLASS_PREFIXES) -> nn.Module:
+    """Rebuild the base model from the recorded source, offline only; else a clear error. The
+    recorded classes are imported only from module prefixes in ``allowed``."""
     from oelm.models.pretrained import resolve_pretrained
 
     source = meta.get("source")
@@ -416,11 +445,8 @@ def _build_base(meta: dict[str, Any], directory: Path) -> nn.Module:
             f"from a config, e.g. random weights, model class {meta.get('model_class')}). {ask}, e.g. built from the "
             "same config with the same torch.manual_seed."
         )
-    try:
-        model_cls = _import_object(meta["model_class"])
-        config_cls = _import_object(meta["model_config_class"]) if meta.get("model_config_class") else None
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise CheckpointError(f"cannot import the recorded model class {meta.get('model_class')!r} ({exc}). {ask}") from None
+    model_cls = _import_class(meta.get("model_class"), "model_class", allowed, ask)
+    config_cls = _import_class(meta["model_config_class"], "model_config_class", allowed, ask) if meta.get("model_config_class") else None
     if not hasattr(model_cls, "from_pretrained"):
         raise CheckpointError(f"the recorded model class {meta['model_class']} has no from_pretrained. {ask}")
     location = resolve_pretrained(source)
@@ -462,7 +488,8 @@ def _mismatch_causes(meta: dict[str, Any], config) -> str:
     return "; ".join(causes)
 
 
-def load_oelm(directory: str | os.PathLike, base_model: nn.Module | None = None) -> nn.Module:
+def load_oelm(directory: str | os.PathLike, base_model: nn.Module | None = None, *,
+              allow_model_class: str | tuple[str, ...] = ()) -> nn.Module:
     """Rebuild a trained OELM model from a lean checkpoint written by :func:`save_pretrained`.
 
     Steps: read the metadata; take ``base_model`` (or rebuild the base from the recorded source
@@ -479,6 +506,10 @@ def load_oelm(directory: str | os.PathLike, base_model: nn.Module | None = None)
             None: rebuilt from the recorded ``source`` (a local directory, an oelm packaged
             checkpoint such as ``sentence-transformers/all-MiniLM-L6-v2``, or a copy in the Hugging
             Face cache) with the recorded model class, config and dtype; never downloaded.
+        allow_model_class: module prefixes (e.g. ``"mypkg."``) whose classes the checkpoint's
+            ``model_class`` / ``model_config_class`` may also name when the base is rebuilt.
+            Without it only oelm's own and ``transformers`` classes are imported: the metadata
+            is data, and importing a module it names would run that module's code.
 
     Returns:
         The model in eval mode (as ``from_pretrained`` returns one; call ``.train()`` to go on
@@ -486,7 +517,8 @@ def load_oelm(directory: str | os.PathLike, base_model: nn.Module | None = None)
 
     Raises:
         CheckpointError: not an oelm checkpoint, weights file missing or not the one the metadata
-            describes (sha256), base not rebuildable offline (asks for ``base_model``), a stored
+            describes (sha256), base not rebuildable offline (asks for ``base_model``), a recorded
+            class outside ``oelm.``/``transformers.``/``allow_model_class`` (names it), a stored
             tensor missing from or unexpected in the model, or a shape/dtype that differs.
         CheckpointMismatchError: a regenerated frozen tensor differs from the recorded one; the
             message names the tensor and the likely causes (different base checkpoint, seed or
@@ -516,7 +548,9 @@ def load_oelm(directory: str | os.PathLike, base_model: nn.Module | None = None)
                 "pass a fresh base model: load_oelm applies the recorded method itself"
             )
     else:
-        model = _build_base(meta, directory)
+        if isinstance(allow_model_class, str):
+            allow_model_class = (allow_model_class,)
+        model = _build_base(meta, directory, TRUSTED_MODEL_CLASS_PREFIXES + tuple(allow_model_class))
 
     # The recorded method, with its seed; when the frozen draw was not reproducible (seed None),
     # only the freezing (and any restructuring) is repeated and the stored frozen tensors are used.

@@ -80,10 +80,31 @@ def cmd_report(args: argparse.Namespace) -> int:
     comparison = write_comparison(config, results, out)
     header, rows = comparison_rows(comparison)
     _print_table(f"{config.name}", header, rows)
+    for message in _corrupted_checkpoints(out, results):
+        print(f"oelm: warning: {message}", file=sys.stderr)
     for w in comparison.get("warnings", []):
         print(f"warning: {w}")
     print(f"report: {out / 'report.md'}  {out / 'report.html'}  numbers: {out / 'comparison.json'}")
     return 0
+
+
+def _corrupted_checkpoints(out: Path, results: dict[str, list[dict]]) -> list[str]:
+    """One message per final finished run whose best weights do not match the sha256 in its
+    ``result.json`` (the report's numbers come from the JSON, so they are still written)."""
+    from oelm.errors import ChecksumError
+    from oelm.runs import verify_checkpoint
+
+    problems = []
+    for runs in results.values():
+        for r in runs:
+            if r.get("status") == "finished" and r.get("run_name"):
+                run_dir = out / "runs" / r["run_name"]
+                try:
+                    verify_checkpoint(run_dir, r, f"the numbers are reported, but delete {run_dir} and rerun `oelm run` "
+                                      "if you need these weights")
+                except ChecksumError as exc:
+                    problems.append(str(exc))
+    return problems
 
 
 def _inspect_model_source(name: str, config_only: bool):

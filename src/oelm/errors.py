@@ -52,3 +52,13 @@ class RunInterruptedError(OELMError):
         super().__init__(message)
         self.step = step
         self.signal_name = signal_name
+
+
+class OutputLockedError(OELMError):
+    """Another ``oelm run`` holds the output directory's lock (``.oelm.lock``); the message names
+    it (pid, host, start time) and says what to do."""
+
+
+class ChecksumError(OELMError, ValueError):
+    """A file does not match the sha256 (or size) recorded for it; the message names the file,
+    where the record is, and how to recreate it."""

@@ -3,6 +3,7 @@
 One experiment = one task, one model source, several methods, several seeds::
 
     outputs/<name>/
+      .oelm.lock                       held (flock) while an `oelm run` uses the folder (oelm.lock)
       config.yaml, experiment.json     the resolved config and its fingerprint (resume check)
       plan.json                        every planned run (read by `oelm monitor`)
       runs/<method>[-lr<lr>]-seed<k>/  status.json, result.json, metrics.jsonl, tensorboard/, checkpoint/
@@ -47,10 +48,11 @@ from oelm.data.prepare import PreparedData, make_loaders, prepare_data
 from oelm.errors import ConfigError, OELMError, RunFaultError, RunInterruptedError
 from oelm.distributed import barrier, is_main_process, main_process_only
 from oelm.io import read_json, write_json_atomic, write_text_atomic
+from oelm.lock import hold_output_lock
 from oelm.metrics import get_metric
 from oelm.models.build import build_model, build_run_model, check_sequence_length, resolve_init_from
 from oelm.report import write_comparison
-from oelm.runs import PlannedRun, run_name
+from oelm.runs import PlannedRun, checkpoint_record, run_name, verify_checkpoint
 from oelm.runs import write_status as _write_status_file
 
 # Every process of a launched job runs the protocol; rank 0 alone writes its files.
@@ -177,6 +179,8 @@ def _run_one(
         # A SIGTERM/SIGINT that arrived during the final evaluation: the run is complete and kept,
         # but the matrix stops after recording it (see run_experiment).
         "stop_signal": result.stop_signal,
+        # path, sha256 and size of the best weights train() wrote (rank 0): checked on every reuse
+        "checkpoint": checkpoint_record(run_dir) if training.save_best_checkpoint and is_main_process() else None,
     }
 
 
@@ -283,7 +287,7 @@ def _promote(config: ExperimentConfig, entry: MethodEntry, run: PlannedRun, data
 
     test_value = None
     if data.test is not None:
-        ckpt = run_dir / "checkpoint" / "model.safetensors"
+        ckpt = verify_checkpoint(run_dir, result, _retrain_hint(run_dir))
         if not ckpt.is_file():
             raise OELMError(f"{run_dir}: the selected sweep run has no checkpoint/model.safetensors to evaluate the test split with")
         from safetensors.torch import load_model
@@ -382,6 +386,10 @@ def run_experiment(
     Raises:
         ConfigError: ``output_dir`` holds results of an incompatible config, cannot be created or
             is not writable; ``task.max_length`` / ``task.block_size`` exceeds the model's positions.
+        ChecksumError: the best weights of a finished run that is kept, promoted or used by
+            ``init_from`` do not match the sha256 its ``result.json`` records (names the file).
+        OutputLockedError: another ``oelm run`` is using ``output_dir`` (its ``.oelm.lock`` is
+            held; see :mod:`oelm.lock`). The lock is released when this call returns or raises.
         RunInterruptedError: a run was interrupted (SIGTERM/SIGINT); its ``status.json`` says
             ``interrupted`` and rerunning continues it.
         OELMError subclasses: data or model problems, raised before any run starts.
@@ -389,6 +397,12 @@ def run_experiment(
     out = Path(output_dir or config.output_dir or Path("outputs") / config.name)
     check_sequence_length(config)
     _open_output_dir(out)
+    with hold_output_lock(out, enabled=is_main_process()):  # one `oelm run` per output directory
+        return _run_matrix(config, out, log, retry_failed)
+
+
+def _run_matrix(config: ExperimentConfig, out: Path, log: Callable[[str], None], retry_failed: bool) -> dict[str, Any]:
+    """The body of :func:`run_experiment`, run while the output directory's lock is held."""
     if not is_main_process():
         log = _quiet  # the other processes of a launched job run the same protocol silently
     _start_output(config, out)
@@ -494,13 +508,21 @@ def _prepare(config: ExperimentConfig, log: Callable[[str], None]) -> PreparedDa
 
 def _reuse_or_clear(matrix: _Matrix, run: PlannedRun, run_dir: Path) -> dict | None:
     """The earlier result of ``run`` when it is to be kept; None when the run is to (re)start
-    (a failed run under ``--retry-failed`` is moved to ``runs/.failed/`` first)."""
+    (a failed run under ``--retry-failed`` is moved to ``runs/.failed/`` first).
+
+    Raises:
+        ChecksumError: a finished run's ``checkpoint/model.safetensors`` does not match the
+            sha256 in its ``result.json`` (or is missing); it is not retrained silently: the
+            message says to delete the run's folder (``--retry-failed`` is for failed runs only).
+    """
     result_path, log = run_dir / "result.json", matrix.log
     if not result_path.exists():
         if run_dir.exists():
             log(f"[{run.name}] unfinished; continuing in {run_dir}")
         return None
     previous = read_json(result_path)
+    if previous.get("status") == "finished":
+        verify_checkpoint(run_dir, previous, _retrain_hint(run_dir))
     if previous.get("status") != "failed" or not matrix.retry_failed:
         log(f"[{run.name}] {previous.get('status', 'finished')} earlier; kept ({result_path})")
         return previous
@@ -512,6 +534,10 @@ def _reuse_or_clear(matrix: _Matrix, run: PlannedRun, run_dir: Path) -> dict | N
     barrier()
     log(f"[{run.name}] failed earlier; retrying (old run moved to {aside})")
     return None
+
+
+def _retrain_hint(run_dir: Path) -> str:
+    return f"delete the folder {run_dir} and rerun the same command to train that run again"
 
 
 def _execute(matrix: _Matrix, run: PlannedRun, evaluate_test: bool) -> dict:

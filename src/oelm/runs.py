@@ -21,7 +21,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypedDict
 
-from oelm.io import read_json, write_json_atomic
+from oelm.errors import ChecksumError
+from oelm.io import read_json, sha256_file, write_json_atomic
 
 __all__ = [
     "DRIFT_WARNING_PERCENT",
@@ -32,7 +33,13 @@ __all__ = [
     "read_status",
     "write_status",
     "utc_now",
+    "BEST_CHECKPOINT",
+    "checkpoint_record",
+    "verify_checkpoint",
 ]
+
+#: The best-on-validation weights of a finished run, relative to its run folder.
+BEST_CHECKPOINT = "checkpoint/model.safetensors"
 
 # Change of the matmul speed probe between the start and the end of a run (%) beyond which the
 # report says the run's timings are suspect (the machine's speed drifted).
@@ -90,7 +97,10 @@ class RunResult(TypedDict, total=False):
     ``method_config``, ``init_from``, ``data`` (per split sizes, label counts), ``budget``
     (steps, samples, tokens, batch sizes, accumulation, world size), ``environment``,
     ``parameters`` (total / trainable / frozen, per group), ``projections``, ``performance``
-    (:class:`Performance`), ``timing`` (see :func:`oelm.train.train`) and ``stop_signal``.
+    (:class:`Performance`), ``timing`` (see :func:`oelm.train.train`) and ``stop_signal``,
+    and (with ``training.save_best_checkpoint``) ``checkpoint`` {path (relative to the run
+    folder), sha256 (hex), bytes} of its best weights (:func:`checkpoint_record`), checked by
+    :func:`verify_checkpoint` whenever those weights are reused.
     """
 
     method: str
@@ -115,6 +125,7 @@ class RunResult(TypedDict, total=False):
     performance: Performance
     timing: dict[str, Any]
     stop_signal: str | None
+    checkpoint: dict[str, Any] | None
 
 
 def utc_now() -> str:
@@ -147,3 +158,39 @@ def write_status(run_dir: Path, run: PlannedRun, state: str, **fields: Any) -> N
         status["finished_at"] = utc_now()
     status.update(fields)
     write_json_atomic(path, status)
+
+
+def checkpoint_record(run_dir: Path) -> dict[str, Any] | None:
+    """``{"path": "checkpoint/model.safetensors", "sha256": <hex>, "bytes": <size>}`` of the best
+    weights a finished run wrote in ``run_dir``; None when it wrote none."""
+    path = Path(run_dir) / BEST_CHECKPOINT
+    if not path.is_file():
+        return None
+    return {"path": BEST_CHECKPOINT, "sha256": sha256_file(path), "bytes": path.stat().st_size}
+
+
+def verify_checkpoint(run_dir: Path, result: dict[str, Any], fix: str) -> Path:
+    """The best-weights file of the finished run in ``run_dir``, checked against the size and
+    sha256 its ``result`` records. A result without a record (written before oelm recorded
+    them) is accepted unchecked.
+
+    Args:
+        fix: what the user should do if the file is corrupted (ends the error message).
+
+    Raises:
+        ChecksumError: the file is missing, or its size or sha256 differs from the record
+            (names the file and ``result.json``).
+    """
+    run_dir = Path(run_dir)
+    record = result.get("checkpoint")
+    if not isinstance(record, dict) or not record.get("sha256"):
+        return run_dir / BEST_CHECKPOINT
+    path = run_dir / record.get("path", BEST_CHECKPOINT)
+    if not path.is_file():
+        raise ChecksumError(f"{path} is missing, but {run_dir / 'result.json'} records it; {fix}")
+    size = path.stat().st_size
+    if size != record.get("bytes", size) or sha256_file(path) != record["sha256"]:
+        raise ChecksumError(
+            f"{path} is corrupted: its size or sha256 differs from the one recorded in {run_dir / 'result.json'}; {fix}"
+        )
+    return path

@@ -13,6 +13,7 @@ from oelm.config import ExperimentConfig, MethodEntry
 from oelm.errors import ConfigError
 from oelm.io import read_json
 from oelm.method import apply_oelm
+from oelm.runs import verify_checkpoint
 
 if TYPE_CHECKING:
     from oelm.data.prepare import PreparedData
@@ -130,8 +131,13 @@ def resolve_init_from(config: ExperimentConfig, method: str, seed: int) -> Path 
     its finished *final* run of the same method and seed (at the learning rate selected there)
     provides ``checkpoint/model.safetensors``.
 
+    The run's checkpoint is checked against the sha256 its ``result.json`` records (results
+    written before oelm recorded one are used unchecked).
+
     Raises:
         ConfigError: the file, or a finished final run of that method and seed, does not exist.
+        ChecksumError: that run's ``checkpoint/model.safetensors`` is missing or corrupted
+            (size or sha256 differs from its ``result.json``); names the file.
     """
     if not config.init_from:
         return None
@@ -142,7 +148,9 @@ def resolve_init_from(config: ExperimentConfig, method: str, seed: int) -> Path 
         for result_path in sorted((path / "runs").glob("*/result.json")):
             r = read_json(result_path)
             if r.get("method") == method and r.get("seed") == seed and r.get("stage", "final") == "final" and r.get("status") == "finished":
-                ckpt = result_path.parent / "checkpoint" / "model.safetensors"
+                ckpt = verify_checkpoint(result_path.parent, r, (
+                    f"init_from cannot use it: delete {result_path.parent} and rerun the pretraining config with "
+                    f"--output-dir {path} to train that run again"))
                 if ckpt.is_file():
                     return ckpt
         raise ConfigError(

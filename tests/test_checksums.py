@@ -1,0 +1,135 @@
+"""A finished run's best weights carry their sha256 (result.json ``checkpoint``), and every reuse
+of them checks it: a rerun that keeps the run, the promotion of a sweep run, pretrain ->
+fine-tune (``init_from``) and ``oelm report``. A flipped byte is named; intact files work;
+results written before the record existed are accepted unchecked."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import pytest
+
+import oelm.experiment as experiment
+from oelm.cli import main
+from oelm.config import load_config
+from oelm.data.prepare import prepare_data
+from oelm.errors import ChecksumError
+from oelm.io import sha256_file
+from oelm.models.build import resolve_init_from
+from oelm.runs import PlannedRun
+
+TINY_GPT = "{gpt: gpt-tiny, gpt_overrides: {hidden_size: 32, num_layers: 2, num_heads: 2, intermediate_size: 64, dropout: 0.0}}"
+SELECTED = "baseline-lr0.003-seed0"  # the sweep's better candidate (the other barely moves in 4 steps)
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory, data_dir):
+    """One method swept over two learning rates on one seed: two sweep runs, the selected one
+    promoted to the final run (test split evaluated from its checkpoint)."""
+    tmp = tmp_path_factory.mktemp("checksums")
+    cfg = tmp / "sum.yaml"
+    cfg.write_text(
+        "name: sum\n"
+        "task: {dataset: sst2, test_split: test, tokenizer: bpe-512, train_samples: 48, validation_samples: 32, max_length: 32}\n"
+        f"model: {TINY_GPT}\n"
+        "methods: [{name: baseline, learning_rates: [1.0e-4, 3.0e-3]}]\n"
+        "seeds: [0]\n"
+        "training: {max_steps: 4, batch_size: 16, eval_every: 2, log_every: 2, timing_warmup_steps: 1, progress_bar: false, tensorboard: false}\n"
+    )
+    out = tmp / "out"
+    assert main(["run", str(cfg), "--output-dir", str(out)]) == 0
+    return cfg, out
+
+
+@contextlib.contextmanager
+def flipped_byte(path: Path):
+    """Flip the last byte of ``path`` (inside the tensor data: the file still loads) for the block."""
+    data = bytearray(path.read_bytes())
+    original = bytes(data)
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    try:
+        yield path
+    finally:
+        path.write_bytes(original)
+
+
+def _ckpt(out: Path, run: str = SELECTED) -> Path:
+    return out / "runs" / run / "checkpoint" / "model.safetensors"
+
+
+def test_finished_runs_record_their_checkpoint_sha256(swept):
+    _, out = swept
+    for run_dir in (out / "runs").iterdir():
+        r = json.loads((run_dir / "result.json").read_text())
+        ckpt = run_dir / "checkpoint" / "model.safetensors"
+        assert r["checkpoint"] == {"path": "checkpoint/model.safetensors", "sha256": sha256_file(ckpt),
+                                   "bytes": ckpt.stat().st_size}, run_dir.name
+    assert json.loads((out / "runs" / SELECTED / "result.json").read_text())["stage"] == "final"
+
+
+def test_rerun_checks_kept_runs_checkpoints(swept, capsys):
+    cfg, out = swept
+    assert main(["run", str(cfg), "--output-dir", str(out)]) == 0  # intact: kept
+    assert "finished earlier; kept" in capsys.readouterr().out
+    with flipped_byte(_ckpt(out)) as bad:
+        assert main(["run", str(cfg), "--output-dir", str(out)]) == 2
+        err = capsys.readouterr().err
+    assert err.startswith(f"oelm: error: {bad} is corrupted: its size or sha256 differs from the one recorded in "
+                          f"{out / 'runs' / SELECTED / 'result.json'}; delete the folder {out / 'runs' / SELECTED} "
+                          "and rerun the same command")
+    assert err.count("\n") == 1
+
+
+def test_promotion_checks_the_sweep_runs_checkpoint(swept):
+    cfg, out = swept
+    config = load_config(cfg)
+    run_dir = out / "runs" / SELECTED
+    result = json.loads((run_dir / "result.json").read_text()) | {"stage": "sweep", "selected": False}
+    data = prepare_data(config)
+    run = PlannedRun("baseline", 3.0e-3, 0, "final", SELECTED)
+    before = (run_dir / "result.json").read_bytes()
+    try:
+        with flipped_byte(_ckpt(out)) as bad, pytest.raises(ChecksumError, match=f"{bad} is corrupted"):
+            experiment._promote(config, config.methods[0], run, data, run_dir, result, lambda m: None)
+        promoted = experiment._promote(config, config.methods[0], run, data, run_dir, result, lambda m: None)
+        assert promoted["stage"] == "final" and promoted["performance"]["test"] is not None
+    finally:
+        (run_dir / "result.json").write_bytes(before)
+
+
+def test_init_from_checks_the_pretrained_runs_checkpoint(swept, tmp_path):
+    cfg, out = swept
+    fine = tmp_path / "fine.yaml"
+    fine.write_text(cfg.read_text().replace("name: sum\n", f"name: fine\ninit_from: {out}\n"))
+    config = load_config(fine)
+    assert resolve_init_from(config, "baseline", 0) == _ckpt(out)
+    with flipped_byte(_ckpt(out)) as bad, pytest.raises(ChecksumError) as info:
+        resolve_init_from(config, "baseline", 0)
+    assert str(info.value).startswith(f"{bad} is corrupted") and f"rerun the pretraining config with --output-dir {out}" in str(info.value)
+
+
+def test_results_without_a_recorded_sha256_are_accepted(swept, tmp_path):
+    cfg, out = swept
+    path = out / "runs" / SELECTED / "result.json"
+    before = path.read_bytes()
+    fine = tmp_path / "fine.yaml"
+    fine.write_text(cfg.read_text().replace("name: sum\n", f"name: fine\ninit_from: {out}\n"))
+    try:
+        path.write_text(json.dumps({k: v for k, v in json.loads(before).items() if k != "checkpoint"}))
+        with flipped_byte(_ckpt(out)):
+            assert resolve_init_from(load_config(fine), "baseline", 0) == _ckpt(out)
+    finally:
+        path.write_bytes(before)
+
+
+def test_report_warns_about_a_corrupted_final_checkpoint(swept, capsys):
+    _, out = swept
+    assert main(["report", str(out)]) == 0
+    assert "warning" not in capsys.readouterr().err
+    with flipped_byte(_ckpt(out)) as bad:
+        assert main(["report", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith(f"oelm: warning: {bad} is corrupted") and err.count("\n") == 1
