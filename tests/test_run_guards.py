@@ -163,29 +163,21 @@ def _writable_for_us(directory: Path) -> bool:
 
 
 @pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes into a 0o555 directory")
-def test_read_only_output_dir_by_mode(tmp_path, no_work):
-    out = tmp_path / "out"
-    out.mkdir()
-    out.chmod(0o555)
+@pytest.mark.parametrize("case", ["output dir", "parent"])
+def test_read_only_output_dir_or_parent_by_mode(tmp_path, no_work, case):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    out = locked if case == "output dir" else locked / "out"
+    expected = (rf"^output directory {out} is not writable \(Permission denied\); make it writable or pass another --output-dir"
+                if case == "output dir" else
+                rf"^cannot create output directory {out}: Permission denied in {locked}; make {locked} writable or pass "
+                r"another --output-dir")
     try:
-        with pytest.raises(ConfigError, match=rf"^output directory {out} is not writable \(Permission denied\); "
-                                              r"make it writable or pass another --output-dir"):
+        with pytest.raises(ConfigError, match=expected):
             _run(_config(), out)
     finally:
-        out.chmod(0o755)
-
-
-@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes into a 0o555 directory")
-def test_read_only_parent_by_mode(tmp_path, no_work):
-    parent = tmp_path / "parent"
-    parent.mkdir()
-    parent.chmod(0o555)
-    try:
-        with pytest.raises(ConfigError, match=rf"^cannot create output directory {parent / 'out'}: Permission denied "
-                                              rf"in {parent}; make {parent} writable or pass another --output-dir"):
-            _run(_config(), parent / "out")
-    finally:
-        parent.chmod(0o755)
+        locked.chmod(0o755)
 
 
 @pytest.mark.skipif(not Path("/sys").is_dir() or _writable_for_us(Path("/sys")), reason="needs a /sys nobody may write in")

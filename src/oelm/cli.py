@@ -29,13 +29,15 @@ def _print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    import time
+
     from oelm.config import load_config
+    from oelm.distributed import is_main_process
     from oelm.errors import RunInterruptedError
     from oelm.experiment import run_experiment
     from oelm.report import comparison_rows
 
-    from oelm.distributed import is_main_process
-
+    started = time.perf_counter()
     config = load_config(args.config, args.overrides)
     out = Path(args.output_dir or config.output_dir or Path("outputs") / config.name)
     main = is_main_process()  # launched on several processes, rank 0 alone prints
@@ -53,6 +55,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     header, rows = comparison_rows(comparison)
     _print_table(f"{config.name}: {comparison['task']} / {comparison['model']}", header, rows)
     print(f"results: {out / 'comparison.json'}  report: {out / 'report.md'}")
+    minutes, seconds = divmod(time.perf_counter() - started, 60)
+    print(f"oelm run took {int(minutes)} min {seconds:.0f} s (this process, start-up and report included)")
     return 0
 
 
