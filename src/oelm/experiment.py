@@ -88,11 +88,10 @@ def _total_steps(training: TrainingConfig, train_loader: DataLoader) -> int:
     """Optimizer steps of a run (as :func:`oelm.train.train` computes them from the loader
     Accelerate shards over the processes)."""
     from oelm.distributed import num_processes
-    from oelm.train import optimizer_steps_per_epoch
+    from oelm.train import optimizer_steps_per_epoch, planned_total_steps
 
     per_process = math.ceil(len(train_loader) / num_processes())
-    steps_per_epoch = optimizer_steps_per_epoch(per_process, training.gradient_accumulation_steps)
-    return training.max_steps or max(1, math.ceil(training.epochs * steps_per_epoch))
+    return planned_total_steps(training, optimizer_steps_per_epoch(per_process, training.gradient_accumulation_steps))
 
 
 

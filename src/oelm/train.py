@@ -473,6 +473,12 @@ def optimizer_steps_per_epoch(micro_batches_per_epoch: int, accumulation: int) -
     return steps
 
 
+def planned_total_steps(config: TrainingConfig, steps_per_epoch: int) -> int:
+    """Optimizer steps of a run: ``max_steps``, else ``ceil(epochs x steps_per_epoch)`` (at least 1).
+    The one place this is computed (the loop, the schedule and ``status.json`` all use it)."""
+    return config.max_steps or max(1, math.ceil(config.epochs * steps_per_epoch))
+
+
 @dataclass
 class TrainState:
     """Everything the loop carries from one step to the next, saved in every checkpoint.
@@ -614,7 +620,7 @@ def _setup(model, loaders, *, metric, config, learning_rate, run_dir) -> tuple[_
         for dl in (train_loader, eval_loader, test_loader)
     )
     steps_per_epoch = optimizer_steps_per_epoch(len(train_loader), config.gradient_accumulation_steps)
-    total_steps = config.max_steps or max(1, math.ceil(config.epochs * steps_per_epoch))
+    total_steps = planned_total_steps(config, steps_per_epoch)
     scheduler = make_scheduler(optimizer, config, total_steps)
     identity = {"learning_rate": learning_rate, "total_steps": total_steps, "steps_per_epoch": steps_per_epoch,
                 "batch_size": batch_size, "data_seeds": base_seeds}
