@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Issue 10's real-scale runs, from an exported commit, in the background, resumable.
+#
+#   scripts/evidence.sh COMMIT CONFIG [CONFIG ...]
+#
+# Exports COMMIT with `git archive` to $EVIDENCE_DIR/oelm-<sha> (once), then runs each CONFIG *from
+# that export* (its configs/ and src/, so later edits of the working tree cannot change what runs)
+# into $EVIDENCE_DIR/outputs/<config name>, one after the other. Rerunning the same command continues
+# every unfinished run from its newest checkpoint; finished runs are skipped (oelm run's resume).
+# Logs: $EVIDENCE_DIR/logs/<config name>.log. Copy a finished matrix into docs/results/ with
+# scripts/collect_results.sh.
+#
+# Needs the project's .venv (make install). Typical use (nohup: it outlives the shell):
+#   nohup scripts/evidence.sh HEAD configs/evidence/sst2_minilm.yaml > /dev/null 2>&1 &
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+EVIDENCE_DIR="${EVIDENCE_DIR:-$ROOT/../evidence}"
+PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
+[ $# -ge 2 ] || { echo "usage: $0 COMMIT CONFIG [CONFIG ...]" >&2; exit 2; }
+sha="$(git -C "$ROOT" rev-parse --short=12 "$1^{commit}")"; shift
+src="$EVIDENCE_DIR/oelm-$sha"
+mkdir -p "$EVIDENCE_DIR/outputs" "$EVIDENCE_DIR/logs"
+if [ ! -f "$src/.exported" ]; then
+  rm -rf "$src"; mkdir -p "$src"
+  git -C "$ROOT" archive "$sha" | tar -x -C "$src"
+  touch "$src/.exported"
+fi
+export OELM_DATA_DIR="${OELM_DATA_DIR:-$(cd "$ROOT/../shared/data" 2>/dev/null && pwd)}"
+export HF_HUB_OFFLINE=1 OMP_WAIT_POLICY=PASSIVE TOKENIZERS_PARALLELISM=false
+export PYTHONPATH="$src/src"   # the export's oelm, ahead of the editable install in .venv
+cd "$src"
+for config in "$@"; do
+  [ -f "$config" ] || { echo "evidence: $config is not in commit $sha" >&2; exit 2; }
+  name="$(basename "$config" .yaml)"
+  log="$EVIDENCE_DIR/logs/$name.log"
+  {
+    echo "=== $(date -Is) oelm $sha: $config -> $EVIDENCE_DIR/outputs/$name"
+    "$PYTHON" -c 'import oelm, sys; print("oelm from", oelm.__file__); sys.exit(0)'
+    "$PYTHON" -m oelm run "$config" --output-dir "$EVIDENCE_DIR/outputs/$name"
+    echo "=== $(date -Is) done: $config"
+  } >> "$log" 2>&1
+done
