@@ -247,10 +247,42 @@ def test_gpt_sequence_classification_run(tmp_path, data_dir):
     )
     assert main(["run", str(cfg), "--output-dir", str(tmp_path / "out")]) == 0
     r = json.loads((tmp_path / "out" / "runs" / "oelm_freeze-seed0" / "result.json").read_text())
-    assert r["performance"]["metric"] == "accuracy" and 0 <= r["performance"]["best_validation"] <= 100
+    assert r["performance"]["metric"] == "accuracy"  # whether it learns: test_gpt_causal_classifier_learns_ag_news
     # vocab 50,257 x 128 tied embeddings + 4 blocks + 2-way score head; Q/K frozen
     assert r["parameters"]["frozen"] == 4 * 2 * (128 * 128 + 128)
     assert r["parameters"]["groups"]["head"]["total"] == 128 * 2 + 2
+
+
+@pytest.mark.slow
+def test_gpt_causal_classifier_learns_ag_news(tmp_path, data_dir):
+    """oelm's GPT from scratch as a causal classifier (last real token pooled) learns real AG News.
+
+    2,000 training descriptions, 3 epochs (189 steps), a 64-wide 2-layer GPT: both the baseline and
+    OELM-Freeze start at chance (4 balanced classes: ~25%) and must end far above it on 300 held-out
+    descriptions (measured 2026-11-23: 69.7% and 70.7%). Broken pooling, labels, masking or a
+    classifier head that does not train leave validation accuracy near chance and fail here.
+    """
+    cfg = tmp_path / "gpt-agnews.yaml"
+    cfg.write_text(
+        "name: gpt-agnews\n"
+        "task: {dataset: ag_news, tokenizer: bpe-2048, train_samples: 2000, validation_samples: 300, max_length: 48}\n"
+        "model: {gpt: gpt-tiny, gpt_overrides: {hidden_size: 64, num_layers: 2, num_heads: 2, intermediate_size: 128, dropout: 0.0}}\n"
+        "methods: [{name: baseline}, {name: oelm_freeze}]\n"
+        "seeds: [0]\n"
+        "training: {epochs: 3, batch_size: 32, eval_batch_size: 300, evals_per_epoch: 1, eval_at_start: true,\n"
+        "           learning_rate: 3.0e-3, warmup_ratio: 0.1, schedule: cosine, log_every: 20,\n"
+        "           progress_bar: false, tensorboard: false}\n"
+    )
+    assert main(["run", str(cfg), "--output-dir", str(tmp_path / "out")]) == 0
+    for method in ("baseline", "oelm_freeze"):
+        run_dir = tmp_path / "out" / "runs" / f"{method}-seed0"
+        evals = [r for r in _records(run_dir) if r["type"] == "eval"]
+        trains = [r for r in _records(run_dir) if r["type"] == "train"]
+        assert evals[0]["step"] == 0 and evals[0]["accuracy"] < 35, (method, evals[0])  # untrained: chance
+        best = json.loads((run_dir / "result.json").read_text())["performance"]["best_validation"]
+        assert best == max(e["accuracy"] for e in evals)
+        assert best >= 55 and best - evals[0]["accuracy"] >= 25, (method, evals)
+        assert trains[-1]["loss"] < trains[0]["loss"] - 0.3, (method, trains[0], trains[-1])
 
 
 # --------------------------------------------------------------------------------------------
