@@ -14,7 +14,7 @@
 #   nohup scripts/evidence.sh HEAD configs/evidence/sst2_minilm.yaml > /dev/null 2>&1 &
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-EVIDENCE_DIR="${EVIDENCE_DIR:-$ROOT/../evidence}"
+EVIDENCE_DIR="${EVIDENCE_DIR:-$(cd "$ROOT/.." && pwd)/evidence}"
 PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
 [ $# -ge 2 ] || { echo "usage: $0 COMMIT CONFIG [CONFIG ...]" >&2; exit 2; }
 sha="$(git -C "$ROOT" rev-parse --short=12 "$1^{commit}")"; shift

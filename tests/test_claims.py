@@ -1,0 +1,97 @@
+"""The claims table (oelm.report.claims): its verdict rule, its measurements equal the committed
+comparisons' paired statistics, and docs/results/README.md carries exactly the computed table."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from oelm.report.claims import BEGIN, CLAIMS, END, Claim, claims_markdown, main, measure, update_readme, verdict
+
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
+
+
+@pytest.mark.parametrize(("gap", "ci", "expected"), [
+    (-1.84, [-3.0, -1.0], "reproduced"),
+    (-1.84, [-0.9, -0.2], "direction reproduced, size smaller"),
+    (-1.84, [-6.0, -4.0], "direction reproduced, size larger"),
+    (7.14, [1.0, 3.0], "direction reproduced, size smaller"),
+    (-1.84, [0.5, 2.0], "contradicted: opposite direction"),
+    (7.14, [-1.0, 2.0], "contradicted: no effect of the claimed size"),
+    (-1.84, [-2.5, 0.7], "inconclusive at n = 3"),
+])
+def test_verdict_rule(gap, ci, expected):
+    assert verdict(gap, ci, 3) == expected
+
+
+def test_verdict_needs_two_seeds():
+    assert verdict(1.0, None, 1) == "not decidable (n = 1 seeds)"
+
+
+@pytest.mark.parametrize("method", ["oelm_freeze", "oelm_random"])
+def test_measure_equals_the_committed_paired_statistics(method):
+    """On the committed cpu-sst2 comparison: the claim machinery's paired gap is the report's."""
+    comparison = json.loads((RESULTS / "cpu-sst2" / "comparison.json").read_text())
+    m = measure(Claim("x", "x", "x", -1.0, method=method, comparison="cpu-sst2"), RESULTS)
+    paired = comparison["vs_baseline"][method]["paired_metric"]
+    assert m["status"] == "measured" and m["n"] == 3 and m["seeds"] == [0, 1, 2]
+    assert m["mean"] == pytest.approx(paired["mean"]) and m["ci95"] == pytest.approx(paired["ci95"])
+    assert m["p_value"] == pytest.approx(paired["p_value"])
+    assert m["method_mean"] == pytest.approx(comparison["methods"][method]["best_validation"]["mean"])
+    assert m["verdict"] == verdict(-1.0, paired["ci95"], 3)
+
+
+def test_relative_perplexity_gap_is_per_seed_percent_of_the_reference():
+    comparison = json.loads((RESULTS / "cpu-tinystories" / "comparison.json").read_text())
+    runs = {m: {r["seed"]: r["best_validation"] for r in comparison["methods"][m]["runs"]}
+            for m in ("baseline", "oelm_freeze")}
+    expected = [100 * (runs["oelm_freeze"][s] / runs["baseline"][s] - 1) for s in (0, 1, 2)]
+    m = measure(Claim("x", "x", "x", 9.84, comparison="cpu-tinystories", relative=True), RESULTS)
+    assert m["mean"] == pytest.approx(sum(expected) / 3)
+
+
+def test_untestable_and_pending_claims_say_why(tmp_path):
+    untestable = next(c for c in CLAIMS if c.untestable)
+    assert measure(untestable, tmp_path) == {"status": "untestable", "why": untestable.untestable}
+    testable = next(c for c in CLAIMS if c.comparison)
+    assert measure(testable, tmp_path) == {"status": "pending", "config": testable.config}
+    for claim in CLAIMS:  # every config a claim names exists
+        assert claim.untestable or (Path(__file__).resolve().parents[1] / claim.config).is_file(), claim.key
+
+
+def test_readme_carries_the_computed_table():
+    text = (RESULTS / "README.md").read_text()
+    block = text[text.index(BEGIN) + len(BEGIN) + 1:text.index(END)]
+    assert block == claims_markdown(RESULTS), "run: python -m oelm.report.claims docs/results --update docs/results/README.md"
+
+
+def test_update_rewrites_only_the_block_and_names_a_file_without_markers(tmp_path, capsys):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# title\n\n{BEGIN}\nold table\n{END}\n\nafter\n")
+    assert main([str(RESULTS), "--update", str(readme)]) == 0
+    text = readme.read_text()
+    assert text.startswith("# title\n\n" + BEGIN + "\n| original claim") and text.endswith(END + "\n\nafter\n")
+    assert "old table" not in text and update_readme(readme, RESULTS) is False
+    bare = tmp_path / "bare.md"
+    bare.write_text("no markers\n")
+    with pytest.raises(ValueError, match="bare.md: no claims block"):
+        update_readme(bare, RESULTS)
+
+
+def test_speed_claim_row_reads_the_committed_benchmark(tmp_path):
+    data = json.loads((RESULTS / "bench-cpu" / "cpu-bench.json").read_text())
+    ratio = data["ratios"]["oelm_freeze"]
+    row = claims_markdown(RESULTS).splitlines()[-1]
+    assert f"{100 * (1 / ratio['median'] - 1):.1f}% faster" in row and f"{ratio['median']:.3f}" in row
+    assert f"FLOP bound {100 * (1 / ratio['theory'] - 1):.1f}%" in row and "contradicted" in row
+    # without the benchmark the row says pending instead of inventing a number
+    shutil.copytree(RESULTS, tmp_path / "results", ignore=shutil.ignore_patterns("bench-cpu"))
+    assert claims_markdown(tmp_path / "results").splitlines()[-1].endswith("| pending |")
+
+
+def test_trainable_percent_claim_is_recomputed():
+    row = next(line for line in claims_markdown(RESULTS).splitlines() if "87.1% of its parameters" in line)
+    assert "| 87.05% (95,310,339 of 109,484,547) |" in row and row.endswith("| reproduced |")
