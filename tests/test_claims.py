@@ -95,3 +95,16 @@ def test_speed_claim_row_reads_the_committed_benchmark(tmp_path):
 def test_trainable_percent_claim_is_recomputed():
     row = next(line for line in claims_markdown(RESULTS).splitlines() if "87.1% of its parameters" in line)
     assert "| 87.05% (95,310,339 of 109,484,547) |" in row and row.endswith("| reproduced |")
+
+
+@pytest.mark.parametrize(("mean", "verdict_text"), [(90.3, "within 2 points"), (88.9, "outside 2 points: see below")])
+def test_sst2_anchor_row_compares_baseline_with_the_published_minilm_figure(tmp_path, mean, verdict_text):
+    folder = tmp_path / "evidence-sst2-minilm"
+    folder.mkdir()
+    stat = {"mean": mean, "std": 0.4, "n": 3}
+    (folder / "comparison.json").write_text(json.dumps({"methods": {"baseline": {"best_validation": stat}}}))
+    from oelm.report.claims import PUBLISHED_MINILM_L6_SST2, _anchor_row
+
+    row = _anchor_row(tmp_path)
+    assert row[2].startswith(f"{mean:.2f} ± 0.40") and f"{mean - PUBLISHED_MINILM_L6_SST2:+.2f} points" in row[2]
+    assert row[-1] == verdict_text
