@@ -20,6 +20,7 @@ from oelm.cli import main
 from oelm.config import TrainingConfig
 from oelm.errors import ConfigError, RunInterruptedError
 from oelm.metrics import ACCURACY, PERPLEXITY, get_metric
+from oelm.monitor import snapshot_text
 from oelm.train import TrainState, make_scheduler, optimizer_steps_per_epoch
 
 NO_DROPOUT = "model.gpt_overrides={hidden_size: 32, num_layers: 2, num_heads: 2, intermediate_size: 64, dropout: 0.0}"
@@ -144,8 +145,8 @@ FLAT_SST2 = (
 )
 
 
-def _flat_sst2_run(tmp_path: Path, *overrides: str) -> tuple[dict, list[dict]]:
-    """`oelm run` of FLAT_SST2: (result.json, metrics.jsonl records) of its one run."""
+def _flat_sst2_run(tmp_path: Path, *overrides: str) -> tuple[dict, list[dict], Path]:
+    """`oelm run` of FLAT_SST2: (result.json, metrics.jsonl records) of its one run, output dir."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     cfg = tmp_path / "flat.yaml"
     cfg.write_text(FLAT_SST2)
@@ -154,7 +155,7 @@ def _flat_sst2_run(tmp_path: Path, *overrides: str) -> tuple[dict, list[dict]]:
     run_dir = out / "runs" / "baseline-seed0"
     assert not (run_dir / "checkpoints").exists()  # finished: the resumable state is removed
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return json.loads((run_dir / "result.json").read_text()), records
+    return json.loads((run_dir / "result.json").read_text()), records, out
 
 
 def _weights_digest(model: torch.nn.Module) -> str:
@@ -174,7 +175,7 @@ def test_early_stopping_stops_patience_validations_after_the_best_and_tests_the_
         return real_evaluate(model, *args, **kwargs)
 
     monkeypatch.setattr(oelm.train, "evaluate", recording_evaluate)
-    result, records = _flat_sst2_run(tmp_path, "training.early_stopping_patience=3")
+    result, records, out = _flat_sst2_run(tmp_path, "training.early_stopping_patience=3")
     perf, budget = result["performance"], result["budget"]
     evals = [r["step"] for r in records if r["type"] == "eval"]
     stops = [r for r in records if r["type"] == "early_stop"]
@@ -189,17 +190,22 @@ def test_early_stopping_stops_patience_validations_after_the_best_and_tests_the_
     assert len(evaluated) == len(evals) + 1 and evaluated[-1] == evaluated[0] != evaluated[-2]
     assert "[baseline-seed0] early stop at step 8 of 12: no improvement in 3 validations (best accuracy" in (
         capsys.readouterr().out)
+    report = (out / "report.md").read_text()
+    assert "| baseline | 0 | finished, stopped early at step 8 |" in report
+    assert "Stopped early (training.early_stopping_patience): baseline seed 0." in report
+    assert "finished (early stop)" in snapshot_text(out)
 
 
 def test_without_patience_a_flat_run_takes_every_planned_step(tmp_path, data_dir):
     """None (the default) never stops; a patience that is never reached changes no number."""
-    result, records = _flat_sst2_run(tmp_path / "off")
-    patient, patient_records = _flat_sst2_run(tmp_path / "patient", "training.early_stopping_patience=100")
+    result, records, out = _flat_sst2_run(tmp_path / "off")
+    patient, patient_records, _ = _flat_sst2_run(tmp_path / "patient", "training.early_stopping_patience=100")
     perf, budget = result["performance"], result["budget"]
     assert result["config"]["training"]["early_stopping_patience"] is None
     assert perf["early_stopped"] is False and perf["steps"] == budget["steps_run"] == budget["planned_steps"] == 12
     assert [r["step"] for r in records if r["type"] == "eval"] == list(range(2, 13, 2))
     assert not any(r["type"] == "early_stop" for r in records)
+    assert "stopped early" not in (out / "report.md").read_text() and "early stop" not in snapshot_text(out)
     assert perf == patient["performance"]
 
     def numbers(rs):
