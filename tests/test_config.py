@@ -75,11 +75,15 @@ def test_wrong_type_and_range_name_the_key(tmp_path):
 def test_early_stopping_patience_must_be_positive_or_null(tmp_path, value):
     with pytest.raises(ConfigError, match=r"training\.early_stopping_patience: Input should be greater than 0"):
         load_config(write(tmp_path, MINIMAL + f"training: {{early_stopping_patience: {value}}}\n"))
+    c = load_config(write(tmp_path, MINIMAL + "training: {early_stopping_patience: null}\n"))
+    assert c.training.early_stopping_patience is None
+
+
+def test_early_stopping_min_delta_must_not_be_negative(tmp_path):
     with pytest.raises(ConfigError, match=r"training\.early_stopping_min_delta: Input should be greater than or equal to 0"):
         load_config(write(tmp_path, MINIMAL + "training: {early_stopping_patience: 3, early_stopping_min_delta: -0.1}\n"))
     c = load_config(write(tmp_path, MINIMAL + "training: {early_stopping_patience: 3, early_stopping_min_delta: 0.5}\n"))
     assert c.training.early_stopping_patience == 3 and c.training.early_stopping_min_delta == 0.5
-    assert load_config(write(tmp_path, MINIMAL + "training: {early_stopping_patience: null}\n")).training.early_stopping_patience is None
 
 
 def test_malformed_yaml_reports_line(tmp_path):

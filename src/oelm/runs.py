@@ -86,7 +86,7 @@ class Performance(TypedDict, total=False):
     final_train_loss: float
     test: float | None
     steps: int  # optimizer steps taken
-    early_stopped: bool  # stopped by training.early_stopping_patience before budget.planned_steps (absent in older results)
+    early_stopped: bool  # training.early_stopping_patience ended it before budget.planned_steps (absent in older results)
 
 
 class RunResult(TypedDict, total=False):
