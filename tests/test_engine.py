@@ -130,7 +130,6 @@ def test_metric_improves_by_more_than_min_delta():
 # Early stopping
 # ---------------------------------------------------------------------------------------------
 
-ROOT = Path(__file__).resolve().parents[1]
 # A learning rate of 1e-7 leaves the tiny GPT's predictions on these 48 SST-2 validation sentences
 # unchanged: validation accuracy is flat from the first validation (step 2) on, so it never
 # improves again (the loss still moves in the 6th digit, so the weights do change).
@@ -167,6 +166,8 @@ def _weights_digest(model: torch.nn.Module) -> str:
 
 def test_early_stopping_stops_patience_validations_after_the_best_and_tests_the_best_weights(
         tmp_path, data_dir, monkeypatch, capsys):
+    """Patience 3 on a flat validation accuracy: validations at 2 (the best), 4, 6, 8, then the
+    run ends as a finished one, reports where and why, and tests the step-2 weights."""
     evaluated = []  # sha256 of the weights of every evaluate() call: the validations, then the test
     real_evaluate = oelm.train.evaluate
 
