@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -69,6 +70,19 @@ def metrics_records(run_dir: Path) -> list[dict]:
     """metrics.jsonl without the wall-clock fields (which differ between runs)."""
     return [{k: v for k, v in json.loads(l).items() if k not in ("elapsed_seconds", "step_ms")}
             for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def sigterm_at(step: int):
+    """A forward hook (for :func:`in_process`) that sends this process SIGTERM during training
+    step ``step`` (counting training-mode forwards: one per step without accumulation)."""
+    calls = {"n": 0}
+
+    def hook(module, args, kwargs, output):
+        if module.training:
+            calls["n"] += 1
+            if calls["n"] == step:
+                os.kill(os.getpid(), signal.SIGTERM)
+    return hook
 
 
 def in_process(run_dir: Path, *overrides: str, hook=None, pre_hook=None):

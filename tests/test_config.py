@@ -71,6 +71,21 @@ def test_wrong_type_and_range_name_the_key(tmp_path):
         load_config(write(tmp_path, MINIMAL + "training: {learning_rate: -1}\n"))
 
 
+@pytest.mark.parametrize("value", [0, -2])
+def test_early_stopping_patience_must_be_positive_or_null(tmp_path, value):
+    with pytest.raises(ConfigError, match=r"training\.early_stopping_patience: Input should be greater than 0"):
+        load_config(write(tmp_path, MINIMAL + f"training: {{early_stopping_patience: {value}}}\n"))
+    c = load_config(write(tmp_path, MINIMAL + "training: {early_stopping_patience: null}\n"))
+    assert c.training.early_stopping_patience is None
+
+
+def test_early_stopping_min_delta_must_not_be_negative(tmp_path):
+    with pytest.raises(ConfigError, match=r"training\.early_stopping_min_delta: Input should be greater than or equal to 0"):
+        load_config(write(tmp_path, MINIMAL + "training: {early_stopping_patience: 3, early_stopping_min_delta: -0.1}\n"))
+    c = load_config(write(tmp_path, MINIMAL + "training: {early_stopping_patience: 3, early_stopping_min_delta: 0.5}\n"))
+    assert c.training.early_stopping_patience == 3 and c.training.early_stopping_min_delta == 0.5
+
+
 def test_malformed_yaml_reports_line(tmp_path):
     with pytest.raises(ConfigError, match=r"not valid YAML at line \d+"):
         load_config(write(tmp_path, "name: t\ntask: {dataset: sst2\nmodel: x\n"))
@@ -143,6 +158,7 @@ def test_duplicate_methods_rejected(tmp_path):
 def test_schema_defaults():
     c = ExperimentConfig.model_validate({"name": "x", "task": {"dataset": "sst2"}, "model": {"gpt": "gpt-tiny"}, "methods": [{"name": "baseline"}]})
     assert c.training.max_grad_norm == 1.0 and c.training.weight_decay == 0.01 and c.seeds == [0, 1, 2]
+    assert c.training.early_stopping_patience is None and c.training.early_stopping_min_delta == 0.0  # never stop early
     assert c.sweep_seed_list() == [0] and c.learning_rate_candidates(c.methods[0]) == [c.training.learning_rate]
 
 

@@ -112,3 +112,25 @@ def test_two_process_fsdp_keeps_query_key_frozen_and_orthogonal(tmp_path, data_d
     qk = [k for k in weights if k.endswith(("q_proj.weight", "k_proj.weight"))]
     assert len(qk) == 4 and all(weights[k].shape == (32, 32) for k in qk)
     assert max(max_orthogonality_error(weights[k], 2) for k in qk) < 1e-5
+
+
+
+@pytest.mark.slow
+def test_two_processes_stop_early_together(tmp_path, data_dir):
+    """Early stopping on 2 gloo ranks: both count the same reduced validation values and stop
+    after the same step (a rank left training would hang the other in its next collective).
+    The validation at step 0 (eval_at_start) is the reference that no later one beats by 1e6, so
+    with patience 2 the validations at steps 2 and 4 stop the run at step 4 of 12."""
+    out = tmp_path / "es"
+    overrides = [*_overrides(4), "methods=[{name: oelm_freeze, learning_rate: 3.0e-3}]", "training.eval_every=2",
+                 "training.early_stopping_patience=2", "training.early_stopping_min_delta=1.0e6"]
+    proc = _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
+                 "-m", "oelm", "run", str(ROOT / "configs" / "tinystories-tiny.yaml"), "--output-dir", str(out),
+                 *overrides], _env(data_dir))
+    result = _results(out)["oelm_freeze-seed0"]
+    assert result["budget"]["num_processes"] == 2 and result["performance"]["early_stopped"] is True
+    assert result["budget"]["steps_run"] == 4 and result["budget"]["planned_steps"] == 12
+    records = [json.loads(l) for l in (out / "runs" / "oelm_freeze-seed0" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["type"] == "eval"] == [0, 2, 4]
+    assert [r["step"] for r in records if r["type"] == "early_stop"] == [4]  # written once (rank 0)
+    assert proc.stdout.count("early stop at step 4 of 12") == 1

@@ -1,19 +1,26 @@
 """Engine features of oelm.train: gradient accumulation, the WSD schedule, torch.compile, the
-undone timing warm-up, TrainState round trips and the Metric notion, on the tiny real
-TinyStories run of _train_driver (oelm GPT, BPE-384, 40 stories)."""
+undone timing warm-up, TrainState round trips, the Metric notion and early stopping, on the tiny
+real TinyStories run of _train_driver (oelm GPT, BPE-384, 40 stories) and a tiny real SST-2
+`oelm run` (oelm GPT, BPE-512)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
-from _reliability import in_process, in_process_summary
+from _reliability import in_process, in_process_summary, metrics_records, sigterm_at
 
+import oelm.train
+from oelm.cli import main
 from oelm.config import TrainingConfig
-from oelm.errors import ConfigError
+from oelm.errors import ConfigError, RunInterruptedError
 from oelm.metrics import ACCURACY, PERPLEXITY, get_metric
+from oelm.monitor import snapshot_text
 from oelm.train import TrainState, make_scheduler, optimizer_steps_per_epoch
 
 NO_DROPOUT = "model.gpt_overrides={hidden_size: 32, num_layers: 2, num_heads: 2, intermediate_size: 64, dropout: 0.0}"
@@ -102,3 +109,129 @@ def test_metric_direction_chance_and_format():
     assert PERPLEXITY.format(4.69123) == "4.691" and ACCURACY.format(None) == "—"
     with pytest.raises(ValueError, match="unknown metric 'bleu'; known: accuracy, perplexity"):
         get_metric("bleu")
+
+
+def test_train_state_from_a_checkpoint_written_before_early_stopping_starts_its_count_at_zero():
+    old = TrainState(step=7, best_value=4.5, best_step=6).to_dict()
+    for key in ("evals_without_improvement", "early_stopping_reference"):
+        del old[key]
+    state = TrainState.from_dict(old)
+    assert state.evals_without_improvement == 0 and state.early_stopping_reference is None and state.best_step == 6
+
+
+def test_metric_improves_by_more_than_min_delta():
+    assert ACCURACY.improves(80.5, 80.0) and not ACCURACY.improves(80.5, 80.0, min_delta=0.5)
+    assert ACCURACY.improves(80.6, 80.0, min_delta=0.5) and not ACCURACY.improves(80.0, 80.0)
+    assert PERPLEXITY.improves(4.5, 4.7, min_delta=0.1) and not PERPLEXITY.improves(4.65, 4.7, min_delta=0.1)
+    assert not PERPLEXITY.improves(4.8, 4.7) and not PERPLEXITY.improves(float("nan"), 4.7)
+
+
+# ---------------------------------------------------------------------------------------------
+# Early stopping
+# ---------------------------------------------------------------------------------------------
+
+# A learning rate of 1e-7 leaves the tiny GPT's predictions on these 48 SST-2 validation sentences
+# unchanged: validation accuracy is flat from the first validation (step 2) on, so it never
+# improves again (the loss still moves in the 6th digit, so the weights do change).
+FLAT_SST2 = (
+    "name: flat\n"
+    "task: {dataset: sst2, test_split: test, tokenizer: bpe-512, train_samples: 64, validation_samples: 48, max_length: 32}\n"
+    "model: {gpt: gpt-tiny, gpt_overrides: {hidden_size: 32, num_layers: 2, num_heads: 2, intermediate_size: 64, dropout: 0.0}}\n"
+    "methods: [{name: baseline, learning_rate: 1.0e-7}]\n"
+    "seeds: [0]\n"
+    "training: {max_steps: 12, batch_size: 16, eval_every: 2, log_every: 3, timing_warmup_steps: 1, progress_bar: false,"
+    " tensorboard: false}\n"
+)
+
+
+def _flat_sst2_run(tmp_path: Path, *overrides: str) -> tuple[dict, list[dict], Path]:
+    """`oelm run` of FLAT_SST2: (result.json, metrics.jsonl records) of its one run, output dir."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    cfg = tmp_path / "flat.yaml"
+    cfg.write_text(FLAT_SST2)
+    out = tmp_path / "out"
+    assert main(["run", str(cfg), "--output-dir", str(out), *overrides]) == 0
+    run_dir = out / "runs" / "baseline-seed0"
+    assert not (run_dir / "checkpoints").exists()  # finished: the resumable state is removed
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return json.loads((run_dir / "result.json").read_text()), records, out
+
+
+def _weights_digest(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for t in model.state_dict().values():
+        h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def test_early_stopping_stops_patience_validations_after_the_best_and_tests_the_best_weights(
+        tmp_path, data_dir, monkeypatch, capsys):
+    """Patience 3 on a flat validation accuracy: validations at 2 (the best), 4, 6, 8, then the
+    run ends as a finished one, reports where and why, and tests the step-2 weights."""
+    evaluated = []  # sha256 of the weights of every evaluate() call: the validations, then the test
+    real_evaluate = oelm.train.evaluate
+
+    def recording_evaluate(model, *args, **kwargs):
+        evaluated.append(_weights_digest(model))
+        return real_evaluate(model, *args, **kwargs)
+
+    monkeypatch.setattr(oelm.train, "evaluate", recording_evaluate)
+    result, records, out = _flat_sst2_run(tmp_path, "training.early_stopping_patience=3")
+    perf, budget = result["performance"], result["budget"]
+    evals = [r["step"] for r in records if r["type"] == "eval"]
+    stops = [r for r in records if r["type"] == "early_stop"]
+    assert perf["best_step"] == 2 and evals == [2, 4, 6, 8]  # 3 validations after the best one, not one more
+    assert perf["early_stopped"] is True and perf["steps"] == budget["steps_run"] == budget["steps"] == 8
+    assert budget["planned_steps"] == 12 and budget["samples"] == 8 * 16
+    assert len(stops) == 1 and stops[0]["step"] == 8 and stops[0]["best_step"] == 2
+    assert stops[0]["evals_without_improvement"] == stops[0]["patience"] == 3 and stops[0]["planned_steps"] == 12
+    assert [r["step"] for r in records if r["type"] == "train"][-1] == 8  # the last steps' loss is logged, as at an end
+    assert [r["step"] for r in records if r["type"] == "test"] == [2] and perf["test"] is not None
+    # The test split was evaluated once, with the weights of the best validation (step 2), not the last.
+    assert len(evaluated) == len(evals) + 1 and evaluated[-1] == evaluated[0] != evaluated[-2]
+    assert "[baseline-seed0] early stop at step 8 of 12: no improvement in 3 validations (best accuracy" in (
+        capsys.readouterr().out)
+    report = (out / "report.md").read_text()
+    assert "| baseline | 0 | finished, stopped early at step 8 |" in report
+    assert "Stopped early (training.early_stopping_patience): baseline seed 0." in report
+    assert "finished (early stop)" in snapshot_text(out)
+
+
+def test_without_patience_a_flat_run_takes_every_planned_step(tmp_path, data_dir):
+    """None (the default) never stops; a patience that is never reached changes no number."""
+    result, records, out = _flat_sst2_run(tmp_path / "off")
+    patient, patient_records, _ = _flat_sst2_run(tmp_path / "patient", "training.early_stopping_patience=100")
+    perf, budget = result["performance"], result["budget"]
+    assert result["config"]["training"]["early_stopping_patience"] is None
+    assert perf["early_stopped"] is False and perf["steps"] == budget["steps_run"] == budget["planned_steps"] == 12
+    assert [r["step"] for r in records if r["type"] == "eval"] == list(range(2, 13, 2))
+    assert not any(r["type"] == "early_stop" for r in records)
+    assert "stopped early" not in (out / "report.md").read_text() and "early stop" not in snapshot_text(out)
+    assert perf == patient["performance"]
+
+    def numbers(rs):
+        return [{k: v for k, v in r.items() if k not in ("elapsed_seconds", "step_ms")} for r in rs]
+
+    assert numbers(records) == numbers(patient_records)
+
+
+EARLY_STOP = ["training.max_steps=45", "training.eval_every=10", "training.early_stopping_patience=2",
+              "training.early_stopping_min_delta=1.0e6"]  # no validation after the first beats it by 1e6
+
+
+def test_early_stopping_count_survives_a_resume(tmp_path, data_dir):
+    """The count of validations without improvement is in every checkpoint: interrupted at step
+    25 (one such validation behind it, at 20), the resumed run stops at 30 like an uninterrupted
+    one, bit-identical. Restarting the count would have run on to step 40 or to the end (45)."""
+    reference, ref_model, _ = in_process(tmp_path / "ref", *EARLY_STOP)
+    assert reference.early_stopped and reference.steps == 30 and reference.best_step in (10, 20, 30)
+    run_dir = tmp_path / "run"
+    with pytest.raises(RunInterruptedError):
+        in_process(run_dir, *EARLY_STOP, hook=sigterm_at(25))
+    saved = json.loads((run_dir / "checkpoints" / "step-25" / "trainer_state.json").read_text())
+    assert saved["evals_without_improvement"] == 1 and saved["early_stopping_reference"] is not None
+    resumed, model, _ = in_process(run_dir, *EARLY_STOP)
+    assert resumed.timing["process_start_steps"] == [0, 25]
+    assert resumed.early_stopped and resumed.steps == 30
+    assert in_process_summary(resumed, model, run_dir) == in_process_summary(reference, ref_model, tmp_path / "ref")
+    assert metrics_records(run_dir) == metrics_records(tmp_path / "ref")

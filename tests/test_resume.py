@@ -12,7 +12,8 @@ import signal
 import pytest
 import torch
 
-from _reliability import comparable, in_process, in_process_summary, metrics_records, run, start, wait_for_step
+from _reliability import (comparable, in_process, in_process_summary, metrics_records, run, sigterm_at, start,
+                          wait_for_step)
 from oelm.errors import RunInterruptedError
 from oelm.io import verify_dir
 
@@ -76,18 +77,6 @@ def test_sigterm_saves_a_checkpoint_exits_nonzero_and_resumes_identically(tmp_pa
     assert metrics_records(run_dir) == reference[1]
 
 
-def _sigterm_at(step: int):
-    """A forward hook that sends this process SIGTERM during training step ``step``."""
-    calls = {"n": 0}
-
-    def hook(module, args, kwargs, output):
-        if module.training:
-            calls["n"] += 1
-            if calls["n"] == step:
-                os.kill(os.getpid(), signal.SIGTERM)
-    return hook
-
-
 def _corrupt(ckpt, how: str) -> None:
     if how == "flip_byte":
         path = ckpt / "model.safetensors"
@@ -105,7 +94,7 @@ def _corrupt(ckpt, how: str) -> None:
 def test_corrupted_newest_checkpoint_is_skipped_for_the_previous_one(tmp_path, reference, how):
     run_dir = tmp_path / "run"
     with pytest.raises(RunInterruptedError) as info:
-        in_process(run_dir, hook=_sigterm_at(31))
+        in_process(run_dir, hook=sigterm_at(31))
     assert info.value.step == 31 and info.value.signal_name == "SIGTERM"
     ckpts = sorted((run_dir / "checkpoints").iterdir())
     assert [p.name for p in ckpts] == ["step-28", "step-31"]
@@ -121,7 +110,7 @@ def test_corrupted_newest_checkpoint_is_skipped_for_the_previous_one(tmp_path, r
 def test_resume_false_starts_over(tmp_path, reference):
     run_dir = tmp_path / "run"
     with pytest.raises(RunInterruptedError):
-        in_process(run_dir, hook=_sigterm_at(10))
+        in_process(run_dir, hook=sigterm_at(10))
     result, model, _ = in_process(run_dir, "training.resume=false")
     assert result.timing["process_start_steps"] == [0]
     assert in_process_summary(result, model, run_dir) == comparable(reference[0])
@@ -130,7 +119,7 @@ def test_resume_false_starts_over(tmp_path, reference):
 def test_checkpoint_layout_and_weights_only_loading(tmp_path, data_dir):
     run_dir = tmp_path / "run"
     with pytest.raises(RunInterruptedError):
-        in_process(run_dir, hook=_sigterm_at(23))  # after the validation at 20 and the checkpoint at 21
+        in_process(run_dir, hook=sigterm_at(23))  # after the validation at 20 and the checkpoint at 21
     ckpt = run_dir / "checkpoints" / "step-23"
     names = sorted(p.name for p in ckpt.iterdir())
     assert names == ["best.safetensors", "manifest.json", "model.safetensors", "state.pt", "trainer_state.json"]

@@ -204,6 +204,18 @@ class TrainingConfig(_Strict):
     eval_every: int | None = Field(None, gt=0, description="Validate every N optimizer steps (and at the end).")
     evals_per_epoch: int = Field(2, gt=0, description="Used when eval_every is not set.")
     eval_at_start: bool = Field(False, description="Also validate the untrained model at step 0 (learning curves start there).")
+    early_stopping_patience: int | None = Field(
+        None, gt=0,
+        description="Stop after this many consecutive validations without an improvement of the validation metric "
+        "(accuracy: higher, perplexity: lower); the test split is then evaluated with the best weights as at a normal "
+        "end. The learning-rate schedule keeps its planned length (it is not shortened). None = never stop early.",
+    )
+    early_stopping_min_delta: float = Field(
+        0.0, ge=0,
+        description="Early stopping: a validation counts as an improvement only when it beats the last counted one by "
+        "more than this, in the metric's unit (accuracy points %, perplexity). The best weights are still the "
+        "strictly best validation.",
+    )
     log_every: int = Field(10, gt=0, description="Steps between metric log lines and timer flushes.")
     timing_warmup_steps: int = Field(5, ge=0, description="First steps excluded from per-step statistics.")
     num_workers: int = Field(0, ge=0)

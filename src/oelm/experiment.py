@@ -128,6 +128,12 @@ def _run_one(
         test_loader=test_loader if evaluate_test else None,
         description=run_dir.name,
     )
+    if result.early_stopped:
+        metric = get_metric(result.metric)
+        by = f" by more than {training.early_stopping_min_delta:g}" if training.early_stopping_min_delta else ""
+        log(f"[{run_dir.name}] early stop at step {result.steps} of {total_steps}: no improvement{by} in "
+            f"{training.early_stopping_patience} validations (best {metric.name} {metric.format(result.best_validation)} "
+            f"at step {result.best_step})")
     env_after = capture_environment(device, probe=True)
     before = (env_before.get("matmul_probe") or {}).get("gflops")
     after = (env_after.get("matmul_probe") or {}).get("gflops")
@@ -145,6 +151,7 @@ def _run_one(
         "budget": {
             "steps": result.steps,
             "planned_steps": total_steps,
+            "steps_run": result.steps,  # optimizer steps taken: fewer than planned_steps after an early stop
             "samples": result.timing.get("samples"),
             "tokens": result.timing.get("tokens"),
             "batch_size": training.batch_size,
@@ -173,6 +180,7 @@ def _run_one(
             "final_train_loss": result.final_train_loss,
             "test": result.test,
             "steps": result.steps,
+            "early_stopped": result.early_stopped,
         },
         "timing": result.timing,
         # A SIGTERM/SIGINT that arrived during the final evaluation: the run is complete and kept,

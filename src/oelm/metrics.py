@@ -6,6 +6,7 @@ no other module tests ``metric == "accuracy"``::
     from oelm.metrics import get_metric
     m = get_metric("perplexity")
     m.better(4.2, 4.7)          # True: lower is better
+    m.improves(4.65, 4.7, min_delta=0.1)   # False: better, but by less than 0.1
     m.format(4.6912)            # '4.691'
     get_metric("accuracy").chance_level(num_labels=2, majority_percent=50.92)   # 50.92
 
@@ -42,6 +43,11 @@ class Metric:
     def better(self, a: float, b: float) -> bool:
         """Is ``a`` strictly better than ``b``?"""
         return a > b if self.higher_is_better else a < b
+
+    def improves(self, value: float, reference: float, min_delta: float = 0.0) -> bool:
+        """Is ``value`` better than ``reference`` by more than ``min_delta`` (in the metric's unit)?
+        With ``min_delta=0`` this is :meth:`better`."""
+        return self.better(value, reference + min_delta if self.higher_is_better else reference - min_delta)
 
     def reaches(self, value: float, target: float) -> bool:
         """Has ``value`` reached ``target`` (``>=`` when higher is better, else ``<=``)?"""

@@ -72,7 +72,8 @@ def collect_runs(out: Path, now: float | None = None) -> list[dict[str, Any]]:
 
     Keys: ``name``, ``method``, ``seed``, ``stage``, ``learning_rate``, ``state`` (one of
     :data:`STATES`), ``step``, ``total_steps``, ``train_loss``, ``validation`` (latest value, the
-    metric named in ``metric``), ``elapsed_seconds`` and ``eta_seconds`` (None when unknown).
+    metric named in ``metric``), ``elapsed_seconds`` and ``eta_seconds`` (None when unknown),
+    ``early_stopped`` (a finished run that stopped before ``total_steps``: early stopping).
 
     Raises:
         OELMError: ``out`` is not an ``oelm run`` output directory.
@@ -99,7 +100,8 @@ def collect_runs(out: Path, now: float | None = None) -> list[dict[str, Any]]:
     for e in entries:
         row = {"name": e.get("name"), "method": e.get("method"), "seed": e.get("seed"), "stage": e.get("stage"),
                "learning_rate": e.get("learning_rate"), "state": "pending", "step": None, "total_steps": None,
-               "train_loss": None, "validation": None, "metric": None, "elapsed_seconds": None, "eta_seconds": None}
+               "train_loss": None, "validation": None, "metric": None, "elapsed_seconds": None, "eta_seconds": None,
+               "early_stopped": False}
         rows.append(row)
         if not e.get("name"):
             continue
@@ -118,6 +120,7 @@ def collect_runs(out: Path, now: float | None = None) -> list[dict[str, Any]]:
             state = "failed" if result.get("status") == "failed" else "finished"
             if state == "finished":
                 row["step"] = (result.get("performance") or {}).get("steps", row["step"])
+                row["early_stopped"] = bool((result.get("performance") or {}).get("early_stopped"))
                 row["stage"] = result.get("stage", row["stage"])
         elif state == "running" and status.get("host") == platform.node() and status.get("pid") and not _alive(status["pid"]):
             state = "interrupted"
@@ -150,7 +153,7 @@ def _cells(row: dict[str, Any]) -> list[str]:
     return [
         name,
         row["stage"] or "–",
-        row["state"],
+        row["state"] + (" (early stop)" if row.get("early_stopped") else ""),
         "–" if row["learning_rate"] is None else f"{row['learning_rate']:g}",
         step,
         "–" if row["train_loss"] is None else f"{row['train_loss']:.4f}",

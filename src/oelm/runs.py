@@ -85,7 +85,8 @@ class Performance(TypedDict, total=False):
     final_validation: float
     final_train_loss: float
     test: float | None
-    steps: int
+    steps: int  # optimizer steps taken
+    early_stopped: bool  # training.early_stopping_patience ended it before budget.planned_steps (absent in older results)
 
 
 class RunResult(TypedDict, total=False):
@@ -95,7 +96,8 @@ class RunResult(TypedDict, total=False):
     "final"), ``selected``, ``task``, ``model``. ``status`` is "finished" or "failed"; a failed
     run has ``failure`` {kind, message, step} and no numbers. A finished run has ``config``,
     ``method_config``, ``init_from``, ``data`` (per split sizes, label counts), ``budget``
-    (steps, samples, tokens, batch sizes, accumulation, world size), ``environment``,
+    (steps and steps_run: taken, planned_steps; samples, tokens, batch sizes, accumulation, world
+    size), ``environment``,
     ``parameters`` (total / trainable / frozen, per group), ``projections``, ``performance``
     (:class:`Performance`), ``timing`` (see :func:`oelm.train.train`) and ``stop_signal``,
     and (with ``training.save_best_checkpoint``) ``checkpoint`` {path (relative to the run

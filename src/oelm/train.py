@@ -4,16 +4,17 @@ The loop is deliberately plain: AdamW over ``requires_grad`` parameters only (fr
 never enter the optimizer, so weight decay cannot move them), linear warmup then linear,
 cosine, constant or warmup-stable-decay (``transformers``' schedulers), gradient accumulation,
 gradient clipping, optional bf16 autocast and ``torch.compile``, validation every N steps and
-at the end, the best weights chosen on validation only, a test split evaluated once with those
-best weights. Everything it measures goes to ``metrics.jsonl`` (one JSON object per line) and
-TensorBoard. One process or many (``accelerate launch`` / ``torchrun``: DDP, or FSDP through
-Accelerate's plugin); only rank 0 writes files.
+at the end, optional early stopping on the validation metric, the best weights chosen on
+validation only, a test split evaluated once with those best weights. Everything it measures
+goes to ``metrics.jsonl`` (one JSON object per line) and TensorBoard. One process or many
+(``accelerate launch`` / ``torchrun``: DDP, or FSDP through Accelerate's plugin); only rank 0
+writes files.
 
 Reading order: :func:`train` at the bottom calls, top-down, :func:`_setup` (the
 :class:`_Engine`: optimizer, schedule, Accelerate), :func:`_warm_up`, :func:`_start_or_resume`
 (a :class:`TrainState` from the newest checkpoint), :func:`_run_epochs` (each step is
-:func:`optimizer_step`; :func:`_log_train`, :func:`_validate` and :func:`_save_checkpoint`
-on their cadence), :func:`_save_best_and_test` and :func:`_timing`.
+:func:`optimizer_step`; :func:`_log_train`, :func:`_validate` (then :func:`_early_stop_due`)
+and :func:`_save_checkpoint` on their cadence), :func:`_save_best_and_test` and :func:`_timing`.
 
 Timing follows :mod:`oelm.timing`: each optimizer step is timed on its own (CUDA events read at
 log intervals on GPU, ``perf_counter`` on CPU), time waiting for the data loader and time spent
@@ -86,6 +87,7 @@ class TrainResult:
     timing: dict[str, Any]
     history: list[dict[str, Any]] = field(default_factory=list)
     stop_signal: str | None = None  # SIGTERM/SIGINT that arrived during the final evaluation
+    early_stopped: bool = False  # stopped by training.early_stopping_patience before the planned steps
 
 
 def build_optimizer(model: nn.Module, learning_rate: float, config: TrainingConfig) -> torch.optim.AdamW:
@@ -485,6 +487,9 @@ class TrainState:
 
     ``step`` counts optimizer steps, ``batches_in_epoch`` micro-batches consumed in the current
     epoch (the sampler position), ``running_n`` micro-steps since the last train log line.
+    Early stopping counts ``evals_without_improvement`` (consecutive validations that did not beat
+    ``early_stopping_reference``, the last validation value that counted as an improvement, by
+    more than ``early_stopping_min_delta``); both are 0/None in checkpoints written before them.
     Times are seconds; ``elapsed_seconds`` is the run time of earlier processes of a resumed run.
     The best-on-validation weights live beside it (``best.safetensors``), the tensors (optimizer,
     scheduler, RNG, timer) in ``state.pt``.
@@ -497,6 +502,8 @@ class TrainState:
     last_loss: float = float("nan")
     best_value: float | None = None
     best_step: int = 0
+    evals_without_improvement: int = 0
+    early_stopping_reference: float | None = None
     last_eval: dict[str, float] | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
     per_epoch_seconds: list[float] = field(default_factory=list)
@@ -782,7 +789,9 @@ def _check_finite(engine: _Engine, at_step: int) -> None:
 
 
 def _validate(engine: _Engine, state: TrainState, loader: DataLoader, at_step: int) -> None:
-    """Evaluate on the validation loader, log it, and keep the weights when they are the best."""
+    """Evaluate on the validation loader, log it, keep the weights when they are the best, and
+    count validations without an improvement (early stopping). The value is the same on every
+    process (reduced over them in :func:`evaluate`), so every rank keeps the same best and count."""
     with engine.phases.measure("validation"):
         try:
             result = evaluate(engine.model, loader, engine.metric.name, engine.config.mixed_precision,
@@ -799,6 +808,39 @@ def _validate(engine: _Engine, state: TrainState, loader: DataLoader, at_step: i
     if state.best_value is None or engine.metric.better(result["value"], state.best_value):
         state.best_value, state.best_step = result["value"], at_step
         engine.best_state = _cpu_copy(engine.unwrapped)
+    reference = state.early_stopping_reference
+    if reference is None or engine.metric.improves(result["value"], reference, engine.config.early_stopping_min_delta):
+        state.early_stopping_reference, state.evals_without_improvement = result["value"], 0
+    else:
+        state.evals_without_improvement += 1
+
+
+def _early_stop_due(engine: _Engine, state: TrainState) -> bool:
+    """Has the run gone ``early_stopping_patience`` validations without an improvement? Every
+    process counts from the same reduced validation values; on several processes they also agree
+    by an all-reduce (any says stop: all stop), so none can be left waiting in a collective."""
+    patience = engine.config.early_stopping_patience
+    if patience is None:
+        return False
+    due = state.evals_without_improvement >= patience
+    if engine.world_size > 1:
+        flag = torch.tensor(float(due), device=engine.device)
+        due = bool(engine.accelerator.reduce(flag, "sum") > 0)
+    return due
+
+
+def _stop_early(engine: _Engine, state: TrainState) -> None:
+    """Log the steps since the last train line (as at the last planned step) and the
+    ``early_stop`` record; the caller leaves the loop and the run ends as a finished one."""
+    if state.running_n:
+        _log_train(engine, state)
+    record = {"type": "early_stop", "step": state.step, "planned_steps": engine.total_steps,
+              "evals_without_improvement": state.evals_without_improvement,
+              "patience": engine.config.early_stopping_patience, "min_delta": engine.config.early_stopping_min_delta,
+              "best_step": state.best_step, f"best_{engine.metric.name}": state.best_value,
+              "elapsed_seconds": time.perf_counter() - engine.t_start}
+    engine.log.write(record)
+    state.history.append(record)
 
 
 def _save_checkpoint(engine: _Engine, state: TrainState) -> Path:
@@ -960,8 +1002,9 @@ def _stop_requested(engine: _Engine, stop: _StopSignals, state: TrainState) -> b
 
 
 def _run_epochs(engine: _Engine, state: TrainState, loaders: tuple, generators: list, base_seeds: list,
-                rng_to_restore: tuple | None, stop: _StopSignals, bar) -> None:
+                rng_to_restore: tuple | None, stop: _StopSignals, bar) -> bool:
     """The loop: epochs of optimizer steps, with logging, validation and checkpoints on their cadence.
+    Returns True when it stopped early (``early_stopping_patience``), right after that validation.
 
     Raises:
         RunInterruptedError: a stop signal arrived; a checkpoint of the finished step was saved.
@@ -969,7 +1012,8 @@ def _run_epochs(engine: _Engine, state: TrainState, loaders: tuple, generators: 
     e, config = engine, engine.config
     train_loader, eval_loader, _ = loaders
     micro_batches_per_epoch = e.steps_per_epoch * e.accumulation
-    while state.step < e.total_steps:
+    stopped_early = False
+    while state.step < e.total_steps and not stopped_early:
         clock = _EpochClock(e.phases, state.epoch_elapsed_seconds)
         state.epoch_elapsed_seconds = 0.0
         for g, seed in zip(generators, base_seeds):
@@ -998,6 +1042,10 @@ def _run_epochs(engine: _Engine, state: TrainState, loaders: tuple, generators: 
             if validated:
                 _validate(e, state, eval_loader, state.step)
                 bar.set_postfix(loss=f"{state.last_loss:.4f}", val=f"{state.last_eval['value']:.3f}", refresh=False)
+                stopped_early = _early_stop_due(e, state)
+                if stopped_early:
+                    _stop_early(e, state)
+                    break
             if _stop_requested(e, stop, state):
                 state.epoch_elapsed_seconds = clock.seconds()
                 path = _save_checkpoint(e, state)
@@ -1015,6 +1063,7 @@ def _run_epochs(engine: _Engine, state: TrainState, loaders: tuple, generators: 
         state.per_epoch_seconds.append(clock.seconds())
         state.epoch += 1
         state.batches_in_epoch = 0
+    return stopped_early
 
 
 def _save_best_and_test(engine: _Engine, state: TrainState, test_loader: DataLoader | None) -> float | None:
@@ -1164,6 +1213,20 @@ def train(
         RNG states are rank 0's after a resume), they are equal up to the non-determinism of the
         kernels used (not guaranteed bit-identical; the same holds for two uninterrupted GPU runs).
 
+    Early stopping:
+        With ``config.early_stopping_patience = P`` the run stops right after the validation that
+        makes P in a row without an improvement: a value better than the last one that counted
+        (the first validation counts) by more than ``config.early_stopping_min_delta`` (with the
+        default 0: strictly better, so the run stops exactly P validations after its best one).
+        It then ends as at its last planned step: the steps since the last train line are
+        logged, an ``early_stop`` record goes to ``metrics.jsonl``, the best-on-validation
+        weights are saved and tested once, the checkpoints are removed; no second validation of
+        that step. ``TrainResult.early_stopped`` is True and ``steps`` counts the steps taken. The
+        schedule is not re-planned: it was built for the planned ``total_steps`` and simply ends
+        where it was (a linear or cosine decay has not reached 0). The count lives in
+        :class:`TrainState`, so a resumed run continues it; on several processes every rank
+        counts the same reduced values and they agree by an all-reduce before stopping.
+
     Faults:
         NaN/Inf in the training loss or the gradient norm is checked at log intervals (and
         before every checkpoint), not every step, so the step path never waits for the GPU;
@@ -1228,8 +1291,9 @@ def train(
     telemetry = GPUTelemetry(engine.device)
     try:
         with stop, telemetry:
-            _run_epochs(engine, state, loaders, generators, base_seeds, rng_to_restore, stop, bar)
-            _validate(engine, state, loaders[1], state.step)
+            stopped_early = _run_epochs(engine, state, loaders, generators, base_seeds, rng_to_restore, stop, bar)
+            if not stopped_early:  # an early stop happens right after a validation of this step
+                _validate(engine, state, loaders[1], state.step)
             stop_signal = stop.name
     finally:
         bar.close()
@@ -1250,4 +1314,5 @@ def train(
         timing=_timing(engine, state, warmup_seconds, telemetry.summary()),
         history=state.history,
         stop_signal=stop_signal,
+        early_stopped=stopped_early,
     )

@@ -172,6 +172,8 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
                 "device": device_label(r),
                 "collapse": reasons,
             })
+            if perf.get("early_stopped"):  # only then: comparisons of runs without early stopping stay as they were
+                per_run[-1]["stopped_early_at"] = perf.get("steps")
             if reasons:
                 excluded.append({"seed": r["seed"], "reasons": reasons})
                 collapsed.append({"method": name, "seed": r["seed"], "reasons": reasons})

@@ -179,9 +179,14 @@ def build_sections(comparison: dict[str, Any], out: Path | None, step_ms: dict[s
 
     s = Section("Runs")
     rows = []
+    stopped_early = []
     for n, m in c["methods"].items():
         for r in m.get("runs", []):
-            rows.append([n, str(r["seed"]), r["status"], _num(r["best_validation"]), _num(r["final_validation"]),
+            status = r["status"]
+            if r.get("stopped_early_at") is not None:
+                status += f", stopped early at step {r['stopped_early_at']}"
+                stopped_early.append(f"{n} seed {r['seed']}")
+            rows.append([n, str(r["seed"]), status, _num(r["best_validation"]), _num(r["final_validation"]),
                          _num(r["test"]), _num(r["total_seconds"], 1),
                          "–" if r["learning_rate"] is None else f"{r['learning_rate']:g}",
                          "; ".join(r["collapse"]) or "ok"])
@@ -202,6 +207,9 @@ def build_sections(comparison: dict[str, Any], out: Path | None, step_ms: dict[s
         "if any training loss or its validation value is non-finite, if an accuracy run's final validation accuracy is at "
         f"or below chance ({chance}), or if a perplexity run's final validation perplexity is not below its first evaluation."
     )
+    if stopped_early:
+        s.text(f"Stopped early (training.early_stopping_patience): {', '.join(stopped_early)}. Their time columns cover "
+               "fewer optimizer steps than planned, so their times are not a same-budget comparison.")
     sections.append(s)
 
     if c.get("sweep"):
