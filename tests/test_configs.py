@@ -21,6 +21,7 @@ from oelm.method import apply_oelm
 ROOT = Path(__file__).resolve().parents[1] / "configs"
 ORIGINAL = sorted((ROOT / "original").rglob("*.yaml"))
 CPU = sorted((ROOT / "cpu").rglob("*.yaml"))
+EVIDENCE = sorted((ROOT / "evidence").glob("*.yaml"))  # issue 10's real-scale matrices
 ids = lambda paths: [str(p.relative_to(ROOT)) for p in paths]  # noqa: E731
 
 PUBLISHED = {
@@ -58,7 +59,7 @@ def test_every_original_config_has_a_cpu_counterpart():
     assert {p.relative_to(ROOT / "original") for p in ORIGINAL} == {p.relative_to(ROOT / "cpu") for p in CPU}
 
 
-@pytest.mark.parametrize("path", ORIGINAL + CPU, ids=ids(ORIGINAL + CPU))
+@pytest.mark.parametrize("path", ORIGINAL + CPU + EVIDENCE, ids=ids(ORIGINAL + CPU + EVIDENCE))
 def test_config_is_fair_by_default(path):
     config = load_config(path)
     assert len(config.seeds) >= 3, "three seeds or more"
@@ -95,7 +96,7 @@ def test_original_config_builds_without_weights(path):
         del model
 
 
-@pytest.mark.parametrize("path", CPU, ids=ids(CPU))
+@pytest.mark.parametrize("path", CPU + EVIDENCE, ids=ids(CPU + EVIDENCE))
 def test_cpu_config_runs_on_local_data(path, data_dir):
     config = load_config(path)
     spec = get_dataset_spec(config.task.dataset)
@@ -114,3 +115,19 @@ def test_cpu_config_runs_on_local_data(path, data_dir):
         assert Path(config.init_from) == Path(stage1.output_dir)
         assert config.task.tokenizer == stage1.task.tokenizer
         assert config.model.gpt_overrides["context_length"] == stage1.model.gpt_overrides["context_length"]
+
+
+def test_evidence_configs_are_issue_10s_matrices():
+    """Full SST-2 with the five methods; every matrix 3 seeds, a 3-rate grid per method (an interior
+    rate exists), the GPT runs trained until validation stops improving, test splits where they exist."""
+    assert {p.name for p in EVIDENCE} == {"sst2_minilm.yaml", "gpt_cls_imdb.yaml", "gpt_cls_ag_news.yaml", "tinystories_lm.yaml"}
+    for path in EVIDENCE:
+        config = load_config(path)
+        assert config.seeds == [0, 1, 2] and config.training.progress_bar is False, path.name
+        for m in config.methods:
+            assert len(config.learning_rate_candidates(m)) == 3, (path.name, m.name)
+        if config.model.gpt:
+            assert config.training.early_stopping_patience, path.name
+    sst2 = load_config(ROOT / "evidence" / "sst2_minilm.yaml")
+    assert sst2.task.train_samples is None and sst2.task.test_split == "test" and sst2.training.epochs >= 1
+    assert [m.name for m in sst2.methods] == ["baseline", "oelm_freeze", "oelm_random", "oelm_random_matched", "oelm_global"]
