@@ -360,6 +360,27 @@ def test_sweep_selects_on_validation_and_tests_only_selected_runs(swept):
     assert comparison["methods"]["baseline"]["seeds"] == [0, 1] or sorted(comparison["methods"]["baseline"]["seeds"]) == [0, 1]
 
 
+def test_sweep_records_whether_the_selected_rate_is_on_its_grid_edge(swept):
+    """A 2-rate grid: whichever rate wins sits on an edge; sweep.json, comparison.json and the
+    report say which. The single-rate method has no sweep: absent from sweep.json, null in the
+    comparison, no note."""
+    _, out = swept
+    sweep = json.loads((out / "sweep.json").read_text())
+    best = sweep["selected_learning_rates"]["baseline"]
+    edge = {1e-4: "low", 3e-3: "high"}[best]
+    assert sweep["selected_at_grid_edge"] == {"baseline": edge}
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert comparison["methods"]["baseline"]["selected_at_grid_edge"] == edge
+    assert comparison["methods"]["baseline"]["learning_rate_grid"] == [1e-4, 3e-3]
+    assert comparison["methods"]["oelm_freeze"]["selected_at_grid_edge"] is None
+    assert comparison["methods"]["oelm_freeze"]["learning_rate_grid"] is None
+    note = (f"baseline: selected learning rate {best:g} is the {'lowest' if edge == 'low' else 'highest'} of its grid "
+            "[0.0001, 0.003]; a wider grid could change the result.")
+    assert note in comparison["warnings"]
+    assert f"- {note}" in (out / "report.md").read_text()
+    assert "oelm_freeze: selected learning rate" not in (out / "report.md").read_text()
+
+
 @pytest.mark.parametrize("winner, failed_top, edge", [
     (1e-4, False, "low"), (2e-4, False, None), (4e-4, False, "high"),
     (4e-4, True, None),  # a candidate above it was tried and failed: 4e-4 is interior
