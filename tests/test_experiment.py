@@ -360,6 +360,56 @@ def test_sweep_selects_on_validation_and_tests_only_selected_runs(swept):
     assert comparison["methods"]["baseline"]["seeds"] == [0, 1] or sorted(comparison["methods"]["baseline"]["seeds"]) == [0, 1]
 
 
+def test_sweep_records_whether_the_selected_rate_is_on_its_grid_edge(swept):
+    """A 2-rate grid: whichever rate wins sits on an edge; sweep.json, comparison.json and the
+    report say which. The single-rate method has no sweep: absent from sweep.json, null in the
+    comparison, no note."""
+    _, out = swept
+    sweep = json.loads((out / "sweep.json").read_text())
+    best = sweep["selected_learning_rates"]["baseline"]
+    edge = {1e-4: "low", 3e-3: "high"}[best]
+    assert sweep["selected_at_grid_edge"] == {"baseline": edge}
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert comparison["methods"]["baseline"]["selected_at_grid_edge"] == edge
+    assert comparison["methods"]["baseline"]["learning_rate_grid"] == [1e-4, 3e-3]
+    assert comparison["methods"]["oelm_freeze"]["selected_at_grid_edge"] is None
+    assert comparison["methods"]["oelm_freeze"]["learning_rate_grid"] is None
+    note = (f"baseline: selected learning rate {best:g} is the {'lowest' if edge == 'low' else 'highest'} of its grid "
+            "[0.0001, 0.003]; a wider grid could change the result.")
+    assert note in comparison["warnings"]
+    assert f"- {note}" in (out / "report.md").read_text()
+    assert "oelm_freeze: selected learning rate" not in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("winner, failed_top, edge", [
+    (1e-4, False, "low"), (2e-4, False, None), (4e-4, False, "high"),
+    (4e-4, True, None),  # a candidate above it was tried and failed: 4e-4 is interior
+])
+def test_selection_writes_the_grid_edge_of_the_winner(tmp_path, winner, failed_top, edge):
+    """_select_learning_rates with made-up sweep results: sweep.json's selected_at_grid_edge is
+    the winner's edge of the candidates tried (interior: null); a failed candidate is a grid point."""
+    from types import SimpleNamespace
+
+    from oelm.config import config_from_dict
+    from oelm.experiment import _select_learning_rates
+
+    grid = [1e-4, 2e-4, 4e-4] + ([8e-4] if failed_top else [])
+    c = config_from_dict({
+        "name": "x", "task": {"dataset": "sst2"}, "model": {"gpt": "gpt-tiny"}, "seeds": [0],
+        "methods": [{"name": "baseline", "learning_rates": grid}, {"name": "oelm_freeze", "learning_rate": 1e-3}],
+    })
+    results = {("baseline", lr, 0): {"status": "finished", "performance": {"best_validation": 90.0 if lr == winner else 60.0}}
+               for lr in grid}
+    if failed_top:
+        results[("baseline", 8e-4, 0)] = {"status": "failed", "performance": None}
+    logged: list[str] = []
+    matrix = SimpleNamespace(config=c, out=tmp_path, data=SimpleNamespace(metric="accuracy"), log=logged.append)
+    assert _select_learning_rates(matrix, results) == {"baseline": winner}
+    sweep = json.loads((tmp_path / "sweep.json").read_text())
+    assert sweep["selected_at_grid_edge"] == {"baseline": edge}  # oelm_freeze has one rate: no sweep, not listed
+    assert sweep["selected_learning_rates"] == {"baseline": winner}
+    assert any("a wider grid could change the result" in line for line in logged) == (edge is not None)
+
 def test_sweep_and_final_stages_are_interleaved():
     from oelm.config import config_from_dict
 

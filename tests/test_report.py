@@ -287,6 +287,60 @@ def test_sweep_table_when_present(lm_run, tmp_path):
     assert "## Learning-rate sweep (validation only)" in md and "| baseline | 0.003 | 0 | 250.00 | finished | ✔ |" in md
 
 
+def _old_sweep(out: Path, grid: list[float], selected: float, **extra) -> None:
+    """A ``sweep.json`` for baseline as written before ``selected_at_grid_edge`` existed."""
+    sweep = {"selection_metric": "best_validation", "sweep_seeds": [0], "selected_learning_rates": {"baseline": selected},
+             "methods": {"baseline": [{"learning_rate": lr, "seed": 0, "best_validation": 200.0 if lr == selected else 300.0,
+                                       "selected": lr == selected, "status": "finished"} for lr in grid]}, **extra}
+    (out / "sweep.json").write_text(json.dumps(sweep))
+
+
+def test_grid_edge_needs_two_rates_and_a_selection():
+    from oelm.runs import grid_edge
+
+    assert grid_edge([4e-4, 1e-4, 2e-4], 1e-4) == "low" and grid_edge([4e-4, 1e-4, 2e-4], 4e-4) == "high"
+    assert grid_edge([1e-4, 2e-4, 4e-4], 2e-4) is None
+    assert grid_edge([1e-4, 2e-4], 2e-4) == "high"  # with two rates every selection is on an edge
+    assert grid_edge([1e-4], 1e-4) is None and grid_edge([1e-4, 1e-4], 1e-4) is None  # one rate: no sweep
+    assert grid_edge([1e-4, 2e-4], None) is None  # nothing selected (every sweep run failed)
+
+
+@pytest.mark.parametrize("selected, edge, word", [(1e-3, "low", "lowest"), (3e-3, "high", "highest")])
+def test_selected_rate_on_the_edge_of_its_grid_is_flagged_and_noted(lm_run, tmp_path, selected, edge, word):
+    """An old sweep.json (no selected_at_grid_edge key): the report computes the flag from the
+    sweep's entries and writes it to comparison.json, report.md and report.html."""
+    out = tmp_path / "edge"
+    shutil.copytree(lm_run, out)
+    _old_sweep(out, [1e-3, 2e-3, 3e-3], selected)
+    from oelm.config import load_config
+
+    write_comparison(load_config(ROOT / "configs/tinystories-tiny.yaml", TINY_LM), load_results(out), out)
+    c = json.loads((out / "comparison.json").read_text())
+    assert c["methods"]["baseline"]["selected_at_grid_edge"] == edge
+    assert c["methods"]["baseline"]["learning_rate_grid"] == [1e-3, 2e-3, 3e-3]
+    assert c["methods"]["oelm_freeze"]["selected_at_grid_edge"] is None  # not swept
+    assert "selected_at_grid_edge" not in c["sweep"]  # sweep.json itself is copied as it is
+    note = f"baseline: selected learning rate {selected:g} is the {word} of its grid [0.001, 0.002, 0.003]; a wider grid could change the result."
+    assert [w for w in c["warnings"] if "wider grid" in w] == [note]
+    md = (out / "report.md").read_text()
+    assert f"- {note}" in md.split("## Warnings", 1)[1].split("\n## ", 1)[0]
+    assert f"<li>{note}</li>" in (out / "report.html").read_text()
+
+
+def test_interior_selection_has_no_grid_edge_note_whatever_the_file_says(lm_run, tmp_path):
+    out = tmp_path / "interior"
+    shutil.copytree(lm_run, out)
+    _old_sweep(out, [1e-3, 3e-3, 1e-2], 3e-3, selected_at_grid_edge={"baseline": "high"})  # a stale key is not trusted
+    from oelm.config import load_config
+    from oelm.report import render_report
+
+    c = compare_results(load_config(ROOT / "configs/tinystories-tiny.yaml", TINY_LM), load_results(out), out)
+    assert c["methods"]["baseline"]["selected_at_grid_edge"] is None
+    assert c["methods"]["baseline"]["learning_rate_grid"] == [1e-3, 3e-3, 1e-2]
+    assert not any("wider grid" in w for w in c["warnings"])
+    assert "wider grid" not in render_report(c)
+
+
 def test_report_of_a_directory_without_runs_is_a_clear_error(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     assert "no config.yaml" in capsys.readouterr().err

@@ -7,7 +7,8 @@ One experiment = one task, one model source, several methods, several seeds::
       config.yaml, experiment.json     the resolved config and its fingerprint (resume check)
       plan.json                        every planned run (read by `oelm monitor`)
       runs/<method>[-lr<lr>]-seed<k>/  status.json, result.json, metrics.jsonl, tensorboard/, checkpoint/
-      sweep.json                       the learning-rate sweep and the selected rates
+      sweep.json                       the learning-rate sweep, the selected rates and which sit on
+                                       an edge of their grid
       comparison.json, report.md       the final runs of each method against baseline
 
 Rules kept here:
@@ -52,7 +53,7 @@ from oelm.lock import hold_output_lock
 from oelm.metrics import get_metric
 from oelm.models.build import build_model, build_run_model, check_sequence_length, resolve_init_from
 from oelm.report import write_comparison
-from oelm.runs import PlannedRun, checkpoint_record, run_name, verify_checkpoint
+from oelm.runs import PlannedRun, checkpoint_record, grid_edge, run_name, verify_checkpoint
 from oelm.runs import write_status as _write_status_file
 
 # Every process of a launched job runs the protocol; rank 0 alone writes its files.
@@ -604,9 +605,16 @@ def _execute(matrix: _Matrix, run: PlannedRun, evaluate_test: bool) -> dict:
 
 def _select_learning_rates(matrix: _Matrix, sweep_results: dict[tuple[str, float, int], dict]) -> dict[str, float]:
     """Per swept method, the candidate with the best mean best-validation over the sweep seeds
-    (failed runs excluded); writes ``sweep.json`` and the updated ``plan.json``."""
+    (failed runs excluded); writes ``sweep.json`` and the updated ``plan.json``.
+
+    ``sweep.json`` lists swept methods only (two or more candidates); a method with one learning
+    rate has no sweep and appears in none of its keys. ``selected_at_grid_edge``: per swept
+    method ``"low"`` / ``"high"`` when the selected rate is the smallest / largest candidate (a
+    wider grid could move the result), null when it is interior or nothing was selected (every
+    sweep run failed); see :func:`oelm.runs.grid_edge`."""
     config, log = matrix.config, matrix.log
     selected: dict[str, float] = {}
+    edges: dict[str, str | None] = {}
     sweep_summary: dict[str, list[dict]] = {}
     for m in config.methods:
         cands = config.learning_rate_candidates(m)
@@ -623,6 +631,10 @@ def _select_learning_rates(matrix: _Matrix, sweep_results: dict[tuple[str, float
         else:
             selected[m.name] = choice
             log(f"[{m.name}] selected learning rate {choice:g} (mean best validation over seeds {config.sweep_seed_list()})")
+        edges[m.name] = grid_edge(cands, choice)
+        if edges[m.name]:
+            log(f"[{m.name}] the selected learning rate is the {'lowest' if edges[m.name] == 'low' else 'highest'} "
+                f"of its grid [{', '.join(f'{lr:g}' for lr in sorted(cands))}]; a wider grid could change the result")
         sweep_summary[m.name] = [
             {"learning_rate": lr, "seed": s, "best_validation": (r.get("performance") or {}).get("best_validation"),
              "selected": lr == choice, "status": r.get("status")}
@@ -634,6 +646,7 @@ def _select_learning_rates(matrix: _Matrix, sweep_results: dict[tuple[str, float
             "selection_rule": "mean over sweep seeds; highest accuracy / lowest perplexity; ties: first candidate",
             "sweep_seeds": config.sweep_seed_list(),
             "selected_learning_rates": selected,
+            "selected_at_grid_edge": edges,
             "methods": sweep_summary,
         })
     _write_plan(matrix.out, config, selected)

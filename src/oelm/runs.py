@@ -13,19 +13,21 @@ each other. An experiment's output folder::
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import platform
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, Iterable, TypedDict
 
 from oelm.errors import ChecksumError
 from oelm.io import read_json, sha256_file, write_json_atomic
 
 __all__ = [
     "DRIFT_WARNING_PERCENT",
+    "grid_edge",
     "PlannedRun",
     "RunResult",
     "Performance",
@@ -46,6 +48,24 @@ BEST_CHECKPOINT = "checkpoint/model.safetensors"
 DRIFT_WARNING_PERCENT = 10.0
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def grid_edge(learning_rates: Iterable[float], selected: float | None) -> str | None:
+    """Where ``selected`` sits in the learning-rate grid it was chosen from: ``"low"`` (the
+    smallest candidate), ``"high"`` (the largest) or None (an interior candidate, no selection,
+    or a grid of fewer than 2 distinct rates, i.e. no sweep). A selection on an edge means the
+    best rate may lie outside the grid, so a wider grid could change the result.
+
+    ``learning_rates`` is every candidate tried, whatever its runs' status (the writer passes
+    the configured grid; the report the rates of ``sweep.json``'s entries)."""
+    grid = sorted({float(lr) for lr in learning_rates if lr is not None})
+    if selected is None or len(grid) < 2:
+        return None
+    if math.isclose(selected, grid[0], rel_tol=1e-9):
+        return "low"
+    if math.isclose(selected, grid[-1], rel_tol=1e-9):
+        return "high"
+    return None
 
 
 def run_name(method: str, seed: int, learning_rate: float | None = None) -> str:

@@ -4,7 +4,9 @@ Inputs are what ``oelm run`` writes: per run ``runs/<method>-seed<k>/result.json
 dicts passed in) and ``metrics.jsonl`` (read from the output directory when it is given).
 Fields added by later versions of the runner are used when present and never required:
 ``result["timing"]["step_ms"]`` (every measured step), ``result["status"]`` / ``["failure"]``,
-``result["learning_rate"]``, ``result["data"]["num_labels"]`` and ``sweep.json``.
+``result["learning_rate"]``, ``result["data"]["num_labels"]`` and ``sweep.json`` (whose
+``selected_at_grid_edge`` is not read: the report recomputes it from the sweep's entries, so
+outputs written before that key existed get it too).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 from oelm.io import read_json, read_jsonl
 from oelm.metrics import get_metric
-from oelm.runs import DRIFT_WARNING_PERCENT, run_name
+from oelm.runs import DRIFT_WARNING_PERCENT, grid_edge, run_name
 from oelm.report.stats import (
     CHANCE_MARGIN_POINTS,
     collapse_reasons,
@@ -131,7 +133,11 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
     Per method (sound runs only; collapsed runs listed under ``excluded``): ``summarize`` (mean,
     std, n, 95% t interval) of best/final validation, test, total and train seconds, median step
     ms and tokens/s; ``step_times`` (:func:`~oelm.report.stats.step_time_stats` of all sound runs'
-    steps pooled); parameters, learning rate, devices, speed-probe drift per seed.
+    steps pooled); parameters, learning rate, devices, speed-probe drift per seed;
+    ``learning_rate_grid`` (the sorted rates of its learning-rate sweep, None when it was not
+    swept) and ``selected_at_grid_edge`` (``"low"`` / ``"high"`` when the selected rate is the
+    grid's smallest / largest, else None: see :func:`oelm.runs.grid_edge`), computed from
+    ``sweep.json``'s entries; an edge is also a warning (a wider grid could change the result).
 
     Against baseline: ``metric_gap`` (method − baseline means, in metric units: accuracy points
     or perplexity), ``metric_gap_relative_percent``, ``total_time_gap_percent`` and
@@ -146,6 +152,8 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
     """
     higher = None
     metric = None
+    sweep = read_json(Path(out) / "sweep.json") if out is not None and (Path(out) / "sweep.json").is_file() else None
+    grids = _sweep_grids(sweep)
     methods: dict[str, Any] = {}
     collapsed: list[dict[str, Any]] = []
     records_of: dict[tuple[str, int], list[dict]] = {}
@@ -209,6 +217,7 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
             "step_times": step_time_stats(steps_all) | {"source": step_source},
             "parameters": groups,
             "learning_rate": learning_rate_of(runs[0]),
+            **(grids.get(name) or {"learning_rate_grid": None, "selected_at_grid_edge": None}),
             "devices": sorted({device_label(r) for r in runs}),
             "probe_drift_percent": {r["seed"]: (r.get("environment") or {}).get("matmul_probe_drift_percent") for r in runs},
             "runs": per_run,
@@ -262,10 +271,6 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
                 "seconds": summarize([v["seconds"] for v in hit]),
             }
 
-    sweep = None
-    if out is not None and (Path(out) / "sweep.json").is_file():
-        sweep = read_json(Path(out) / "sweep.json")
-
     all_results = [r for runs in results.values() for r in runs]
     comparison = {
         "name": config.name,
@@ -294,6 +299,19 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
     return comparison
 
 
+def _sweep_grids(sweep: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """Per swept method of ``sweep.json``: ``learning_rate_grid`` (every rate its entries tried,
+    sorted, whatever their status) and ``selected_at_grid_edge`` of the selected rate (the entry
+    marked ``selected``, else ``selected_learning_rates``). Computed, never read from the file."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, entries in ((sweep or {}).get("methods") or {}).items():
+        grid = sorted({e["learning_rate"] for e in entries if e.get("learning_rate") is not None})
+        chosen = next((e["learning_rate"] for e in entries if e.get("selected") and e.get("learning_rate") is not None),
+                      (sweep.get("selected_learning_rates") or {}).get(name))
+        out[name] = {"learning_rate_grid": grid, "selected_at_grid_edge": grid_edge(grid, chosen)}
+    return out
+
+
 def _environment(results: list[dict[str, Any]]) -> dict[str, Any]:
     """What the runs ran on: devices, versions and the speed probe per run."""
     envs = [(r, r.get("environment") or {}) for r in results]
@@ -320,7 +338,8 @@ def _environment(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _warnings(c: dict[str, Any]) -> list[str]:
-    """Reasons a reader should distrust part of the comparison (devices, drift, collapses)."""
+    """Reasons a reader should distrust part of the comparison (devices, drift, collapses, a
+    learning rate selected on the edge of its grid)."""
     out = []
     devices = c["environment"]["devices"]
     if len(devices) > 1:
@@ -337,6 +356,12 @@ def _warnings(c: dict[str, Any]) -> list[str]:
         )
     for x in c["collapsed"]:
         out.append(f"{x['method']} seed {x['seed']} excluded from the means: {'; '.join(x['reasons'])}.")
+    for name, m in c["methods"].items():
+        edge, grid = m.get("selected_at_grid_edge"), m.get("learning_rate_grid") or []
+        if edge:
+            lr = grid[0] if edge == "low" else grid[-1]
+            out.append(f"{name}: selected learning rate {lr:g} is the {'lowest' if edge == 'low' else 'highest'} of its grid "
+                       f"[{', '.join(f'{x:g}' for x in grid)}]; a wider grid could change the result.")
     return out
 
 
