@@ -420,3 +420,26 @@ def test_hub_fallback_lm_rows(fake_hub, tmp_path):
     story = "Tom said \u00e2\u20ac\u0153hi\u00e2\u20ac.\n\nThe end."  # HF TinyStories: mojibake, blank-line paragraphs
     tables[("roneneldan/TinyStories", None, "validation")] = {"text": [story, "  "]}
     assert load_documents("tinystories", "validation", tmp_path) == ["Tom said \u201chi\u201d.\nThe end."]
+
+
+def test_test_samples_draws_one_fixed_subset_of_the_test_split(data_dir):
+    """task.test_samples: a random subset of the test split, the same on every call (subset_seed);
+    None keeps the whole split (SST-2's labelled test set: 1,821 sentences)."""
+    from oelm.config import ExperimentConfig
+    from oelm.data.prepare import prepare_data
+
+    def config(**task):
+        return ExperimentConfig.model_validate({
+            "name": "t", "methods": [{"name": "baseline"}], "model": {"gpt": "gpt-tiny"},
+            "task": {"dataset": "sst2", "tokenizer": "bpe-512", "train_samples": 64, "validation_samples": 16,
+                     "test_split": "test", "max_length": 32, **task}})
+
+    def texts(data):
+        return [tuple(data.test[i]["input_ids"]) for i in range(len(data.test))]
+
+    whole = prepare_data(config())
+    first, again = prepare_data(config(test_samples=100)), prepare_data(config(test_samples=100))
+    assert len(whole.test) == 1821 and len(first.test) == 100 and first.summary["test"]["examples"] == 100
+    assert texts(first) == texts(again) and set(texts(first)) <= set(texts(whole))
+    with pytest.raises(ValueError, match="test_samples"):
+        config(test_samples=0)

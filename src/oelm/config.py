@@ -54,6 +54,9 @@ class TaskConfig(_Strict):
     test_split: str | None = Field(None, description="Evaluated once at the end with the best checkpoint; never used for selection.")
     train_samples: int | None = Field(None, gt=0, description="Random training subset (documents for LM); None = all.")
     validation_samples: int | None = Field(None, gt=0, description="Random validation subset; None = all.")
+    test_samples: int | None = Field(
+        None, gt=0, description="Random subset of test_split (the same for every run); None = all. For test sets too large to "
+        "evaluate on CPU (IMDB: 25,000 reviews).")
     subset_seed: int = Field(0, description="Seed of the subsets; fixed across methods and seeds so all runs see the same data.")
     max_length: int = Field(128, gt=0, description="Classification: truncation length in tokens.")
     block_size: int = Field(256, gt=1, description="Language modelling: tokens per packed block.")

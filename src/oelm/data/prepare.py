@@ -41,13 +41,13 @@ def cache_dir() -> Path:
 
 
 def _load_splits(task, load: Callable, sample: Callable) -> dict[str, Any]:
-    """train / validation (subsampled with the fixed ``subset_seed``) and the optional test split (whole)."""
+    """train / validation / the optional test split, each subsampled (``*_samples``) with the fixed ``subset_seed``."""
     splits = {
         "train": sample(load(task.dataset, task.train_split, task.data_dir), task.train_samples, task.subset_seed),
         "validation": sample(load(task.dataset, task.validation_split, task.data_dir), task.validation_samples, task.subset_seed),
     }
     if task.test_split:
-        splits["test"] = load(task.dataset, task.test_split, task.data_dir)
+        splits["test"] = sample(load(task.dataset, task.test_split, task.data_dir), task.test_samples, task.subset_seed)
     return splits
 
 

@@ -84,7 +84,7 @@ CLAIMS: tuple[Claim, ...] = (
           setting="SST-2 as above; Q/K ~ N(0, 1/hidden_size): orthonormal rows' norm"),
     Claim("imdb", "GPT classification IMDB: OELM-Freeze gains 7.14 points", "78.56 → 85.70", 7.14,
           comparison="evidence-gpt-cls-imdb", config="configs/evidence/gpt_cls_imdb.yaml", field="test",
-          setting="gpt-tiny from scratch, causal, 10k reviews at 128 tokens, IMDB test"),
+          setting="gpt-tiny from scratch, causal, 5k reviews at 128 tokens, 5k IMDB test reviews"),
     Claim("ag_news", "GPT classification AG News: OELM-Freeze gains 5.69 points", "87.05 → 92.74", 5.69,
           comparison="evidence-gpt-cls-ag-news", config="configs/evidence/gpt_cls_ag_news.yaml", field="test",
           setting="gpt-tiny from scratch, causal, ALPS 10k train, AG News test"),
