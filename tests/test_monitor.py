@@ -92,3 +92,17 @@ def test_once_on_a_partly_finished_matrix(finished, tmp_path, monkeypatch, capsy
 def test_monitor_on_a_non_output_dir_is_a_clear_error(tmp_path, capsys):
     assert main(["monitor", str(tmp_path), "--once"]) == 2
     assert "not an oelm run output directory" in capsys.readouterr().err
+
+
+def test_a_resumed_run_no_longer_reports_the_signal_that_stopped_its_last_process(tmp_path):
+    """status.json after SIGTERM says interrupted + signal; once the run resumes, it is running and
+    the old signal and failure are gone (they described the earlier process)."""
+    from oelm.runs import PlannedRun, read_status, write_status
+
+    run = PlannedRun(method="baseline", seed=0, learning_rate=1e-4, stage="final", name="baseline-seed0")
+    write_status(tmp_path, run, "interrupted", signal="SIGTERM", step=706, failure="x")
+    assert read_status(tmp_path)["signal"] == "SIGTERM" and "finished_at" in read_status(tmp_path)
+    write_status(tmp_path, run, "running", total_steps=2105)
+    status = read_status(tmp_path)
+    assert status["state"] == "running" and status["step"] == 706 and status["total_steps"] == 2105
+    assert not {"signal", "failure", "finished_at"} & set(status)

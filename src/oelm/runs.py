@@ -164,8 +164,9 @@ def read_status(run_dir: Path) -> dict[str, Any]:
 def write_status(run_dir: Path, run: PlannedRun, state: str, **fields: Any) -> None:
     """``runs/<name>/status.json``: what ``oelm monitor`` reads (state, stage, total steps, times).
 
-    ``state`` "running" sets ``started_at`` (UTC) and clears ``finished_at``; any other state sets
-    ``finished_at``. ``fields`` are merged in (``total_steps``, ``failure``, ``signal``, ...).
+    ``state`` "running" sets ``started_at`` (UTC) and clears ``finished_at`` and an earlier
+    process's ``signal`` / ``failure`` (a resumed run is running, not interrupted); any other state
+    sets ``finished_at``. ``fields`` are merged in (``total_steps``, ``failure``, ``signal``, ...).
     """
     path = Path(run_dir) / "status.json"
     status = read_status(run_dir)
@@ -175,7 +176,8 @@ def write_status(run_dir: Path, run: PlannedRun, state: str, **fields: Any) -> N
     )
     if state == "running":
         status["started_at"] = utc_now()
-        status.pop("finished_at", None)
+        for stale in ("finished_at", "signal", "failure"):
+            status.pop(stale, None)
     else:
         status["finished_at"] = utc_now()
     status.update(fields)
