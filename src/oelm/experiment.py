@@ -53,7 +53,7 @@ from oelm.lock import hold_output_lock
 from oelm.metrics import get_metric
 from oelm.models.build import build_model, build_run_model, check_sequence_length, resolve_init_from
 from oelm.report import write_comparison
-from oelm.runs import PlannedRun, checkpoint_record, grid_edge, run_name, verify_checkpoint
+from oelm.runs import PlannedRun, checkpoint_record, grid_edge, grid_edge_note, run_name, verify_checkpoint
 from oelm.runs import write_status as _write_status_file
 
 # Every process of a launched job runs the protocol; rank 0 alone writes its files.
@@ -633,8 +633,7 @@ def _select_learning_rates(matrix: _Matrix, sweep_results: dict[tuple[str, float
             log(f"[{m.name}] selected learning rate {choice:g} (mean best validation over seeds {config.sweep_seed_list()})")
         edges[m.name] = grid_edge(cands, choice)
         if edges[m.name]:
-            log(f"[{m.name}] the selected learning rate is the {'lowest' if edges[m.name] == 'low' else 'highest'} "
-                f"of its grid [{', '.join(f'{lr:g}' for lr in sorted(cands))}]; a wider grid could change the result")
+            log(f"[{m.name}] {grid_edge_note(cands, edges[m.name])}")
         sweep_summary[m.name] = [
             {"learning_rate": lr, "seed": s, "best_validation": (r.get("performance") or {}).get("best_validation"),
              "selected": lr == choice, "status": r.get("status")}

@@ -28,6 +28,7 @@ from oelm.io import read_json, sha256_file, write_json_atomic
 __all__ = [
     "DRIFT_WARNING_PERCENT",
     "grid_edge",
+    "grid_edge_note",
     "PlannedRun",
     "RunResult",
     "Performance",
@@ -66,6 +67,17 @@ def grid_edge(learning_rates: Iterable[float], selected: float | None) -> str | 
     if math.isclose(selected, grid[-1], rel_tol=1e-9):
         return "high"
     return None
+
+
+def grid_edge_note(learning_rates: Iterable[float], edge: str) -> str:
+    """The reader's note for a selection on ``edge`` (``"low"`` / ``"high"``, from :func:`grid_edge`)
+    of ``learning_rates``: "selected learning rate 0.0001 is the lowest of its grid [0.0001, 0.0002];
+    a wider grid could change the result" (no trailing period; the run log and the report's
+    warnings prefix the method)."""
+    grid = sorted({float(lr) for lr in learning_rates if lr is not None})
+    lr, word = (grid[0], "lowest") if edge == "low" else (grid[-1], "highest")
+    return (f"selected learning rate {lr:g} is the {word} of its grid [{', '.join(f'{x:g}' for x in grid)}]; "
+            "a wider grid could change the result")
 
 
 def run_name(method: str, seed: int, learning_rate: float | None = None) -> str:

@@ -31,11 +31,12 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from oelm.report.render import _num, _p, _signed  # the report's number formats
 
 BEGIN = "<!-- claims:begin (written by python -m oelm.report.claims; do not edit by hand) -->"
 END = "<!-- claims:end -->"
@@ -156,12 +157,6 @@ def measure(claim: Claim, results: Path) -> dict[str, Any]:
     }
 
 
-def _num(v: float | None, digits: int = 2, sign: bool = False) -> str:
-    if v is None or not math.isfinite(v):
-        return "–"
-    return f"{v:+.{digits}f}" if sign else f"{v:.{digits}f}"
-
-
 def _speed_row(results: Path) -> list[str]:
     """The "57% faster per step" claim against the committed interleaved CPU benchmark."""
     claim = "\"57% faster per step\" (OELM-Freeze vs baseline)"
@@ -224,6 +219,11 @@ def _trainable_row() -> tuple[str, ...]:
             "reproduced" if ok else "contradicted")
 
 
+def _p_text(p: float | None) -> str:
+    text = _p(p)
+    return text if text.startswith("<") else f"= {text}"
+
+
 def claims_markdown(results: str | Path) -> str:
     """The claims table (GitHub markdown) computed from the committed results under ``results``."""
     results = Path(results)
@@ -232,15 +232,15 @@ def claims_markdown(results: str | Path) -> str:
     for claim in CLAIMS:
         m = measure(claim, results)
         unit = "% perplexity" if claim.relative else " points"
-        original = f"{claim.original} ({_num(claim.gap, 2, sign=True)}{unit})"
+        original = f"{claim.original} ({_signed(claim.gap)}{unit})"
         if m["status"] == "untestable":
             ours, verdict_text = "–", f"not testable here: {m['why']}"
         elif m["status"] == "pending":
             ours, verdict_text = f"pending: `{m['config']}` has not finished", "pending"
         else:
             ci = m["ci95"] or [None, None]
-            ours = (f"{_num(m['reference_mean'])} → {_num(m['method_mean'])}: {_num(m['mean'], 2, True)}{unit} "
-                    f"[{_num(ci[0], 2, True)}, {_num(ci[1], 2, True)}], p = {_num(m['p_value'], 3)}, "
+            ours = (f"{_num(m['reference_mean'])} → {_num(m['method_mean'])}: {_signed(m['mean'])}{unit} "
+                    f"[{_signed(ci[0])}, {_signed(ci[1])}], p {_p_text(m['p_value'])}, "
                     f"n = {m['n']} ({claim.field.replace('_', ' ')})")
             verdict_text = m["verdict"]
         rows.append(f"| {claim.text} | {original} | {ours} | {claim.setting or '–'} | {verdict_text} |")

@@ -18,7 +18,7 @@ from typing import Any
 
 from oelm.io import read_json, read_jsonl
 from oelm.metrics import get_metric
-from oelm.runs import DRIFT_WARNING_PERCENT, grid_edge, run_name
+from oelm.runs import DRIFT_WARNING_PERCENT, grid_edge, grid_edge_note, run_name
 from oelm.report.stats import (
     CHANCE_MARGIN_POINTS,
     collapse_reasons,
@@ -357,11 +357,8 @@ def _warnings(c: dict[str, Any]) -> list[str]:
     for x in c["collapsed"]:
         out.append(f"{x['method']} seed {x['seed']} excluded from the means: {'; '.join(x['reasons'])}.")
     for name, m in c["methods"].items():
-        edge, grid = m.get("selected_at_grid_edge"), m.get("learning_rate_grid") or []
-        if edge:
-            lr = grid[0] if edge == "low" else grid[-1]
-            out.append(f"{name}: selected learning rate {lr:g} is the {'lowest' if edge == 'low' else 'highest'} of its grid "
-                       f"[{', '.join(f'{x:g}' for x in grid)}]; a wider grid could change the result.")
+        if m.get("selected_at_grid_edge"):
+            out.append(f"{name}: {grid_edge_note(m['learning_rate_grid'], m['selected_at_grid_edge'])}.")
     return out
 
 
