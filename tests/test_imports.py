@@ -47,6 +47,25 @@ def test_cli_help_loads_no_heavy_library():
     assert _loaded_after(code) == []
 
 
+def test_oelm_run_start_up_loads_no_report_library():
+    """What ``oelm run`` imports before its first step (cli.cmd_run's imports, the experiment, the
+    trainer and the model builders) loads no statistics or plotting library: scipy and matplotlib
+    belong to the report, written after the runs, and are no start-up cost (issue 12, item 6)."""
+    code = (
+        "from oelm.config import load_config\n"
+        "from oelm.distributed import is_main_process\n"
+        "from oelm.errors import RunInterruptedError\n"
+        "from oelm.experiment import run_experiment\n"
+        "import oelm.train, oelm.models.build, oelm.data.prepare\n"
+        "import inspect, oelm.cli\n"
+        "src = inspect.getsource(oelm.cli.cmd_run)\n"
+        "head = src.split('started = ')[0]\n"
+        "assert 'oelm.report' not in head, head  # the report is imported after the runs\n"
+    )
+    loaded = _loaded_after(code)
+    assert [m for m in loaded if m in HEAVY] == []
+
+
 def test_public_api_is_unchanged():
     code = (
         "import oelm\n"

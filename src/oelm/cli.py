@@ -35,7 +35,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     from oelm.distributed import is_main_process
     from oelm.errors import RunInterruptedError
     from oelm.experiment import run_experiment
-    from oelm.report import comparison_rows
 
     started = time.perf_counter()
     config = load_config(args.config, args.overrides)
@@ -52,6 +51,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     if not main:
         return 0
+    from oelm.report import comparison_rows  # after the runs: scipy/matplotlib are not start-up cost
+
     header, rows = comparison_rows(comparison)
     _print_table(f"{config.name}: {comparison['task']} / {comparison['model']}", header, rows)
     print(f"results: {out / 'comparison.json'}  report: {out / 'report.md'}")
