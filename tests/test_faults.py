@@ -122,3 +122,42 @@ def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, d
     result, _, _ = in_process(run_dir)
     assert result.timing["process_start_steps"] == [0, 7] and result.steps == 90
     assert math.isfinite(result.final_train_loss)
+
+
+def test_saving_the_best_weights_is_atomic_a_failed_rename_keeps_the_previous_file(tmp_path, monkeypatch):
+    """``checkpoint/model.safetensors`` (the best weights a finished run keeps) is written to a
+    temporary file, fsynced and renamed over the old one: when the rename fails (a crash or a full
+    disk at that moment) the file already there stays byte for byte and no temporary file is
+    left; when it succeeds the file holds the model's weights."""
+    import os
+
+    from safetensors.torch import load_file
+
+    from oelm.config import TrainingConfig
+    from oelm.train import TrainState, _save_best_and_test, build_engine
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    loader = torch.utils.data.DataLoader([{"x": torch.zeros(4)}] * 4, batch_size=2)
+    engine = build_engine(model, loader, config=TrainingConfig(max_steps=2), learning_rate=1e-3, run_dir=tmp_path)
+    ckpt = tmp_path / "checkpoint"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(b"the previous best weights")
+
+    real_replace = os.replace
+
+    def failing_replace(src, dst):
+        raise OSError(errno.EIO, "Input/output error", str(dst))
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(OSError, match="Input/output error"):
+        _save_best_and_test(engine, TrainState(), None)
+    assert (ckpt / "model.safetensors").read_bytes() == b"the previous best weights"
+    assert sorted(p.name for p in ckpt.iterdir()) == ["model.safetensors"]
+
+    monkeypatch.setattr(os, "replace", real_replace)
+    engine.log = oelm.train._MetricsLog(tmp_path, False, enabled=False)  # the failed call closed it
+    _save_best_and_test(engine, TrainState(), None)
+    saved = load_file(str(ckpt / "model.safetensors"))
+    assert sorted(p.name for p in ckpt.iterdir()) == ["model.safetensors"]
+    assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items()) and len(saved) == 2

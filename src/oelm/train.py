@@ -50,7 +50,7 @@ from torch.utils.data import DataLoader
 
 from oelm.config import TrainingConfig
 from oelm.errors import ConfigError, OELMError, RunFaultError, RunInterruptedError
-from oelm.io import verify_dir, write_dir_atomic
+from oelm.io import atomic_path, verify_dir, write_dir_atomic
 from oelm.metrics import Metric, get_metric
 from oelm.timing import PhaseTimer, StepTimer
 
@@ -1074,12 +1074,12 @@ def _save_best_and_test(engine: _Engine, state: TrainState, test_loader: DataLoa
         e.unwrapped.load_state_dict(e.best_state)
     try:
         if e.config.save_best_checkpoint and e.is_main:
-            ckpt, tmp = e.run_dir / "checkpoint", e.run_dir / ".checkpoint.tmp"
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir()
-            save_model(e.unwrapped, str(tmp / "model.safetensors"))
-            shutil.rmtree(ckpt, ignore_errors=True)
-            os.replace(tmp, ckpt)
+            ckpt = e.run_dir / "checkpoint"
+            ckpt.mkdir(exist_ok=True)
+            # temp file, fsync, rename over the old file, directory fsync: a crash or a full disk
+            # leaves the previous weights or the new ones, never neither
+            with atomic_path(ckpt / "model.safetensors") as tmp:
+                save_model(e.unwrapped, str(tmp))
         test_value = None
         if test_loader is not None:
             with e.phases.measure("test"):
