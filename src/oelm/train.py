@@ -693,7 +693,9 @@ def _start_or_resume(engine: _Engine) -> tuple[TrainState, tuple | None, bool]:
             "set training.resume=false to start this run over, or use another output directory"
         )
     tensors = torch.load(ckpt_dir / "state.pt", map_location="cpu", weights_only=True)
-    load_model(engine.unwrapped, str(ckpt_dir / "model.safetensors"), device=str(engine.device))
+    # safetensors takes "cuda:N" but refuses "cpu:N", which Accelerate names a multi-process CPU (gloo) device
+    device = "cpu" if engine.device.type == "cpu" else str(engine.device)
+    load_model(engine.unwrapped, str(ckpt_dir / "model.safetensors"), device=device)
     engine.optimizer.load_state_dict(tensors["optimizer"])
     engine.scheduler.load_state_dict(tensors["scheduler"])
     if engine.scaler is not None and tensors.get("scaler"):
