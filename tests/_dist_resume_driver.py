@@ -7,7 +7,8 @@ Classification batches are padded to their longest example, so the ranks' batche
 different shapes and their dropout draws a different number of random values: the ranks' RNG
 states part after the first step. ``--sigterm-at N``: every rank sends itself SIGTERM during
 training step N (the run stops after the next step the ranks agree on, saves a checkpoint and
-this script exits 3). Exit codes: 0 finished, 3 interrupted.
+this script exits 3). Each rank prints the steps its run (re)started at (``process_start_steps``).
+Exit codes: 0 finished, 3 interrupted.
 """
 
 from __future__ import annotations
@@ -44,11 +45,12 @@ def main(argv: list[str]) -> int:
     if rest[:1] == ["--sigterm-at"]:
         model.register_forward_hook(sigterm_at(int(rest[1])), with_kwargs=True)
     try:
-        train(model, train_loader, val_loader, metric=data.metric, config=config.training,
-              learning_rate=config.training.learning_rate, run_dir=run_dir)
+        result = train(model, train_loader, val_loader, metric=data.metric, config=config.training,
+                       learning_rate=config.training.learning_rate, run_dir=run_dir)
     except RunInterruptedError as exc:
         print(f"rank {os.environ.get('RANK')}: interrupted after step {exc.step}", flush=True)
         return 3
+    print(f"rank {os.environ.get('RANK')}: started at steps {result.timing['process_start_steps']}", flush=True)
     return 0
 
 

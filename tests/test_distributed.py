@@ -167,6 +167,7 @@ def test_two_process_resume_restores_each_ranks_own_rng_states(tmp_path, data_di
     shutil.copy(ckpt / "state.pt", tmp_path / "state.pt")  # the finished run removes its checkpoints
     proc = _launch_resume_driver(stopped, env)
     assert proc.returncode == 0, proc.stderr[-6000:]
+    assert proc.stdout.count("started at steps [0, 4]") == 2  # both ranks resumed (not started over)
 
     reference, resumed = _step_losses(whole), _step_losses(stopped)
     assert [s for s, _ in reference] == list(range(1, 11))
