@@ -43,8 +43,9 @@ def tensor_digests(state: dict) -> dict[str, str]:
     return out
 
 
-def build(overrides: list[str]):
-    """(config, data, model, loaders) exactly as the experiment runner builds one run."""
+def build(overrides: list[str], base: dict = BASE):
+    """(config, data, model, loaders) exactly as the experiment runner builds one run
+    (``base``: the config the overrides apply to)."""
     from accelerate.utils import set_seed
 
     from oelm.config import _merge, config_from_dict, parse_overrides
@@ -52,7 +53,7 @@ def build(overrides: list[str]):
     from oelm.models.build import build_model
     from oelm.method import apply_oelm
 
-    config = config_from_dict(_merge(BASE, parse_overrides(overrides)))
+    config = config_from_dict(_merge(base, parse_overrides(overrides)))
     data = prepare_data(config)
     seed = config.seeds[0]
     set_seed(seed)

@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import oelm
 
@@ -134,3 +136,76 @@ def test_two_processes_stop_early_together(tmp_path, data_dir):
     assert [r["step"] for r in records if r["type"] == "eval"] == [0, 2, 4]
     assert [r["step"] for r in records if r["type"] == "early_stop"] == [4]  # written once (rank 0)
     assert proc.stdout.count("early stop at step 4 of 12") == 1
+
+
+def _launch_resume_driver(run_dir: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                           f"--master_port={_free_port()}", str(ROOT / "tests" / "_dist_resume_driver.py"), str(run_dir),
+                           *args], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+
+
+def _step_losses(run_dir: Path) -> list[tuple[int, float]]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [(r["step"], r["loss"]) for r in map(json.loads, lines) if r["type"] == "train"]
+
+
+@pytest.mark.slow
+def test_two_process_resume_restores_each_ranks_own_rng_states(tmp_path, data_dir):
+    """A 2-process gloo run stopped by SIGTERM after step 4 and resumed logs the same train loss at
+    every step (log_every=1) as the uninterrupted run. The driver trains on SST-2 with dropout 0.1:
+    each rank pads its batch to its own longest example, so the ranks' dropout draws different
+    numbers of random values and their RNG states differ by the checkpoint (checked below); a
+    resume that gave rank 1 rank 0's states would draw other dropout masks on rank 1 from step 5."""
+    env = _env(data_dir)
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    proc = _launch_resume_driver(whole, env)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    proc = _launch_resume_driver(stopped, env, "--sigterm-at", "4")
+    assert proc.returncode != 0 and proc.stdout.count("interrupted after step 4") == 2, proc.stderr[-6000:]
+    ckpt = stopped / "checkpoints" / "step-4"
+    saved = json.loads((ckpt / "trainer_state.json").read_text())
+    shutil.copy(ckpt / "state.pt", tmp_path / "state.pt")  # the finished run removes its checkpoints
+    proc = _launch_resume_driver(stopped, env)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    assert proc.stdout.count("started at steps [0, 4]") == 2  # both ranks resumed (not started over)
+
+    reference, resumed = _step_losses(whole), _step_losses(stopped)
+    assert [s for s, _ in reference] == list(range(1, 11))
+    assert resumed == reference  # exact: CPU, fp32, gloo sums in a fixed order
+    # One entry per rank in both files, rank 0's also where format-1 readers look, and the ranks'
+    # torch states (dropout's generator) really differ by step 4.
+    state = torch.load(tmp_path / "state.pt", weights_only=True)
+    assert len(saved["rng_ranks"]) == len(state["rng_ranks"]) == 2 and saved["rng_ranks"][0] == saved["rng"]
+    assert torch.equal(state["rng_ranks"][0]["torch"], state["rng"]["torch"])
+    assert not torch.equal(state["rng_ranks"][0]["torch"], state["rng_ranks"][1]["torch"])
+
+
+def _engine(rank: int, world: int):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(accelerator=SimpleNamespace(process_index=rank), world_size=world, is_main=rank == 0)
+
+
+def test_each_rank_takes_its_own_rng_states_and_an_old_checkpoint_falls_back_to_rank_0s(tmp_path):
+    from oelm.train import _rank_rng
+
+    st = {"rng": "json0", "rng_ranks": ["json0", "json1"]}
+    tensors = {"rng": "t0", "rng_ranks": ["t0", "t1"]}
+    assert [_rank_rng(_engine(r, 2), st, tensors, tmp_path) for r in (0, 1)] == [("json0", "t0"), ("json1", "t1")]
+    assert _rank_rng(_engine(0, 1), {"rng": "json0"}, {"rng": "t0"}, tmp_path) == ("json0", "t0")  # one process
+    old_st, old_tensors = {"rng": "json0"}, {"rng": "t0"}  # several processes, before per-rank states
+    with pytest.warns(RuntimeWarning, match="RNG states of rank 0 only .* ranks 1-1 resume with rank 0's"):
+        assert _rank_rng(_engine(0, 2), old_st, old_tensors, tmp_path) == ("json0", "t0")
+    assert _rank_rng(_engine(1, 2), old_st, old_tensors, tmp_path) == ("json0", "t0")  # rank 0 alone warns
+
+
+def test_a_checkpoint_of_another_number_of_processes_is_refused():
+    from oelm.train import _identity_changes
+
+    one = {"learning_rate": 1e-3, "steps_per_epoch": 6}
+    two = one | {"gradient_accumulation_steps": 1, "num_processes": 2}
+    assert _identity_changes(one, dict(one)) == {} and _identity_changes(two, dict(two)) == {}
+    assert _identity_changes(one, two) == {"num_processes": (1, 2)}
+    assert _identity_changes(two, one) == {"num_processes": (2, 1)}  # the entry left out for its default counts as 1
+    assert _identity_changes(one | {"gradient_accumulation_steps": 2, "num_processes": 1}, one) == {
+        "gradient_accumulation_steps": (2, 1)}

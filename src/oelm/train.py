@@ -403,6 +403,33 @@ def _restore_rng(json_part: dict[str, Any], tensors: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(tensors["cuda"])
 
 
+def _gather_rng(engine: "_Engine", rng: tuple[dict[str, Any], dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Every rank's :func:`_capture_rng` states, in rank order (a collective: all ranks call it).
+
+    The ranks start from one seed but part as soon as they draw different numbers of random
+    values (dropout on classification batches padded to different lengths), so a checkpoint
+    keeps each rank's own."""
+    gathered: list[Any] = [None] * engine.world_size
+    torch.distributed.all_gather_object(gathered, rng)
+    return gathered
+
+
+def _rank_rng(engine: "_Engine", st: dict[str, Any], tensors: dict[str, Any],
+              ckpt_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """This process's RNG states from a checkpoint: its own (``rng_ranks``, written by a run on
+    several processes), else rank 0's (``rng``: the only ones of a one-process checkpoint, and
+    of a multi-process one written before per-rank states were kept; a warning says so)."""
+    rank, world = engine.accelerator.process_index, engine.world_size
+    json_ranks, tensor_ranks = st.get("rng_ranks") or [], tensors.get("rng_ranks") or []
+    stored = min(len(json_ranks), len(tensor_ranks))
+    if world > 1 and stored < world and engine.is_main:
+        held = f"ranks 0-{stored - 1}" if stored else "rank 0 only (written before checkpoints kept every rank's)"
+        warnings.warn(f"checkpoint {ckpt_dir} holds the RNG states of {held}: ranks {max(stored, 1)}-{world - 1} "
+                      "resume with rank 0's, so their random draws (dropout) differ from an uninterrupted run's",
+                      RuntimeWarning, stacklevel=3)
+    return (json_ranks[rank], tensor_ranks[rank]) if rank < stored else (st["rng"], tensors["rng"])
+
+
 def _all_finite(model: nn.Module) -> bool:
     """True when every parameter and buffer is finite (one device sync)."""
     flags = [torch.isfinite(t).all() for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
@@ -667,6 +694,20 @@ def build_engine(model: nn.Module, train_loader: DataLoader, *, config: Training
     return engine
 
 
+#: Identity entries recorded only when they differ from these (one process, no accumulation).
+_IDENTITY_DEFAULTS = {"gradient_accumulation_steps": 1, "num_processes": 1}
+
+
+def _identity_changes(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``{entry: (checkpoint's, this run's)}`` for each identity entry that differs. An entry
+    left out for its default counts as the default on either side, so a checkpoint of several
+    processes is refused by a one-process run too: each process's data shard, the global batch
+    and the per-rank RNG states all depend on the number of processes."""
+    keys = [*now, *(k for k in _IDENTITY_DEFAULTS if k not in now)]
+    values = {k: (saved.get(k, _IDENTITY_DEFAULTS.get(k)), now.get(k, _IDENTITY_DEFAULTS.get(k))) for k in keys}
+    return {k: v for k, v in values.items() if v[0] != v[1]}
+
+
 def _start_or_resume(engine: _Engine) -> tuple[TrainState, tuple | None, bool]:
     """Open ``metrics.jsonl`` and load the newest intact checkpoint (when ``config.resume``).
 
@@ -685,15 +726,17 @@ def _start_or_resume(engine: _Engine) -> tuple[TrainState, tuple | None, bool]:
         return TrainState(), None, False
     ckpt_step, ckpt_dir = found
     st = json.loads((ckpt_dir / "trainer_state.json").read_text(encoding="utf-8"))
-    changed = [k for k, v in engine.identity.items() if st["identity"].get(k) != v]
+    changed = _identity_changes(st["identity"], engine.identity)
     if changed:
         raise ConfigError(
             f"the checkpoint {ckpt_dir} was written by a run with different {', '.join(changed)} "
-            f"({ {k: st['identity'].get(k) for k in changed} } now { {k: engine.identity[k] for k in changed} }); "
+            f"({ {k: v[0] for k, v in changed.items()} } now { {k: v[1] for k, v in changed.items()} }); "
             "set training.resume=false to start this run over, or use another output directory"
         )
     tensors = torch.load(ckpt_dir / "state.pt", map_location="cpu", weights_only=True)
-    load_model(engine.unwrapped, str(ckpt_dir / "model.safetensors"), device=str(engine.device))
+    # safetensors takes "cuda:N" but refuses "cpu:N", which Accelerate names a multi-process CPU (gloo) device
+    device = "cpu" if engine.device.type == "cpu" else str(engine.device)
+    load_model(engine.unwrapped, str(ckpt_dir / "model.safetensors"), device=device)
     engine.optimizer.load_state_dict(tensors["optimizer"])
     engine.scheduler.load_state_dict(tensors["scheduler"])
     if engine.scaler is not None and tensors.get("scaler"):
@@ -713,7 +756,7 @@ def _start_or_resume(engine: _Engine) -> tuple[TrainState, tuple | None, bool]:
         for newer_step, path in _checkpoint_dirs(ckpt_root):
             if newer_step > ckpt_step:
                 shutil.rmtree(path, ignore_errors=True)
-    return state, (st["rng"], tensors["rng"]), True
+    return state, _rank_rng(engine, st, tensors, ckpt_dir), True
 
 
 def _cpu_copy(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -860,6 +903,7 @@ def _save_checkpoint(engine: _Engine, state: TrainState) -> Path:
     with engine.phases.measure("checkpoint"):
         engine.timer.flush()
         rng_json, rng_tensors = _capture_rng()
+        rank_rng = _gather_rng(engine, (rng_json, rng_tensors)) if engine.world_size > 1 else None
         tensors = {
             "optimizer": engine.optimizer.state_dict(),
             "scheduler": engine.scheduler.state_dict(),
@@ -874,6 +918,9 @@ def _save_checkpoint(engine: _Engine, state: TrainState) -> Path:
             "phases": {"seconds": engine.phases.seconds, "counts": engine.phases.counts},
             "metrics_offset": engine.log.offset, "rng": rng_json,
         }
+        if rank_rng is not None:  # every rank's own states; "rng" stays rank 0's (what a reader of format 1 expects)
+            tensors["rng_ranks"] = [t for _, t in rank_rng]
+            trainer_state["rng_ranks"] = [j for j, _ in rank_rng]
         best = engine.best_state if state.best_step != state.step else None  # at the best step the weights are the best
         if engine.is_main:
             try:
@@ -1204,14 +1251,22 @@ def train(
         times (``state.pt``, loaded with ``weights_only=True``), and ``trainer_state.json``
         (:class:`TrainState`: step, epoch, micro-batches consumed in the epoch, best metric and
         step, history, timing accumulators; the data seeds, Python/NumPy RNG states and the
-        ``metrics.jsonl`` byte offset). The newest ``config.keep_checkpoints`` are kept; all are
-        removed when the run finishes. With ``config.resume`` (default), a call on a ``run_dir``
-        holding checkpoints continues from the newest one that passes its integrity check
-        (failing ones are skipped with a warning), cutting ``metrics.jsonl`` back to that point.
-        On CPU in fp32 in one process the resumed run's metrics and weights are bit-identical to
-        an uninterrupted run's (tested). On GPU, with bf16/fp16, or on several processes (whose
-        RNG states are rank 0's after a resume), they are equal up to the non-determinism of the
-        kernels used (not guaranteed bit-identical; the same holds for two uninterrupted GPU runs).
+        ``metrics.jsonl`` byte offset). On several processes rank 0 writes the checkpoint, and
+        every rank's RNG states go into it (gathered to all ranks: ``rng_ranks`` in both files,
+        beside rank 0's in ``rng``); each rank restores its own on resume (the ranks' states part
+        as soon as they draw different numbers of random values, e.g. dropout on batches padded
+        to different lengths). A checkpoint written before per-rank states were kept resumes with
+        rank 0's states on every rank, with a warning. The number of processes is part of the
+        resume identity (as are the batch size and the accumulation): a checkpoint written by
+        another number of processes is refused. The newest ``config.keep_checkpoints`` are kept;
+        all are removed when the run finishes. With ``config.resume`` (default), a call on a
+        ``run_dir`` holding checkpoints continues from the newest one that passes its integrity
+        check (failing ones are skipped with a warning), cutting ``metrics.jsonl`` back to that
+        point. On CPU in fp32 in one process the resumed run's metrics and weights are
+        bit-identical to an uninterrupted run's (tested); on two CPU processes (gloo) its train
+        loss is identical at every step (tested, with dropout on). On GPU or with bf16/fp16 they
+        are equal up to the non-determinism of the kernels used (not guaranteed bit-identical;
+        the same holds for two uninterrupted GPU runs).
 
     Early stopping:
         With ``config.early_stopping_patience = P`` the run stops right after the validation that
