@@ -128,6 +128,8 @@ def test_evidence_configs_are_issue_10s_matrices():
             assert len(config.learning_rate_candidates(m)) == 3, (path.name, m.name)
         if config.model.gpt:
             assert config.training.early_stopping_patience, path.name
+    lm = load_config(ROOT / "evidence" / "tinystories_lm.yaml")  # tested on stories the selection never saw
+    assert lm.task.test_split == lm.task.validation_split and lm.task.validation_samples
     sst2 = load_config(ROOT / "evidence" / "sst2_minilm.yaml")
     assert sst2.task.train_samples is None and sst2.task.test_split == "test" and sst2.training.epochs >= 1
     assert [m.name for m in sst2.methods] == ["baseline", "oelm_freeze", "oelm_random", "oelm_random_matched", "oelm_global"]

@@ -443,3 +443,36 @@ def test_test_samples_draws_one_fixed_subset_of_the_test_split(data_dir):
     assert texts(first) == texts(again) and set(texts(first)) <= set(texts(whole))
     with pytest.raises(ValueError, match="test_samples"):
         config(test_samples=0)
+
+
+def test_a_test_split_equal_to_the_validation_split_is_its_held_out_rest(data_dir):
+    """task.test_split = task.validation_split (one held-out split, as the local TinyStories
+    sample has): validation is the validation_samples subset it always was, the test set is
+    every other document of that split, and no document is in both. Without validation_samples
+    the config is refused (the test set would be the validation set)."""
+    from oelm.config import ExperimentConfig
+    from oelm.data import load_documents, subsample
+    from oelm.data.classification import held_out_rest
+    from oelm.data.prepare import _load_splits
+
+    def config(**task):
+        return ExperimentConfig.model_validate({
+            "name": "t", "methods": [{"name": "baseline"}], "model": {"gpt": "gpt-tiny"},
+            "task": {"dataset": "tinystories", "tokenizer": "bpe-512", "train_samples": 50, "block_size": 64, **task}})
+
+    full = load_documents("tinystories", "validation", data_dir)
+    docs = _load_splits(config(validation_samples=300, test_split="validation").task, load_documents, subsample)
+    assert docs["validation"] == subsample(full, 300, 0)  # the validation subset is unchanged
+    assert len(docs["test"]) == len(full) - 300 > 0
+    positions = list(range(len(full)))  # the same draw on positions: disjoint, and together the whole split
+    val_at, test_at = set(subsample(positions, 300, 0)), set(held_out_rest(positions, 300, 0))
+    assert not val_at & test_at and val_at | test_at == set(positions)
+    assert docs["test"] == [full[i] for i in sorted(test_at)]
+
+    fewer = _load_splits(config(validation_samples=300, test_split="validation", test_samples=100).task,
+                         load_documents, subsample)
+    assert len(fewer["test"]) == 100 and fewer["test"] == subsample(docs["test"], 100, 0)
+    with pytest.raises(ValueError, match="task.validation_samples"):
+        config(test_split="validation")
+    with pytest.raises(ConfigError, match="nothing is left for a test set"):
+        held_out_rest(full, len(full), 0)

@@ -51,7 +51,10 @@ class TaskConfig(_Strict):
     data_dir: str | None = Field(None, description="Folder laid out like shared/data; default: $OELM_DATA_DIR.")
     train_split: str = "train"
     validation_split: str = "validation"
-    test_split: str | None = Field(None, description="Evaluated once at the end with the best checkpoint; never used for selection.")
+    test_split: str | None = Field(
+        None, description="Evaluated once at the end with the best checkpoint; never used for selection. May name "
+        "validation_split itself: the test set is then the rest of that split, disjoint from the validation_samples "
+        "subset (for data with one held-out split, such as the local TinyStories sample).")
     train_samples: int | None = Field(None, gt=0, description="Random training subset (documents for LM); None = all.")
     validation_samples: int | None = Field(None, gt=0, description="Random validation subset; None = all.")
     test_samples: int | None = Field(
@@ -65,6 +68,16 @@ class TaskConfig(_Strict):
         description="Language modelling / oelm GPT: 'gpt2' (local files under <data_dir>/tokenizers/gpt2) or "
         "'bpe-<vocab_size>' trained on the training split. Pretrained models use their own tokenizer.",
     )
+
+
+    @model_validator(mode="after")
+    def _held_out_test(self) -> "TaskConfig":
+        if self.test_split is not None and self.test_split == self.validation_split and self.validation_samples is None:
+            raise ValueError(
+                f"task.test_split is the validation split ({self.test_split!r}) but task.validation_samples is not set: "
+                "set task.validation_samples below the split's size, so the test set is the held-out rest of it"
+            )
+        return self
 
 
 class ModelConfig(_Strict):

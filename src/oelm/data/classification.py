@@ -34,6 +34,7 @@ __all__ = [
     "classification_collator",
     "encode_classification",
     "load_classification",
+    "held_out_rest",
     "subsample",
 ]
 
@@ -225,11 +226,36 @@ def subsample(data, n: int | None, seed: int):
         return data
     if n < 0:
         raise ConfigError(f"subsample size must be >= 0 or None, got {n}")
-    idx = np.sort(np.random.RandomState(seed).permutation(len(data))[:n])
+    return _take(data, np.sort(_subset_positions(len(data), n, seed)))
+
+
+def _subset_positions(length: int, n: int, seed: int) -> np.ndarray:
+    """The positions :func:`subsample` takes (legacy ``RandomState``: a frozen stream)."""
+    return np.random.RandomState(seed).permutation(length)[:n]
+
+
+def _take(data, idx):
+    """Rows (DataFrame, index reset) or items (list) at positions ``idx``."""
     pd = sys.modules.get("pandas")  # a DataFrame exists only once pandas is imported
     if pd is not None and isinstance(data, pd.DataFrame):
-        return data.iloc[idx].reset_index(drop=True)
+        return data.iloc[list(idx)].reset_index(drop=True)
     return [data[i] for i in idx]
+
+
+def held_out_rest(data, n: int, seed: int):
+    """What :func:`subsample` ``(data, n, seed)`` leaves out, in original order: the items or rows
+    a test set may use when it comes from the same split as a validation subset of ``n``.
+
+    Raises:
+        ConfigError: ``n`` is not below ``len(data)`` (nothing would be left for the test set).
+    """
+    if n is None or n >= len(data):
+        raise ConfigError(
+            f"task.validation_samples={n} takes the whole split ({len(data)} items), so nothing is left for a test set "
+            f"drawn from the same split; set task.validation_samples below {len(data)}"
+        )
+    taken = set(_subset_positions(len(data), n, seed).tolist())
+    return _take(data, [i for i in range(len(data)) if i not in taken])
 
 
 class ClassificationDataset(torch.utils.data.Dataset):

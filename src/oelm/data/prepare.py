@@ -41,12 +41,21 @@ def cache_dir() -> Path:
 
 
 def _load_splits(task, load: Callable, sample: Callable) -> dict[str, Any]:
-    """train / validation / the optional test split, each subsampled (``*_samples``) with the fixed ``subset_seed``."""
+    """train / validation / the optional test split, each subsampled (``*_samples``) with the fixed ``subset_seed``.
+
+    A ``test_split`` equal to ``validation_split`` is the part of that split the validation subset
+    did not take (:func:`oelm.data.classification.held_out_rest`): disjoint from validation."""
     splits = {
         "train": sample(load(task.dataset, task.train_split, task.data_dir), task.train_samples, task.subset_seed),
         "validation": sample(load(task.dataset, task.validation_split, task.data_dir), task.validation_samples, task.subset_seed),
     }
-    if task.test_split:
+    if task.test_split and task.test_split == task.validation_split:
+        # one held-out split: validation is its validation_samples subset (as above), test the rest
+        from oelm.data.classification import held_out_rest
+
+        full = load(task.dataset, task.validation_split, task.data_dir)
+        splits["test"] = sample(held_out_rest(full, task.validation_samples, task.subset_seed), task.test_samples, task.subset_seed)
+    elif task.test_split:
         splits["test"] = sample(load(task.dataset, task.test_split, task.data_dir), task.test_samples, task.subset_seed)
     return splits
 
