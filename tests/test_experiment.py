@@ -440,6 +440,72 @@ def test_rerun_skips_finished_and_refuses_changed_candidates(swept, capsys):
     assert "task" in capsys.readouterr().err
 
 
+def test_a_grid_may_grow_and_a_moved_selection_supersedes_the_old_final_runs(swept, tmp_path, monkeypatch, capsys):
+    """Rerunning with a learning rate added to a swept method's grid keeps every earlier run byte
+    for byte, sweeps only the new rate, records the growth (with the final runs that had already
+    evaluated the test split), and, when the new rate wins, trains its final runs and leaves the
+    old selection's final runs out of the comparison, named in its warnings."""
+    import shutil
+
+    import oelm.experiment as experiment
+
+    cfg, original = swept
+    out = tmp_path / "out"
+    shutil.copytree(original, out)
+    old = json.loads((out / "sweep.json").read_text())["selected_learning_rates"]["baseline"]
+    kept = {p: p.read_bytes() for p in out.glob("runs/*/result.json")}
+    old_finals = sorted(p.parent.name for p in out.glob("runs/baseline-*/result.json")
+                        if json.loads(p.read_text())["stage"] == "final")
+    assert len(old_finals) == 2
+    monkeypatch.setattr(experiment, "_select", lambda metric, by_lr: min(by_lr))  # the new, lowest rate wins
+    grown = "methods=[{name: baseline, learning_rates: [1.0e-5, 1.0e-4, 3.0e-3]}, {name: oelm_freeze, learning_rate: 2.0e-3}]"
+    capsys.readouterr()
+    assert main(["run", str(cfg), "--output-dir", str(out), grown]) == 0
+    log = capsys.readouterr().out
+    assert "[baseline] learning-rate grid grows from [0.0001, 0.003] to [1e-05, 0.0001, 0.003]" in log
+    assert all(p.read_bytes() == b for p, b in kept.items())  # no earlier run was retrained or rewritten
+    new_runs = sorted(p.name for p in (out / "runs").iterdir())
+    assert {"baseline-lr1e-05-seed0", "baseline-lr1e-05-seed1"} <= set(new_runs)
+    assert len(new_runs) == len(kept) + 2
+    growth = json.loads((out / "experiment.json").read_text())["grid_growth"]["baseline"]
+    assert len(growth) == 1 and growth[0]["from"] == [1e-4, 3e-3] and growth[0]["to"] == [1e-5, 1e-4, 3e-3]
+    assert growth[0]["tested_final_runs"] == old_finals  # both had evaluated the test split before the growth
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert sweep["selected_learning_rates"]["baseline"] == 1e-5 and sweep["grid_growth"]["baseline"] == growth
+    assert f"selection moved from {old:g} to 1e-05" in log
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert [r["run_name"] for r in comparison["methods"]["baseline"]["runs"]] == ["baseline-lr1e-05-seed0", "baseline-lr1e-05-seed1"]
+    assert [r["run_name"] for r in comparison["superseded"]] == old_finals
+    assert all(r["learning_rate"] == old and r["test"] is not None for r in comparison["superseded"])
+    warnings = " ".join(comparison["warnings"])
+    assert "grew from [0.0001, 0.003] to [1e-05, 0.0001, 0.003]" in warnings and "after test results existed" in warnings
+    assert f"2 final run(s) at learning rate {old:g}, no longer selected" in warnings
+    # a rerun of the grown config changes nothing and records no second growth
+    assert main(["run", str(cfg), "--output-dir", str(out), grown]) == 0
+    assert len(json.loads((out / "experiment.json").read_text())["grid_growth"]["baseline"]) == 1
+
+
+@pytest.mark.parametrize("methods, what", [
+    ("[{name: baseline, learning_rates: [1.0e-4]}, {name: oelm_freeze, learning_rate: 2.0e-3}]", "methods.baseline (learning_rates) (a learning-rate grid may only grow"),
+    ("[{name: baseline, learning_rates: [1.0e-4, 3.0e-3]}, {name: oelm_freeze, learning_rates: [1.0e-3, 2.0e-3]}]", "methods.oelm_freeze (learning_rates) (its runs were trained without a sweep"),
+])
+def test_a_grid_that_drops_a_rate_or_a_method_without_a_sweep_cannot_grow(swept, tmp_path, capsys, methods, what):
+    """Dropping a rate would orphan its runs; a single-rate method's runs are named without a rate,
+    so a sweep could not reuse them: both are refused with the method and the fix named, and
+    nothing in the output directory changes."""
+    import shutil
+
+    cfg, original = swept
+    out = tmp_path / "out"
+    shutil.copytree(original, out)
+    before = {p: p.read_bytes() for p in out.rglob("*.json")}
+    capsys.readouterr()
+    assert main(["run", str(cfg), "--output-dir", str(out), f"methods={methods}"]) == 2
+    err = capsys.readouterr().err
+    assert "holds results of a different config" in err and what in err
+    assert {p: p.read_bytes() for p in out.rglob("*.json")} == before
+
+
 def test_failed_run_is_recorded_and_the_matrix_goes_on(tmp_path, data_dir, capsys):
     """A learning rate of 1e6 without clipping drives the loss to NaN (a RunFaultError of kind
     "nan"): the run gets a failed result.json, the other method still runs, and a rerun keeps

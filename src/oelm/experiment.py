@@ -53,7 +53,9 @@ from oelm.lock import hold_output_lock
 from oelm.metrics import get_metric
 from oelm.models.build import build_model, build_run_model, check_sequence_length, resolve_init_from
 from oelm.report import write_comparison
-from oelm.runs import PlannedRun, checkpoint_record, grid_edge, grid_edge_note, run_name, verify_checkpoint
+from oelm.runs import (
+    PlannedRun, checkpoint_record, format_rates, grid_edge, grid_edge_note, run_name, utc_now, verify_checkpoint,
+)
 from oelm.runs import write_status as _write_status_file
 
 # Every process of a launched job runs the protocol; rank 0 alone writes its files.
@@ -255,16 +257,33 @@ def _methods_with_runs(out: Path) -> set[str]:
     return found
 
 
-def _check_fingerprint(out: Path, fingerprint: dict[str, Any]) -> dict[str, Any]:
-    """Refuse to mix results of incompatible configs in ``out``; returns the fingerprint to store.
+def _grid_grew(previous: dict[str, Any], current: dict[str, Any]) -> bool:
+    """True when a method's fingerprint ``current`` differs from ``previous`` only by a learning-rate
+    grid that keeps every earlier rate and adds some, and the earlier grid was already a sweep
+    (two or more rates: the runs of a single-rate method are named without a rate, so a later
+    sweep could not reuse them)."""
+    rest = {k: v for k, v in current.items() if k != "learning_rates"}
+    if {k: v for k, v in previous.items() if k != "learning_rates"} != rest:
+        return False
+    old, new = set(previous.get("learning_rates") or []), set(current.get("learning_rates") or [])
+    return len(old) > 1 and old < new
+
+
+def _check_fingerprint(out: Path, fingerprint: dict[str, Any]) -> tuple[dict[str, Any], dict[str, tuple[list, list]]]:
+    """Refuse to mix results of incompatible configs in ``out``; returns the fingerprint to store
+    and the methods whose learning-rate grid grows (name -> (earlier grid, new grid)).
+
+    A grid may grow: a method that already has runs may add learning rates to a sweep as long as
+    it keeps every earlier rate and nothing else of it changes (its runs stay valid; the sweep
+    runs the new rates and selects again). Use it when a selection sits on the edge of its grid.
 
     Raises:
         ConfigError: task/model/training/init_from/sweep seeds changed, or the settings of a
-            method that already has runs changed (naming what changed).
+            method that already has runs changed otherwise (naming what changed).
     """
     path = out / "experiment.json"
     if not path.exists():
-        return fingerprint
+        return fingerprint, {}
     previous = read_json(path).get("fingerprint") or {}
     if isinstance(previous.get("training"), dict):  # keys added to TrainingConfig since: their defaults held
         defaults = {k: v for k, v in TrainingConfig().model_dump(mode="json").items() if k not in _COSMETIC_TRAINING_KEYS}
@@ -273,16 +292,35 @@ def _check_fingerprint(out: Path, fingerprint: dict[str, Any]) -> dict[str, Any]
     changed = [k for k in fingerprint if k != "methods" and k in previous and previous[k] != fingerprint[k]]
     prev_methods = previous.get("methods", {})
     with_runs = _methods_with_runs(out) if prev_methods else set()
+    grown: dict[str, tuple[list, list]] = {}
     for name, settings in fingerprint["methods"].items():
         if name in prev_methods and prev_methods[name] != settings and name in with_runs:
+            if _grid_grew(prev_methods[name], settings):
+                grown[name] = (prev_methods[name]["learning_rates"], settings["learning_rates"])
+                continue
             what = [k for k in settings if prev_methods[name].get(k) != settings[k]]
-            changed.append(f"methods.{name} ({', '.join(what)})")
+            hint = ""
+            if what == ["learning_rates"]:
+                hint = (" (a learning-rate grid may only grow: keep every earlier rate)"
+                        if len(prev_methods[name]["learning_rates"]) > 1 else
+                        " (its runs were trained without a sweep; a sweep needs another --output-dir)")
+            changed.append(f"methods.{name} ({', '.join(what)}){hint}")
     if changed:
         raise ConfigError(
             f"output directory {out} holds results of a different config (changed: {', '.join(sorted(changed))}); "
             "use another --output-dir, or restore the original config to resume"
         )
-    return fingerprint | {"methods": prev_methods | fingerprint["methods"]}
+    return fingerprint | {"methods": prev_methods | fingerprint["methods"]}, grown
+
+
+def _tested_final_runs(out: Path, method: str) -> list[str]:
+    """Run names of ``method``'s final runs under ``out`` that have evaluated the test split."""
+    names = []
+    for p in sorted((out / "runs").glob("*/result.json")):
+        r = read_json(p)
+        if r.get("method") == method and r.get("stage") == "final" and (r.get("performance") or {}).get("test") is not None:
+            names.append(r.get("run_name") or p.parent.name)
+    return names
 
 
 def _promote(config: ExperimentConfig, entry: MethodEntry, run: PlannedRun, data: PreparedData, run_dir: Path,
@@ -413,7 +451,7 @@ def _run_matrix(config: ExperimentConfig, out: Path, log: Callable[[str], None],
     """The body of :func:`run_experiment`, run while the output directory's lock is held."""
     if not is_main_process():
         log = _quiet  # the other processes of a launched job run the same protocol silently
-    _start_output(config, out)
+    _start_output(config, out, log)
     matrix = _Matrix(config, out, _prepare(config, log), log, retry_failed)
     sweep_results = {(r.method, r.learning_rate, r.seed): _execute(matrix, r, evaluate_test=False)
                      for r in plan_runs(config) if r.stage == "sweep"}                       # 1. sweep
@@ -479,8 +517,12 @@ def _open_output_dir(out: Path) -> None:
         ) from None
 
 
-def _start_output(config: ExperimentConfig, out: Path) -> None:
+def _start_output(config: ExperimentConfig, out: Path, log: Callable[[str], None] | None = None) -> None:
     """Check run names and the fingerprint, then write experiment.json, config.yaml, plan.json.
+
+    experiment.json keeps ``grid_growth``: per method every time its learning-rate grid grew
+    (``from``, ``to``, ``at`` (UTC), and ``tested_final_runs``: its final runs that had already
+    evaluated the test split then, so a reader sees whether the grid grew after the test was seen).
 
     Raises:
         ConfigError: two methods map to one run directory, or ``out`` holds another config's results.
@@ -491,10 +533,19 @@ def _start_output(config: ExperimentConfig, out: Path) -> None:
         if key in safe:
             raise ConfigError(f"methods {safe[key]!r} and {m.name!r} map to the same run directory name; rename one")
         safe[key] = m.name
-    fingerprint = _check_fingerprint(out, _config_fingerprint(config))
-    _write_json(out / "experiment.json", {"name": config.name, "fingerprint": fingerprint})
+    fingerprint, grown = _check_fingerprint(out, _config_fingerprint(config))
+    growth = (read_json(out / "experiment.json").get("grid_growth") or {}) if (out / "experiment.json").exists() else {}
+    for name, (old, new) in grown.items():
+        tested = _tested_final_runs(out, name)
+        growth = growth | {name: [*growth.get(name, []), {"from": old, "to": new, "at": utc_now(), "tested_final_runs": tested}]}
+        (log or _quiet)(f"[{name}] learning-rate grid grows from {format_rates(old)} to {format_rates(new)}; its runs are kept, the new rates "
+            "are swept and the rate is selected again"
+            + (f" (already tested at the earlier selection: {', '.join(tested)})" if tested else ""))
+    _write_json(out / "experiment.json", {"name": config.name, "fingerprint": fingerprint}
+                | ({"grid_growth": growth} if growth else {}))
     _write_text(out / "config.yaml", yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     _write_plan(out, config, {})
+
 
 
 def _prepare(config: ExperimentConfig, log: Callable[[str], None]) -> PreparedData:
@@ -611,7 +662,8 @@ def _select_learning_rates(matrix: _Matrix, sweep_results: dict[tuple[str, float
     rate has no sweep and appears in none of its keys. ``selected_at_grid_edge``: per swept
     method ``"low"`` / ``"high"`` when the selected rate is the smallest / largest candidate (a
     wider grid could move the result), null when it is interior or nothing was selected (every
-    sweep run failed); see :func:`oelm.runs.grid_edge`."""
+    sweep run failed); see :func:`oelm.runs.grid_edge`. ``grid_growth`` (only when a grid grew):
+    ``experiment.json``'s record of it, for the report."""
     config, log = matrix.config, matrix.log
     selected: dict[str, float] = {}
     edges: dict[str, str | None] = {}
@@ -639,6 +691,13 @@ def _select_learning_rates(matrix: _Matrix, sweep_results: dict[tuple[str, float
              "selected": lr == choice, "status": r.get("status")}
             for lr in cands for s in config.sweep_seed_list() for r in [sweep_results[(m.name, lr, s)]]
         ]
+    before = read_json(matrix.out / "sweep.json").get("selected_learning_rates", {}) if (matrix.out / "sweep.json").exists() else {}
+    for name, lr in selected.items():
+        if name in before and not math.isclose(before[name], lr, rel_tol=1e-9):
+            log(f"[{name}] selection moved from {before[name]:g} to {lr:g} (its grid grew): final runs at {before[name]:g} "
+                "are superseded (kept on disk, left out of the comparison)")
+    experiment = matrix.out / "experiment.json"
+    growth = (read_json(experiment).get("grid_growth") or {}) if experiment.exists() else {}
     if sweep_summary:
         _write_json(matrix.out / "sweep.json", {
             "selection_metric": "best_validation",
@@ -647,7 +706,7 @@ def _select_learning_rates(matrix: _Matrix, sweep_results: dict[tuple[str, float
             "selected_learning_rates": selected,
             "selected_at_grid_edge": edges,
             "methods": sweep_summary,
-        })
+        } | ({"grid_growth": growth} if growth else {}))
     _write_plan(matrix.out, config, selected)
     return selected
 

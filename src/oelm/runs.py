@@ -29,6 +29,9 @@ __all__ = [
     "DRIFT_WARNING_PERCENT",
     "grid_edge",
     "grid_edge_note",
+    "format_rates",
+    "is_superseded",
+    "superseded_final_runs",
     "PlannedRun",
     "RunResult",
     "Performance",
@@ -69,6 +72,11 @@ def grid_edge(learning_rates: Iterable[float], selected: float | None) -> str | 
     return None
 
 
+def format_rates(learning_rates: Iterable[float]) -> str:
+    """A learning-rate grid as the reader sees it: sorted, distinct, ``[0.0005, 0.001, 0.002]``."""
+    return "[" + ", ".join(f"{x:g}" for x in sorted({float(lr) for lr in learning_rates if lr is not None})) + "]"
+
+
 def grid_edge_note(learning_rates: Iterable[float], edge: str) -> str:
     """The reader's note for a selection on ``edge`` (``"low"`` / ``"high"``, from :func:`grid_edge`)
     of ``learning_rates``: "selected learning rate 0.0001 is the lowest of its grid [0.0001, 0.0002];
@@ -76,8 +84,40 @@ def grid_edge_note(learning_rates: Iterable[float], edge: str) -> str:
     warnings prefix the method)."""
     grid = sorted({float(lr) for lr in learning_rates if lr is not None})
     lr, word = (grid[0], "lowest") if edge == "low" else (grid[-1], "highest")
-    return (f"selected learning rate {lr:g} is the {word} of its grid [{', '.join(f'{x:g}' for x in grid)}]; "
+    return (f"selected learning rate {lr:g} is the {word} of its grid {format_rates(grid)}; "
             "a wider grid could change the result")
+
+
+def is_superseded(result: dict[str, Any], selected: dict[str, float]) -> bool:
+    """Whether ``result`` is a final run of a swept method at a learning rate other than the one
+    ``selected`` (``sweep.json``'s ``selected_learning_rates``) names now, in a run folder named
+    for its rate (:func:`run_name` with a learning rate). That happens only when
+    the method's learning-rate grid grew after its final runs had started and the new sweep moved
+    the selection (``grid_growth`` in ``experiment.json``): such runs are kept on disk and left
+    out of every comparison."""
+    chosen = selected.get(result.get("method"))
+    lr = result.get("learning_rate")
+    if chosen is None or lr is None or result.get("stage") != "final":
+        return False
+    swept_run = result.get("run_name") == run_name(result["method"], result.get("seed", 0), lr)  # named for its rate
+    return swept_run and not math.isclose(float(lr), float(chosen), rel_tol=1e-9)
+
+
+def superseded_final_runs(out: str | Path) -> list[dict[str, Any]]:
+    """The superseded final runs under ``out`` (:func:`is_superseded` against ``out/sweep.json``),
+    sorted by run name: ``method``, ``seed``, ``run_name``, ``learning_rate`` and ``test`` (its
+    test value if it evaluated the test split, else None). Empty without a ``sweep.json``."""
+    sweep_path = Path(out) / "sweep.json"
+    if not sweep_path.exists():
+        return []
+    selected = read_json(sweep_path).get("selected_learning_rates") or {}
+    found = []
+    for path in sorted(Path(out).glob("runs/*/result.json")):
+        r = read_json(path)
+        if is_superseded(r, selected):
+            found.append({"method": r["method"], "seed": r.get("seed"), "run_name": r.get("run_name") or path.parent.name,
+                          "learning_rate": r["learning_rate"], "test": (r.get("performance") or {}).get("test")})
+    return found
 
 
 def run_name(method: str, seed: int, learning_rate: float | None = None) -> str:

@@ -64,9 +64,11 @@ def load_results(out: str | Path) -> dict[str, list[dict]]:
     the learning-rate sweep existed have no stage and count as final), or a sweep run that failed at
     the learning rate later selected for its method (``sweep.json``) — kept so the report lists the
     failure instead of silently dropping it. Sweep runs at other learning rates are left out; they
-    are summarized from ``sweep.json``.
+    are summarized from ``sweep.json``. Final runs at a rate that is no longer selected (the
+    method's grid grew and the selection moved: :func:`oelm.runs.is_superseded`) are left out.
     """
     from oelm.io import read_json
+    from oelm.runs import is_superseded
 
     sweep_path = Path(out) / "sweep.json"
     selected = read_json(sweep_path).get("selected_learning_rates", {}) if sweep_path.exists() else {}
@@ -75,7 +77,7 @@ def load_results(out: str | Path) -> dict[str, list[dict]]:
         r = read_json(path)
         final = r.get("stage", "final") == "final"
         failed_at_selected = r.get("status") == "failed" and selected.get(r["method"]) == r.get("learning_rate")
-        if final or failed_at_selected:
+        if (final and not is_superseded(r, selected)) or failed_at_selected:
             results.setdefault(r["method"], []).append(r)
     for runs in results.values():
         runs.sort(key=lambda r: r["seed"])

@@ -18,7 +18,7 @@ from typing import Any
 
 from oelm.io import read_json, read_jsonl
 from oelm.metrics import get_metric
-from oelm.runs import DRIFT_WARNING_PERCENT, grid_edge, grid_edge_note, run_name
+from oelm.runs import DRIFT_WARNING_PERCENT, format_rates, grid_edge, grid_edge_note, run_name, superseded_final_runs
 from oelm.report.stats import (
     CHANCE_MARGIN_POINTS,
     collapse_reasons,
@@ -290,6 +290,7 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
                 (p for p in (majority_percent_of(r) for r in all_results) if p is not None), default=None),
         },
         "sweep": sweep,
+        "superseded": superseded_final_runs(out) if out is not None else [],
         "reference": dict(config.reference),
         "reference_source": config.reference_source,
         "environment": _environment(all_results),
@@ -339,7 +340,7 @@ def _environment(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _warnings(c: dict[str, Any]) -> list[str]:
     """Reasons a reader should distrust part of the comparison (devices, drift, collapses, a
-    learning rate selected on the edge of its grid)."""
+    learning rate selected on the edge of its grid, a grid that grew, superseded final runs)."""
     out = []
     devices = c["environment"]["devices"]
     if len(devices) > 1:
@@ -359,7 +360,21 @@ def _warnings(c: dict[str, Any]) -> list[str]:
     for name, m in c["methods"].items():
         if m.get("selected_at_grid_edge"):
             out.append(f"{name}: {grid_edge_note(m['learning_rate_grid'], m['selected_at_grid_edge'])}.")
+    for name, steps in ((c.get("sweep") or {}).get("grid_growth") or {}).items():
+        for g in steps:
+            tested = g.get("tested_final_runs") or []
+            out.append(f"{name}: its learning-rate grid grew from {format_rates(g['from'])} to {format_rates(g['to'])} ({g.get('at')}) "
+                       "and the rate was selected again on validation"
+                       + (f"; {len(tested)} final run(s) had already evaluated the test split ({', '.join(tested)}), "
+                          "so the grid grew after test results existed." if tested else "; no test result existed then."))
+    by_method: dict[tuple[str, float], list[str]] = {}
+    for r in c.get("superseded") or []:
+        by_method.setdefault((r["method"], r["learning_rate"]), []).append(r["run_name"])
+    for (name, lr), runs in by_method.items():
+        out.append(f"{name}: {len(runs)} final run(s) at learning rate {lr:g}, no longer selected after its grid grew, "
+                   f"are left out of every mean ({', '.join(runs)}).")
     return out
+
 
 
 def _finite_or_none(v: Any) -> Any:
