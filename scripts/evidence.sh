@@ -21,9 +21,14 @@ sha="$(git -C "$ROOT" rev-parse --short=12 "$1^{commit}")"; shift
 src="$EVIDENCE_DIR/oelm-$sha"
 mkdir -p "$EVIDENCE_DIR/outputs" "$EVIDENCE_DIR/logs"
 if [ ! -f "$src/.exported" ]; then
-  rm -rf "$src"; mkdir -p "$src"
-  git -C "$ROOT" archive "$sha" | tar -x -C "$src"
-  touch "$src/.exported"
+  # Extract into a private folder and rename it into place: two chains started together on the
+  # same COMMIT must not delete or half-write each other's export (the second rename fails: its
+  # copy is dropped). A folder without .exported is a leftover of an interrupted older export.
+  [ -d "$src" ] && rm -rf "$src"
+  tmp="$(mktemp -d "$EVIDENCE_DIR/.export-$sha-XXXXXX")"
+  git -C "$ROOT" archive "$sha" | tar -x -C "$tmp"
+  touch "$tmp/.exported"
+  mv -T "$tmp" "$src" 2>/dev/null || rm -rf "$tmp"
 fi
 export OELM_DATA_DIR="${OELM_DATA_DIR:-$(cd "$ROOT/../shared/data" 2>/dev/null && pwd)}"
 export HF_HUB_OFFLINE=1 OMP_WAIT_POLICY=PASSIVE TOKENIZERS_PARALLELISM=false
