@@ -63,7 +63,7 @@ bench: $(STAMP)
 	$(BIN)/oelm bench --model cpu-bench --steps 50 --json outputs/bench/cpu-bench.json
 
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=30   # the 30 slowest tests, so CI logs show where the time goes
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"

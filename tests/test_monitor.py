@@ -106,3 +106,28 @@ def test_a_resumed_run_no_longer_reports_the_signal_that_stopped_its_last_proces
     status = read_status(tmp_path)
     assert status["state"] == "running" and status["step"] == 706 and status["total_steps"] == 2105
     assert not {"signal", "failure", "finished_at"} & set(status)
+
+
+def test_elapsed_counts_every_process_of_a_resumed_run(finished, tmp_path):
+    """A resume rewrites status.json's started_at, so the time since it covers only the last
+    process: a finished run shows its result's total_seconds, an interrupted one its logged
+    elapsed_seconds (cumulative over processes), and the matrix ETA's mean uses them."""
+    out = tmp_path / "out"
+    shutil.copytree(finished / "out", out)
+    run = out / "runs" / "oelm_freeze-seed1"
+    status = json.loads((run / "status.json").read_text())
+    status.update(started_at="2026-01-01T00:00:00+00:00", finished_at="2026-01-01T00:00:01+00:00")  # a 1 s last process
+    (run / "status.json").write_text(json.dumps(status))
+    result = json.loads((run / "result.json").read_text())
+    result["timing"]["total_seconds"] = 3600.0
+    (run / "result.json").write_text(json.dumps(result))
+    assert {r["name"]: r for r in collect_runs(out)}["oelm_freeze-seed1"]["elapsed_seconds"] == 3600.0
+    (run / "result.json").unlink()  # now an interrupted run whose earlier process logged 900 s
+    status.update(state="interrupted")
+    (run / "status.json").write_text(json.dumps(status))
+    records = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    last = next(r for r in reversed(records) if r["type"] == "train")
+    last["elapsed_seconds"] = 900.0
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records + [last]) + "\n")
+    row = {r["name"]: r for r in collect_runs(out)}["oelm_freeze-seed1"]
+    assert row["state"] == "interrupted" and row["elapsed_seconds"] == 900.0

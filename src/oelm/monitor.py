@@ -125,14 +125,27 @@ def collect_runs(out: Path, now: float | None = None) -> list[dict[str, Any]]:
         elif state == "running" and status.get("host") == platform.node() and status.get("pid") and not _alive(status["pid"]):
             state = "interrupted"
         row["state"] = state
-        started = _parse_time(status.get("started_at"))
-        ended = _parse_time(status.get("finished_at")) if state != "running" else None
-        if started is not None:
-            row["elapsed_seconds"] = max(0.0, (ended or now) - started)
+        row["elapsed_seconds"] = _elapsed(status, result, train, state, now)
         if state == "running" and row["step"] and row["total_steps"] and train and train.get("elapsed_seconds"):
             per_step = train["elapsed_seconds"] / row["step"]
             row["eta_seconds"] = max(0.0, per_step * (row["total_steps"] - row["step"]))
     return rows
+
+
+def _elapsed(status: dict, result: dict | None, train: dict | None, state: str, now: float) -> float | None:
+    """A run's own time in seconds, across resumes: a finished run's ``timing.total_seconds``;
+    otherwise the larger of its last train record's ``elapsed_seconds`` (which counts earlier
+    processes of a resumed run) and the time since ``status.json``'s ``started_at`` (which a
+    resume resets, so alone it shows only the last process)."""
+    total = ((result or {}).get("timing") or {}).get("total_seconds")
+    if state == "finished" and total is not None:
+        return float(total)
+    started = _parse_time(status.get("started_at"))
+    ended = _parse_time(status.get("finished_at")) if state != "running" else None
+    since_start = None if started is None else max(0.0, (ended or now) - started)
+    logged = (train or {}).get("elapsed_seconds")
+    values = [v for v in (since_start, logged) if v is not None]
+    return max(values) if values else None
 
 
 def _duration(seconds: float | None) -> str:
