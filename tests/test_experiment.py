@@ -480,6 +480,7 @@ def test_a_grid_may_grow_and_a_moved_selection_supersedes_the_old_final_runs(swe
     warnings = " ".join(comparison["warnings"])
     assert "grew from [0.0001, 0.003] to [1e-05, 0.0001, 0.003]" in warnings and "after test results existed" in warnings
     assert f"2 final run(s) at learning rate {old:g}, no longer selected" in warnings
+    assert "baseline: the grid grew from [0.0001, 0.003] to [1e-05, 0.0001, 0.003]" in (out / "report.md").read_text()
     # a rerun of the grown config changes nothing and records no second growth
     assert main(["run", str(cfg), "--output-dir", str(out), grown]) == 0
     assert len(json.loads((out / "experiment.json").read_text())["grid_growth"]["baseline"]) == 1

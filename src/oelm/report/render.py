@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from oelm.report.compare import run_records
+from oelm.runs import format_rates
 
 __all__ = ["Section", "comparison_rows", "build_sections", "render_markdown", "render_html", "curves_from_runs"]
 
@@ -223,6 +224,10 @@ def build_sections(comparison: dict[str, Any], out: Path | None, step_ms: dict[s
                 rows.append([n, f"{e.get('learning_rate'):g}" if e.get("learning_rate") is not None else "–", str(e.get("seed", "–")),
                              _num(e.get("best_validation")), str(e.get("status", "–")), "✔" if e.get("selected") else ""])
         s.table(["method", "lr", "seed", f"best val {metric}", "status", "selected"], rows)
+        for n, steps in (sw.get("grid_growth") or {}).items():
+            for g in steps:
+                s.text(f"{n}: the grid grew from {format_rates(g['from'])} to {format_rates(g['to'])} ({g.get('at')}) and the "
+                       "rate was selected again; see the warnings.")
         sections.append(s)
 
     if out is not None:
