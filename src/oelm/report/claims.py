@@ -129,7 +129,8 @@ def measure(claim: Claim, results: Path) -> dict[str, Any]:
 
     Returns ``{"status": "measured" | "pending" | "untestable", ...}``; measured adds ``n``,
     ``seeds``, ``mean``, ``ci95``, ``p_value`` (paired t-test, :func:`paired_difference`), the two
-    methods' means (``method_mean``, ``reference_mean``) and ``verdict``. For relative claims the
+    methods' means (``method_mean``, ``reference_mean``), ``verdict`` and ``caveats``
+    (:func:`caveats`; the table prints them after the verdict). For relative claims the
     per-seed differences are ``100 * (method / reference − 1)`` (% of the reference's perplexity).
     """
     from oelm.report.stats import paired_difference
@@ -155,7 +156,26 @@ def measure(claim: Claim, results: Path) -> dict[str, Any]:
         "method_mean": mean(_per_seed(comparison, claim.method, claim.field)),
         "reference_mean": mean(_per_seed(comparison, claim.reference, claim.field)),
         "verdict": verdict(claim.gap, paired["ci95"], paired["n"]),
+        "caveats": caveats(comparison, (claim.reference, claim.method)),
     }
+
+
+def caveats(comparison: dict[str, Any], methods: tuple[str, ...]) -> list[str]:
+    """What the comparison's report warns about ``methods`` that bears on a verdict: a selected
+    learning rate on the edge of its grid (the best rate may lie outside it), runs excluded as
+    collapsed, and a grid that grew after test results existed. Short phrases, in method order."""
+    out = []
+    for name in methods:
+        m = comparison["methods"].get(name) or {}
+        if m.get("selected_at_grid_edge"):
+            out.append(f"{name}'s learning rate is the {'lowest' if m['selected_at_grid_edge'] == 'low' else 'highest'} "
+                       "of its grid")
+        if m.get("excluded"):
+            out.append(f"{name}: {len(m['excluded'])} run(s) excluded as collapsed")
+        for g in ((comparison.get("sweep") or {}).get("grid_growth") or {}).get(name, []):
+            if g.get("tested_final_runs"):
+                out.append(f"{name}'s grid grew after test results existed")
+    return out
 
 
 def _speed_row(results: Path) -> list[str]:
@@ -243,7 +263,7 @@ def claims_markdown(results: str | Path) -> str:
             ours = (f"{_num(m['reference_mean'])} → {_num(m['method_mean'])}: {_signed(m['mean'])}{unit} "
                     f"[{_signed(ci[0])}, {_signed(ci[1])}], p {_p_text(m['p_value'])}, "
                     f"n = {m['n']} ({claim.field.replace('_', ' ')})")
-            verdict_text = m["verdict"]
+            verdict_text = m["verdict"] + (f" (caveat: {'; '.join(m['caveats'])})" if m["caveats"] else "")
         rows.append(f"| {claim.text} | {original} | {ours} | {claim.setting or '–'} | {verdict_text} |")
     rows.append("| " + " | ".join(_anchor_row(results)) + " |")
     rows.append("| " + " | ".join(_trainable_row()) + " |")
