@@ -43,13 +43,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     if main:
         print(f"oelm run: {config.name} -> {out}")
     try:
-        comparison = run_experiment(config, out, retry_failed=args.retry_failed)
+        comparison = run_experiment(config, out, retry_failed=args.retry_failed, worker=args.worker)
     except RunInterruptedError as exc:
         hint = "" if "rerun the same command" in str(exc) else "; rerun the same command to continue"
         if main:
             print(f"oelm: interrupted: {exc}{hint}", file=sys.stderr)
         return EXIT_INTERRUPTED
     if not main:
+        return 0
+    if comparison is None:  # a worker that left the last runs to the others
+        print(f"oelm run --worker: this worker is done; the last worker writes {out / 'comparison.json'}")
         return 0
     from oelm.report import comparison_rows  # after the runs: scipy/matplotlib are not start-up cost
 
@@ -266,6 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", help="experiment YAML, e.g. configs/quickstart.yaml")
     p.add_argument("--output-dir", help="default: the config's output_dir, else outputs/<name>")
     p.add_argument("--retry-failed", action="store_true", help="rerun runs that failed earlier (NaN, OOM, ...) instead of keeping their failure")
+    p.add_argument("--worker", action="store_true",
+                   help="share the output directory with other `oelm run --worker` processes of the same config: "
+                        "each trains runs no other worker holds (e.g. one worker per GPU); the last one writes the comparison")
     p.add_argument("overrides", nargs="*", help="key=value overrides with dotted keys, e.g. training.epochs=2 seeds=[0,1,2]")
     p.set_defaults(func=cmd_run)
 

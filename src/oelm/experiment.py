@@ -49,7 +49,7 @@ from oelm.data.prepare import PreparedData, make_loaders, prepare_data
 from oelm.errors import ConfigError, OELMError, RunFaultError, RunInterruptedError
 from oelm.distributed import barrier, is_main_process, main_process_only
 from oelm.io import read_json, write_json_atomic, write_text_atomic
-from oelm.lock import hold_output_lock
+from oelm.lock import claim_run, hold_output_lock, hold_state_lock, hold_worker_lock
 from oelm.metrics import get_metric
 from oelm.models.build import build_model, build_run_model, check_sequence_length, resolve_init_from
 from oelm.report import write_comparison
@@ -407,7 +407,8 @@ def run_experiment(
     log: Callable[[str], None] = print,
     *,
     retry_failed: bool = False,
-) -> dict[str, Any]:
+    worker: bool = False,
+) -> dict[str, Any] | None:
     """Run the whole matrix of ``config`` (what is not finished yet), then write the comparison.
 
     Protocol:
@@ -426,8 +427,18 @@ def run_experiment(
     output directory skips finished (and failed, unless ``retry_failed``) runs and calls
     :func:`oelm.train.train` again on unfinished ones (which resumes from their checkpoints).
 
+    **Workers** (``worker=True``, ``oelm run --worker``): several single-process ``oelm run``
+    calls share one output directory and split its runs: each trains a run no other worker has
+    claimed (:func:`oelm.lock.claim_run`), in the order above; a method's final runs start once
+    its own sweep is complete (a worker waits, polling, while other workers train sweep runs it
+    needs); the worker that finds every final run done writes the comparison, the others return
+    None. Selection, test-once and every result are those of a single process: each run is
+    seeded on its own, so which worker trains it does not change it (its timing does: runs of
+    workers on one machine share it).
+
     Returns:
-        The comparison dict (``comparison.json``; ``report.md`` beside it) of the final runs.
+        The comparison dict (``comparison.json``; ``report.md`` beside it) of the final runs;
+        None for a worker that left the last runs to other workers.
 
     Raises:
         ConfigError: ``output_dir`` holds results of an incompatible config, cannot be created or
@@ -439,10 +450,20 @@ def run_experiment(
         RunInterruptedError: a run was interrupted (SIGTERM/SIGINT); its ``status.json`` says
             ``interrupted`` and rerunning continues it.
         OELMError subclasses: data or model problems, raised before any run starts.
+        ConfigError: ``worker`` in a multi-process launch (a worker is one process).
     """
     out = Path(output_dir or config.output_dir or Path("outputs") / config.name)
     check_sequence_length(config)
+    if worker:
+        from oelm.distributed import num_processes
+
+        if num_processes() > 1:
+            raise ConfigError("oelm run --worker is one process: launch several workers (one per device) "
+                              "instead of one multi-process job, or drop --worker")
     _open_output_dir(out)
+    if worker:
+        with hold_worker_lock(out):  # shared with other workers, never with a plain `oelm run`
+            return _run_worker(config, out, log, retry_failed)
     with hold_output_lock(out, enabled=is_main_process()):  # one `oelm run` per output directory
         return _run_matrix(config, out, log, retry_failed)
 
@@ -466,6 +487,110 @@ def _run_matrix(config: ExperimentConfig, out: Path, log: Callable[[str], None],
 
         return compare_results(config, results, out)
     return write_comparison(config, results, out)
+
+
+#: Seconds a worker waits before looking again while other workers train sweep runs it needs.
+WORKER_POLL_SECONDS = 30.0
+
+
+def _result_of(out: Path, run: PlannedRun) -> dict | None:
+    path = out / "runs" / run.name / "result.json"
+    return read_json(path) if path.exists() else None
+
+
+def _run_worker(config: ExperimentConfig, out: Path, log: Callable[[str], None], retry_failed: bool,
+                poll_seconds: float | None = None) -> dict[str, Any] | None:
+    """The body of :func:`run_experiment` for a worker (its docstring): loop until no run is
+    left that this process can start. Shared files are read and written under
+    :func:`oelm.lock.hold_state_lock`; a run is trained or promoted only under its claim."""
+    with hold_state_lock(out):
+        _start_output(config, out, log)
+    matrix = _Matrix(config, out, _prepare(config, log), log, retry_failed)
+    sweep_plan = [r for r in plan_runs(config) if r.stage == "sweep"]
+    retried: set[str] = set()  # --retry-failed: each failed run once per worker, not again after it failed again
+    selected: dict[str, float] = {}
+    complete: set[str] = set()
+    waiting = ""
+    while True:
+        if _claim_next(matrix, sweep_plan, retried, evaluate_test=False):         # 1. sweep
+            continue
+        sweep_results = {(r.method, r.learning_rate, r.seed): res for r in sweep_plan
+                         if (res := _result_of(out, r)) is not None}
+        now_complete = {m for m, _, _ in sweep_results} - {r.method for r in sweep_plan
+                                                           if (r.method, r.learning_rate, r.seed) not in sweep_results}
+        if now_complete != complete:                                                # 2. selection
+            with hold_state_lock(out):
+                selected = _select_learning_rates(matrix, sweep_results)
+            complete = now_complete
+        finals = [r for r in plan_runs(config, selected) if r.stage == "final"]
+        if _claim_next_final(matrix, finals, sweep_results, retried):              # 3. final runs
+            continue
+        busy = [r.name for r in sweep_plan if (r.method, r.learning_rate, r.seed) not in sweep_results]
+        if busy:
+            if waiting != ", ".join(busy):
+                waiting = ", ".join(busy)
+                log(f"waiting for sweep runs other workers are training: {waiting}")
+            time.sleep(WORKER_POLL_SECONDS if poll_seconds is None else poll_seconds)
+            continue
+        left = [r.name for r in finals if not _final_done(out, r, sweep_results)]
+        if left:
+            log(f"other workers are finishing {', '.join(left)}; the last one writes the comparison")
+            return None
+        with hold_state_lock(out):                                                  # 4. comparison
+            results: dict[str, list[dict]] = {m.name: [] for m in config.methods}
+            for r in finals:
+                results[r.method].append(_result_of(out, r))
+            if not any(x.get("status") == "finished" for runs in results.values() for x in runs):
+                raise OELMError(f"no run of {config.name} finished (see the failures under {out / 'runs'})")
+            return write_comparison(config, {m: x for m, x in results.items() if x}, out)
+
+
+def _wants_run(matrix: _Matrix, result: dict | None, name: str, retried: set[str]) -> bool:
+    """No result yet, or a failed one that --retry-failed retries (once per worker)."""
+    return result is None or (matrix.retry_failed and result.get("status") == "failed" and name not in retried)
+
+
+def _claim_next(matrix: _Matrix, runs: list[PlannedRun], retried: set[str], evaluate_test: bool) -> bool:
+    """Train the first of ``runs`` that wants training and that no other worker holds; True if one ran."""
+    for run in runs:
+        if not _wants_run(matrix, _result_of(matrix.out, run), run.name, retried):
+            continue
+        with claim_run(matrix.out, run.name) as mine:
+            result = _result_of(matrix.out, run) if mine else None  # re-read: another worker may have just finished it
+            if not mine or not _wants_run(matrix, result, run.name, retried):
+                continue
+            if result is not None:
+                retried.add(run.name)
+            _execute(matrix, run, evaluate_test=evaluate_test)
+            return True
+    return False
+
+
+def _final_done(out: Path, run: PlannedRun, sweep_results: dict[tuple[str, float, int], dict]) -> bool:
+    swept = sweep_results.get((run.method, run.learning_rate, run.seed))
+    if swept is None:
+        return _result_of(out, run) is not None
+    current = _result_of(out, run) or swept
+    return current.get("status") != "finished" or current.get("stage") == "final"
+
+
+def _claim_next_final(matrix: _Matrix, finals: list[PlannedRun], sweep_results: dict[tuple[str, float, int], dict],
+                      retried: set[str]) -> bool:
+    """Train or promote the first final run that is not done and that no other worker holds."""
+    for run in finals:
+        if (run.method, run.learning_rate, run.seed) not in sweep_results:
+            if _claim_next(matrix, [run], retried, evaluate_test=True):
+                return True
+            continue
+        if _final_done(matrix.out, run, sweep_results):
+            continue
+        with claim_run(matrix.out, run.name) as mine:
+            if not mine or _final_done(matrix.out, run, sweep_results):
+                continue
+            _promote(matrix.config, matrix.entry(run.method), run, matrix.data, matrix.out / "runs" / run.name,
+                     _result_of(matrix.out, run), matrix.log)
+            return True
+    return False
 
 
 @dataclass
@@ -672,6 +797,8 @@ def _select_learning_rates(matrix: _Matrix, sweep_results: dict[tuple[str, float
         cands = config.learning_rate_candidates(m)
         if len(cands) == 1:
             continue
+        if any((m.name, lr, s) not in sweep_results for lr in cands for s in config.sweep_seed_list()):
+            continue  # its sweep is not complete yet (workers: other processes are training part of it)
         by_lr = {
             lr: [sweep_results[(m.name, lr, s)]["performance"]["best_validation"]
                  for s in config.sweep_seed_list() if sweep_results[(m.name, lr, s)].get("status") == "finished"]
