@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Issue 10's real-scale runs, from an exported commit, in the background, resumable.
 #
-#   scripts/evidence.sh COMMIT CONFIG [CONFIG ...]
+#   scripts/evidence.sh [--worker] COMMIT CONFIG [CONFIG ...]
+#
+# --worker: run each matrix as an `oelm run --worker`, so that another chain started with --worker on
+# the same CONFIG (e.g. a second CPU lane whose own matrices are done) trains its other runs.
 #
 # Exports COMMIT with `git archive` to $EVIDENCE_DIR/oelm-<sha> (once), then runs each CONFIG *from
 # that export* (its configs/ and src/, so later edits of the working tree cannot change what runs)
@@ -16,7 +19,9 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 EVIDENCE_DIR="${EVIDENCE_DIR:-$(cd "$ROOT/.." && pwd)/evidence}"
 PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
-[ $# -ge 2 ] || { echo "usage: $0 COMMIT CONFIG [CONFIG ...]" >&2; exit 2; }
+worker=()
+if [ "${1:-}" = "--worker" ]; then worker=(--worker); shift; fi
+[ $# -ge 2 ] || { echo "usage: $0 [--worker] COMMIT CONFIG [CONFIG ...]" >&2; exit 2; }
 sha="$(git -C "$ROOT" rev-parse --short=12 "$1^{commit}")"; shift
 src="$EVIDENCE_DIR/oelm-$sha"
 mkdir -p "$EVIDENCE_DIR/outputs" "$EVIDENCE_DIR/logs"
@@ -41,7 +46,7 @@ for config in "$@"; do
   {
     echo "=== $(date -Is) oelm $sha: $config -> $EVIDENCE_DIR/outputs/$name"
     "$PYTHON" -c 'import oelm, sys; print("oelm from", oelm.__file__); sys.exit(0)'
-    "$PYTHON" -m oelm run "$config" --output-dir "$EVIDENCE_DIR/outputs/$name"
+    "$PYTHON" -m oelm run "$config" --output-dir "$EVIDENCE_DIR/outputs/$name" "${worker[@]}"
     echo "=== $(date -Is) done: $config"
   } >> "$log" 2>&1
 done
