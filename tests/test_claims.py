@@ -112,23 +112,26 @@ def test_sst2_anchor_row_compares_baseline_with_the_published_minilm_figure(tmp_
 
 def test_a_verdict_carries_the_caveats_of_its_comparison(tmp_path):
     """cpu-sst2 standing in for the SST-2 evidence: every method's rate sits on an edge of its
-    2-rate grid, so the OELM-Freeze row's verdict names baseline's and oelm_freeze's edges; an
-    excluded (collapsed) run and a grid grown after test results existed are named too; a
-    comparison without them has no caveat."""
+    2-rate grid and some runs were best at their last step, so the OELM-Freeze row's verdict
+    names both for baseline and oelm_freeze; an excluded (collapsed) run and a grid grown after
+    test results existed are named too; a comparison without them has no caveat."""
     from oelm.report.claims import caveats
 
     shutil.copytree(RESULTS / "cpu-sst2", tmp_path / "evidence-sst2-minilm")
     row = next(l for l in claims_markdown(tmp_path).splitlines() if l.startswith("| BERT-base SST-2"))
     assert row.endswith("(caveat: baseline's learning rate is the lowest of its grid; "
-                        "oelm_freeze's learning rate is the highest of its grid) |")
+                        "baseline still improving at its last step in 2 seed(s); "
+                        "oelm_freeze's learning rate is the highest of its grid; "
+                        "oelm_freeze still improving at its last step in 2 seed(s)) |")
     comparison = json.loads((RESULTS / "cpu-sst2" / "comparison.json").read_text())
     comparison["methods"]["oelm_random"]["excluded"] = [{"seed": 2, "reasons": ["x"]}]
     comparison["sweep"]["grid_growth"] = {"oelm_random": [{"from": [1, 2], "to": [1, 2, 3], "at": "t",
                                                            "tested_final_runs": ["oelm_random-lr1-seed0"]}]}
     assert caveats(comparison, ("oelm_random",)) == [
         "oelm_random's learning rate is the lowest of its grid", "oelm_random: 1 run(s) excluded as collapsed",
-        "oelm_random's grid grew after test results existed"]
+        "oelm_random still improving at its last step in 1 seed(s)", "oelm_random's grid grew after test results existed"]
     for m in comparison["methods"].values():
         m["selected_at_grid_edge"], m["excluded"] = None, []
+    comparison["best_at_last_step"] = {}
     comparison["sweep"]["grid_growth"]["oelm_random"][0]["tested_final_runs"] = []
     assert caveats(comparison, ("baseline", "oelm_freeze", "oelm_random")) == []

@@ -54,3 +54,32 @@ def test_committed_gaps_are_the_arithmetic_of_the_method_means(name):
         assert gap["per_step_gap_percent"] == pytest.approx(100 * (m["step_ms_median"]["mean"] / b["step_ms_median"]["mean"] - 1))
         trainable_b, trainable_m = b["parameters"]["trainable"], m["parameters"]["trainable"]
         assert gap["parameters_saved_percent"] == pytest.approx(100 * (trainable_b - trainable_m) / trainable_b)
+
+
+def test_runs_still_improving_at_their_last_step_are_listed_and_warned(tmp_path):
+    """On the committed SST-2 demo: best_at_last_step lists, per method, exactly the final runs
+    whose best validation is at their last step (the report warns about each method); a run that
+    stopped early is not listed (it stopped because it no longer improved)."""
+    copy = tmp_path / "cpu-sst2"
+    shutil.copytree(RESULTS / "cpu-sst2", copy)
+    finals = [json.loads(p.read_text()) for p in sorted(copy.glob("runs/*/result.json"))]
+    finals = [r for r in finals if r.get("stage", "final") == "final"]
+    expected: dict[str, list[int]] = {}
+    for r in sorted(finals, key=lambda r: (r["method"], r["seed"])):
+        if r["performance"]["best_step"] == r["performance"]["steps"]:
+            expected.setdefault(r["method"], []).append(r["seed"])
+    assert expected and any(r["performance"]["best_step"] < r["performance"]["steps"] for r in finals)  # both kinds here
+    c = json.loads((copy / "comparison.json").read_text())
+    assert {m: sorted(s) for m, s in c["best_at_last_step"].items()} == expected
+    for method, seeds in expected.items():
+        assert any(w.startswith(f"{method}: best validation at the last step of the budget in seed(s) "
+                                f"{', '.join(map(str, sorted(seeds)))}:") for w in c["warnings"])
+    method, seed = next(iter(expected.items()))[0], expected[next(iter(expected))][0]
+    path = next(p for p in copy.glob("runs/*/result.json")
+                if (r := json.loads(p.read_text()))["method"] == method and r["seed"] == seed and r.get("stage") == "final")
+    r = json.loads(path.read_text())
+    r["performance"]["early_stopped"] = True
+    path.write_text(json.dumps(r))
+    assert main(["report", str(copy)]) == 0
+    rebuilt = json.loads((copy / "comparison.json").read_text())
+    assert seed not in rebuilt["best_at_last_step"].get(method, [])

@@ -163,7 +163,8 @@ def measure(claim: Claim, results: Path) -> dict[str, Any]:
 def caveats(comparison: dict[str, Any], methods: tuple[str, ...]) -> list[str]:
     """What the comparison's report warns about ``methods`` that bears on a verdict: a selected
     learning rate on the edge of its grid (the best rate may lie outside it), runs excluded as
-    collapsed, and a grid that grew after test results existed. Short phrases, in method order."""
+    collapsed, runs still improving at their last step, and a grid that grew after test results
+    existed. Short phrases, in method order."""
     out = []
     for name in methods:
         m = comparison["methods"].get(name) or {}
@@ -172,6 +173,8 @@ def caveats(comparison: dict[str, Any], methods: tuple[str, ...]) -> list[str]:
                        "of its grid")
         if m.get("excluded"):
             out.append(f"{name}: {len(m['excluded'])} run(s) excluded as collapsed")
+        if (comparison.get("best_at_last_step") or {}).get(name):
+            out.append(f"{name} still improving at its last step in {len(comparison['best_at_last_step'][name])} seed(s)")
         for g in ((comparison.get("sweep") or {}).get("grid_growth") or {}).get(name, []):
             if g.get("tested_final_runs"):
                 out.append(f"{name}'s grid grew after test results existed")

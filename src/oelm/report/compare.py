@@ -147,6 +147,10 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
     (:func:`~oelm.report.stats.paired_difference`): ``paired_metric`` (best validation) and
     ``paired_seconds`` (total seconds).
 
+    ``best_at_last_step``: method -> the seeds of its runs (collapsed ones included) that did not
+    stop early and whose best validation is at their last step (still improving when the budget
+    ended: a longer run could change the comparison); also a warning.
+
     Time to target: the target is baseline's mean final validation value over its sound seeds;
     per method and seed the first evaluation reaching it (step, seconds), or None.
     """
@@ -157,6 +161,7 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
     methods: dict[str, Any] = {}
     collapsed: list[dict[str, Any]] = []
     records_of: dict[tuple[str, int], list[dict]] = {}
+    still_improving: dict[str, list[int]] = {}  # method -> seeds whose best validation is at their last step
     for name, runs in results.items():
         if not runs:
             continue
@@ -182,6 +187,8 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
             })
             if perf.get("early_stopped"):  # only then: comparisons of runs without early stopping stay as they were
                 per_run[-1]["stopped_early_at"] = perf.get("steps")
+            if not perf.get("early_stopped") and perf.get("best_step") is not None and perf.get("best_step") == perf.get("steps"):
+                still_improving.setdefault(name, []).append(r["seed"])
             if reasons:
                 excluded.append({"seed": r["seed"], "reasons": reasons})
                 collapsed.append({"method": name, "seed": r["seed"], "reasons": reasons})
@@ -291,6 +298,7 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
         },
         "sweep": sweep,
         "superseded": superseded_final_runs(out) if out is not None else [],
+        "best_at_last_step": still_improving,
         "reference": dict(config.reference),
         "reference_source": config.reference_source,
         "environment": _environment(all_results),
@@ -340,7 +348,8 @@ def _environment(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _warnings(c: dict[str, Any]) -> list[str]:
     """Reasons a reader should distrust part of the comparison (devices, drift, collapses, a
-    learning rate selected on the edge of its grid, a grid that grew, superseded final runs)."""
+    learning rate selected on the edge of its grid, a grid that grew, superseded final runs, runs
+    whose best validation is at their last step)."""
     out = []
     devices = c["environment"]["devices"]
     if len(devices) > 1:
@@ -367,6 +376,9 @@ def _warnings(c: dict[str, Any]) -> list[str]:
                        "and the rate was selected again on validation"
                        + (f"; {len(tested)} final run(s) had already evaluated the test split ({', '.join(tested)}), "
                           "so the grid grew after test results existed." if tested else "; no test result existed then."))
+    for name, seeds in (c.get("best_at_last_step") or {}).items():
+        out.append(f"{name}: best validation at the last step of the budget in seed(s) {', '.join(map(str, seeds))}: "
+                   "still improving when training ended, so a longer budget could change the comparison.")
     by_method: dict[tuple[str, float], list[str]] = {}
     for r in c.get("superseded") or []:
         by_method.setdefault((r["method"], r["learning_rate"]), []).append(r["run_name"])
