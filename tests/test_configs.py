@@ -118,14 +118,15 @@ def test_cpu_config_runs_on_local_data(path, data_dir):
 
 
 def test_evidence_configs_are_issue_10s_matrices():
-    """Full SST-2 with the five methods; every matrix 3 seeds, a 3-rate grid per method (an interior
-    rate exists), the GPT runs trained until validation stops improving, test splits where they exist."""
+    """Full SST-2 with the five methods; every matrix 3 seeds, a grid of 3 or more distinct rates
+    per method (an interior rate exists; grids grew after a first sweep), the GPT runs trained
+    until validation stops improving, test splits where they exist."""
     assert {p.name for p in EVIDENCE} == {"sst2_minilm.yaml", "gpt_cls_imdb.yaml", "gpt_cls_ag_news.yaml", "tinystories_lm.yaml"}
     for path in EVIDENCE:
         config = load_config(path)
         assert config.seeds == [0, 1, 2] and config.training.progress_bar is False, path.name
         for m in config.methods:
-            assert len(config.learning_rate_candidates(m)) == 3, (path.name, m.name)
+            assert len(set(config.learning_rate_candidates(m))) >= 3, (path.name, m.name)
         if config.model.gpt:
             assert config.training.early_stopping_patience, path.name
     lm = load_config(ROOT / "evidence" / "tinystories_lm.yaml")  # tested on stories the selection never saw
