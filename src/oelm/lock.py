@@ -78,35 +78,18 @@ def acquire(out: str | os.PathLike) -> int:
     """
     path = Path(out) / LOCK_NAME
     host = socket.gethostname()
-    while True:
+    try:
+        fd = _flock_current(path, fcntl.LOCK_EX)
+    except OSError as exc:
+        holder = read_holder(out)
+        who = _describe(holder) if holder else "another process, or `oelm run --worker` processes"
+        busy = OutputLockedError(f"output directory {out} is in use by another oelm run ({who}); wait for it "
+                                 "to finish or stop it, or use another --output-dir")
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise busy from None
+        if not _fallback_free(path, host):  # no flock on this file system (ENOLCK): trust the pid
+            raise busy from None
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                holder = read_holder(out)
-                who = _describe(holder) if holder else "another process, or `oelm run --worker` processes"
-                raise OutputLockedError(
-                    f"output directory {out} is in use by another oelm run ({who}); wait for it "
-                    f"to finish or stop it, or use another --output-dir"
-                ) from None
-            if not _fallback_free(path, host):  # no flock on this file system (ENOLCK): trust the pid
-                raise OutputLockedError(
-                    f"output directory {out} is in use by another oelm run ({_describe(read_holder(out))}); wait for it "
-                    f"to finish or stop it, or use another --output-dir"
-                ) from None
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            break
-        # The holder before us may have removed the file after we opened it: then we hold a lock
-        # on an unlinked file while a third process may create and lock a new one. Start over.
-        try:
-            same = os.fstat(fd).st_ino == os.stat(path).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)
     previous = read_holder(out)
     if previous and previous.get("host") not in (None, host):
         release(fd, out, remove=False)
@@ -119,6 +102,27 @@ def acquire(out: str | os.PathLike) -> int:
     os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
     os.fsync(fd)
     return fd
+
+
+def _flock_current(path: Path, operation: int) -> int:
+    """Open ``path`` (created if missing) and flock it with ``operation`` (``LOCK_EX`` /
+    ``LOCK_SH``, not waiting); returns the descriptor once the lock is on the file that is at
+    ``path`` now. An exclusive holder removes the file when it releases it: if that happened
+    between our open and our lock, we would hold a lock on a removed file while a third process
+    locks a new one, so we start over. Raises the ``OSError`` of a refused flock."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise
+        try:
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
 
 
 def _fallback_free(path: Path, host: str) -> bool:
@@ -167,25 +171,16 @@ def hold_worker_lock(out: str | os.PathLike) -> Iterator[None]:
             readable), or the file system has no flock (workers need it).
     """
     path = Path(out) / LOCK_NAME
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise OutputLockedError(
-                    f"output directory {out} is in use by an oelm run without --worker ({_describe(read_holder(out))}); "
-                    "wait for it to finish or stop it, or use another --output-dir"
-                ) from None
-            raise OutputLockedError(f"oelm run --worker needs flock on the file system of {out} ({exc}); "
-                                    "run without --worker there") from None
-        try:  # an exclusive holder may have removed the file after we opened it (see acquire): start over
-            if os.fstat(fd).st_ino == os.stat(path).st_ino:
-                break
-        except FileNotFoundError:
-            pass
-        os.close(fd)
+    try:
+        fd = _flock_current(path, fcntl.LOCK_SH)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise OutputLockedError(
+                f"output directory {out} is in use by an oelm run without --worker ({_describe(read_holder(out))}); "
+                "wait for it to finish or stop it, or use another --output-dir"
+            ) from None
+        raise OutputLockedError(f"oelm run --worker needs flock on the file system of {out} ({exc}); "
+                                "run without --worker there") from None
     try:
         yield
     finally:
