@@ -498,8 +498,7 @@ def _result_of(out: Path, run: PlannedRun) -> dict | None:
     return read_json(path) if path.exists() else None
 
 
-def _run_worker(config: ExperimentConfig, out: Path, log: Callable[[str], None], retry_failed: bool,
-                poll_seconds: float | None = None) -> dict[str, Any] | None:
+def _run_worker(config: ExperimentConfig, out: Path, log: Callable[[str], None], retry_failed: bool) -> dict[str, Any] | None:
     """The body of :func:`run_experiment` for a worker (its docstring): loop until no run is
     left that this process can start. Shared files are read and written under
     :func:`oelm.lock.hold_state_lock`; a run is trained or promoted only under its claim."""
@@ -530,7 +529,7 @@ def _run_worker(config: ExperimentConfig, out: Path, log: Callable[[str], None],
             if waiting != ", ".join(busy):
                 waiting = ", ".join(busy)
                 log(f"waiting for sweep runs other workers are training: {waiting}")
-            time.sleep(WORKER_POLL_SECONDS if poll_seconds is None else poll_seconds)
+            time.sleep(WORKER_POLL_SECONDS)
             continue
         left = [r.name for r in finals if not _final_done(out, r, sweep_results)]
         if left:
