@@ -83,3 +83,27 @@ def test_runs_still_improving_at_their_last_step_are_listed_and_warned(tmp_path)
     assert main(["report", str(copy)]) == 0
     rebuilt = json.loads((copy / "comparison.json").read_text())
     assert seed not in rebuilt["best_at_last_step"].get(method, [])
+
+
+def test_total_time_over_different_step_counts_is_warned(tmp_path):
+    """On the committed SST-2 demo (every run trained its whole budget): no warning about total
+    seconds; once one method's runs stop early at fewer steps, ``steps`` gives each method's mean
+    and the report warns that total seconds cover different amounts of training."""
+    copy = tmp_path / "cpu-sst2"
+    shutil.copytree(RESULTS / "cpu-sst2", copy)
+    c = json.loads((copy / "comparison.json").read_text())
+    planned = {m: c["methods"][m]["steps"]["mean"] for m in c["methods"]}
+    assert len(set(planned.values())) == 1
+    assert not any(w.startswith("total seconds") for w in c["warnings"])
+    for path in copy.glob("runs/*/result.json"):
+        r = json.loads(path.read_text())
+        if r["method"] == "oelm_freeze" and r.get("stage") == "final":
+            r["performance"].update(steps=r["performance"]["steps"] - 16, early_stopped=True)
+            path.write_text(json.dumps(r))
+    assert main(["report", str(copy)]) == 0
+    rebuilt = json.loads((copy / "comparison.json").read_text())
+    base = planned["baseline"]
+    assert rebuilt["methods"]["oelm_freeze"]["steps"]["mean"] == base - 16
+    assert rebuilt["methods"]["baseline"]["steps"]["mean"] == base
+    warning = next(w for w in rebuilt["warnings"] if w.startswith("total seconds"))
+    assert f"oelm_freeze {base - 16:,.0f}" in warning and f"baseline {base:,.0f}" in warning

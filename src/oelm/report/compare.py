@@ -147,6 +147,11 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
     (:func:`~oelm.report.stats.paired_difference`): ``paired_metric`` (best validation) and
     ``paired_seconds`` (total seconds).
 
+    ``steps``: ``summarize`` of the optimizer steps each sound run trained (fewer than planned
+    when it stopped early). When two methods' mean steps differ, their total seconds cover
+    different amounts of training: a warning says so (compare step ms for speed per step and time
+    to target for time to a quality).
+
     ``best_at_last_step``: method -> the seeds of its runs (collapsed ones included) that did not
     stop early and whose best validation is at their last step (still improving when the budget
     ended: a longer run could change the comparison); also a warning.
@@ -213,6 +218,7 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
             "test": col(lambda r: r["performance"].get("test")),
             "total_seconds": col(timing("total_seconds")),
             "train_seconds": col(timing("train_seconds")),
+            "steps": col(lambda r: (r.get("performance") or {}).get("steps")),
             "step_ms_median": col(lambda r: ((r.get("timing") or {}).get("per_step_ms") or {}).get("median")),
             "tokens_per_second": col(timing("tokens_per_second")),
             # model FLOPs utilization in % (timing.mfu.mfu is a fraction) and the peak it was taken against
@@ -379,6 +385,12 @@ def _warnings(c: dict[str, Any]) -> list[str]:
     for name, seeds in (c.get("best_at_last_step") or {}).items():
         out.append(f"{name}: best validation at the last step of the budget in seed(s) {', '.join(map(str, seeds))}: "
                    "still improving when training ended, so a longer budget could change the comparison.")
+    steps = {name: (m.get("steps") or {}).get("mean") for name, m in c["methods"].items()}
+    known = {name: v for name, v in steps.items() if v is not None}
+    if len(set(known.values())) > 1:
+        out.append("total seconds (and Δ time %) cover different numbers of training steps, since runs stopped early at "
+                   f"different points (mean steps: {', '.join(f'{n} {v:,.0f}' for n, v in known.items())}): they say when "
+                   "each method stopped, not how fast it trains; compare step ms for speed and time to target for time to a quality.")
     by_method: dict[tuple[str, float], list[str]] = {}
     for r in c.get("superseded") or []:
         by_method.setdefault((r["method"], r["learning_rate"]), []).append(r["run_name"])
