@@ -54,7 +54,7 @@ from oelm.metrics import get_metric
 from oelm.models.build import build_model, build_run_model, check_sequence_length, resolve_init_from
 from oelm.report import write_comparison
 from oelm.runs import (
-    PlannedRun, checkpoint_record, format_rates, grid_edge, grid_edge_note, run_name, utc_now, verify_checkpoint,
+    PlannedRun, checkpoint_record, format_rates, grid_edge, grid_edge_note, run_name, run_results, utc_now, verify_checkpoint,
 )
 from oelm.runs import write_status as _write_status_file
 
@@ -315,12 +315,8 @@ def _check_fingerprint(out: Path, fingerprint: dict[str, Any]) -> tuple[dict[str
 
 def _tested_final_runs(out: Path, method: str) -> list[str]:
     """Run names of ``method``'s final runs under ``out`` that have evaluated the test split."""
-    names = []
-    for p in sorted((out / "runs").glob("*/result.json")):
-        r = read_json(p)
-        if r.get("method") == method and r.get("stage") == "final" and (r.get("performance") or {}).get("test") is not None:
-            names.append(r.get("run_name") or p.parent.name)
-    return names
+    return [r.get("run_name") or run_dir.name for run_dir, r in run_results(out)
+            if r.get("method") == method and r.get("stage") == "final" and (r.get("performance") or {}).get("test") is not None]
 
 
 def _promote(config: ExperimentConfig, entry: MethodEntry, run: PlannedRun, data: PreparedData, run_dir: Path,

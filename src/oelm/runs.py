@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, TypedDict
+from typing import Any, Iterable, Iterator, TypedDict
 
 from oelm.errors import ChecksumError
 from oelm.io import read_json, sha256_file, write_json_atomic
@@ -103,6 +103,14 @@ def is_superseded(result: dict[str, Any], selected: dict[str, float]) -> bool:
     return swept_run and not math.isclose(float(lr), float(chosen), rel_tol=1e-9)
 
 
+def run_results(out: str | Path) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """Every ``runs/<name>/result.json`` under the output directory ``out``, sorted by run folder
+    name: ``(run folder, parsed result)``. Raises what :func:`oelm.io.read_json` raises for an
+    unreadable file (it names the file)."""
+    for path in sorted(Path(out).glob("runs/*/result.json")):
+        yield path.parent, read_json(path)
+
+
 def superseded_final_runs(out: str | Path) -> list[dict[str, Any]]:
     """The superseded final runs under ``out`` (:func:`is_superseded` against ``out/sweep.json``),
     sorted by run name: ``method``, ``seed``, ``run_name``, ``learning_rate`` and ``test`` (its
@@ -112,10 +120,9 @@ def superseded_final_runs(out: str | Path) -> list[dict[str, Any]]:
         return []
     selected = read_json(sweep_path).get("selected_learning_rates") or {}
     found = []
-    for path in sorted(Path(out).glob("runs/*/result.json")):
-        r = read_json(path)
+    for run_dir, r in run_results(out):
         if is_superseded(r, selected):
-            found.append({"method": r["method"], "seed": r.get("seed"), "run_name": r.get("run_name") or path.parent.name,
+            found.append({"method": r["method"], "seed": r.get("seed"), "run_name": r.get("run_name") or run_dir.name,
                           "learning_rate": r["learning_rate"], "test": (r.get("performance") or {}).get("test")})
     return found
 

@@ -11,9 +11,8 @@ import torch
 
 from oelm.config import ExperimentConfig, MethodEntry
 from oelm.errors import ConfigError
-from oelm.io import read_json
 from oelm.method import apply_oelm
-from oelm.runs import verify_checkpoint
+from oelm.runs import run_results, verify_checkpoint
 
 if TYPE_CHECKING:
     from oelm.data.prepare import PreparedData
@@ -145,11 +144,10 @@ def resolve_init_from(config: ExperimentConfig, method: str, seed: int) -> Path 
     if path.is_file():
         return path
     if path.is_dir() and (path / "runs").is_dir():
-        for result_path in sorted((path / "runs").glob("*/result.json")):
-            r = read_json(result_path)
+        for run_dir, r in run_results(path):
             if r.get("method") == method and r.get("seed") == seed and r.get("stage", "final") == "final" and r.get("status") == "finished":
-                ckpt = verify_checkpoint(result_path.parent, r, (
-                    f"init_from cannot use it: delete {result_path.parent} and rerun the pretraining config with "
+                ckpt = verify_checkpoint(run_dir, r, (
+                    f"init_from cannot use it: delete {run_dir} and rerun the pretraining config with "
                     f"--output-dir {path} to train that run again"))
                 if ckpt.is_file():
                     return ckpt

@@ -68,13 +68,12 @@ def load_results(out: str | Path) -> dict[str, list[dict]]:
     method's grid grew and the selection moved: :func:`oelm.runs.is_superseded`) are left out.
     """
     from oelm.io import read_json
-    from oelm.runs import is_superseded
+    from oelm.runs import is_superseded, run_results
 
     sweep_path = Path(out) / "sweep.json"
     selected = read_json(sweep_path).get("selected_learning_rates", {}) if sweep_path.exists() else {}
     results: dict[str, list[dict]] = {}
-    for path in sorted(Path(out).glob("runs/*/result.json")):
-        r = read_json(path)
+    for _, r in run_results(out):
         final = r.get("stage", "final") == "final"
         failed_at_selected = r.get("status") == "failed" and selected.get(r["method"]) == r.get("learning_rate")
         if (final and not is_superseded(r, selected)) or failed_at_selected:
