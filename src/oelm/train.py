@@ -581,6 +581,7 @@ class _Engine:
     best_state: dict[str, torch.Tensor] | None = None
     compiled: Any = None  # torch.compile wrapper, when training.compile
     warmup_batch: dict[str, torch.Tensor] | None = None  # the first batch_size training examples (warm-up)
+    saved_step: int | None = None  # the step of the newest checkpoint on disk (the same on every rank)
 
     @property
     def ckpt_root(self) -> Path:
@@ -756,6 +757,7 @@ def _start_or_resume(engine: _Engine) -> tuple[TrainState, tuple | None, bool]:
         for newer_step, path in _checkpoint_dirs(ckpt_root):
             if newer_step > ckpt_step:
                 shutil.rmtree(path, ignore_errors=True)
+    engine.saved_step = ckpt_step
     return state, _rank_rng(engine, st, tensors, ckpt_dir), True
 
 
@@ -898,7 +900,7 @@ def _save_checkpoint(engine: _Engine, state: TrainState) -> Path:
         raise TrainingDivergedError(f"the weights became NaN/Inf by step {state.step}; the last good checkpoint is kept",
                                     step=state.step)
     path = engine.ckpt_root / f"step-{state.step}"
-    if path.exists():  # this step was saved already (a signal right after a periodic save)
+    if engine.saved_step == state.step:  # saved already; decided from memory so every rank returns together
         return path
     with engine.phases.measure("checkpoint"):
         engine.timer.flush()
@@ -933,6 +935,7 @@ def _save_checkpoint(engine: _Engine, state: TrainState) -> Path:
                 raise
             for _, old in _checkpoint_dirs(engine.ckpt_root)[engine.config.keep_checkpoints:]:
                 shutil.rmtree(old, ignore_errors=True)
+        engine.saved_step = state.step
         engine.barrier()
     return path
 
