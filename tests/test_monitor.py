@@ -131,3 +131,15 @@ def test_elapsed_counts_every_process_of_a_resumed_run(finished, tmp_path):
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records + [last]) + "\n")
     row = {r["name"]: r for r in collect_runs(out)}["oelm_freeze-seed1"]
     assert row["state"] == "interrupted" and row["elapsed_seconds"] == 900.0
+
+
+def test_matrix_eta_shares_the_runs_left_among_the_runs_running_now():
+    """With one run running, the runs left follow it one by one; with two workers running, the
+    runs left go to whichever is free first (the matrix ends when the last lane ends)."""
+    from oelm.monitor import matrix_eta_seconds
+
+    assert matrix_eta_seconds([100.0], 3, 600.0) == 100.0 + 3 * 600.0
+    assert matrix_eta_seconds([], 2, 600.0) == 1200.0  # nothing running: one lane
+    assert matrix_eta_seconds([100.0, 500.0], 4, 600.0) == 500.0 + 2 * 600.0  # lanes end at 1300 and 1700
+    assert matrix_eta_seconds([100.0, 500.0], 1, 600.0) == 700.0
+    assert matrix_eta_seconds([100.0, 500.0], 0, 600.0) == 500.0

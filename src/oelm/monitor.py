@@ -176,6 +176,17 @@ def _cells(row: dict[str, Any]) -> list[str]:
     ]
 
 
+def matrix_eta_seconds(running_eta: list[float], left: int, mean_run: float) -> float:
+    """Seconds until a matrix is done: the runs running now finish after ``running_eta`` seconds
+    each, and the ``left`` runs not started, ``mean_run`` seconds each, go one by one to whichever
+    of those ``max(1, len(running_eta))`` lanes (``oelm run --worker`` processes) is free first."""
+    lanes = sorted(running_eta) or [0.0]
+    for _ in range(left):
+        lanes[0] += mean_run
+        lanes.sort()
+    return max(lanes)
+
+
 def _summary(rows: list[dict[str, Any]]) -> str:
     counts = {s: sum(r["state"] == s for r in rows) for s in STATES}
     done = [r["elapsed_seconds"] for r in rows if r["state"] == "finished" and r["elapsed_seconds"]]
@@ -183,8 +194,9 @@ def _summary(rows: list[dict[str, Any]]) -> str:
     eta = ""
     if done and (left or counts["running"]):
         mean = sum(done) / len(done)
-        running_eta = sum(r["eta_seconds"] or 0.0 for r in rows if r["state"] == "running")
-        eta = f"; matrix ETA ~{_duration(left * mean + running_eta)} (mean finished run {_duration(mean)})"
+        running = [r["eta_seconds"] or 0.0 for r in rows if r["state"] == "running"]
+        lanes = f", {len(running)} at a time" if len(running) > 1 else ""
+        eta = f"; matrix ETA ~{_duration(matrix_eta_seconds(running, left, mean))} (mean finished run {_duration(mean)}{lanes})"
     return f"{len(rows)} runs: " + ", ".join(f"{counts[s]} {s}" for s in STATES) + eta
 
 
