@@ -133,3 +133,19 @@ def test_report_warns_about_a_corrupted_final_checkpoint(swept, capsys):
         assert main(["report", str(out)]) == 0
     err = capsys.readouterr().err
     assert err.startswith(f"oelm: warning: {bad} is corrupted") and err.count("\n") == 1
+
+
+def test_report_says_once_that_weights_are_absent_instead_of_warning(swept, capsys):
+    """Committed results leave the weights out: the report says so in one line (how many runs),
+    with no warning (a file that is there but corrupted still is one: the test above)."""
+    _, out = swept
+    removed = _ckpt(out)
+    saved = removed.read_bytes()
+    removed.unlink()
+    try:
+        capsys.readouterr()
+        assert main(["report", str(out)]) == 0
+        err = capsys.readouterr().err
+        assert "warning" not in err and err.startswith("oelm: 1 finished run(s) have no best weights here")
+    finally:
+        removed.write_bytes(saved)

@@ -88,31 +88,41 @@ def cmd_report(args: argparse.Namespace) -> int:
     comparison = write_comparison(config, results, out)
     header, rows = comparison_rows(comparison)
     _print_table(f"{config.name}", header, rows)
-    for message in _corrupted_checkpoints(out, results):
+    corrupted, absent = _checked_checkpoints(out, results)
+    for message in corrupted:
         print(f"oelm: warning: {message}", file=sys.stderr)
+    if absent:
+        print(f"oelm: {absent} finished run(s) have no best weights here (checkpoint/model.safetensors; committed "
+              "results leave them out): the report reads result.json and metrics.jsonl only", file=sys.stderr)
     for w in comparison.get("warnings", []):
         print(f"warning: {w}")
     print(f"report: {out / 'report.md'}  {out / 'report.html'}  numbers: {out / 'comparison.json'}")
     return 0
 
 
-def _corrupted_checkpoints(out: Path, results: dict[str, list[dict]]) -> list[str]:
-    """One message per final finished run whose best weights do not match the sha256 in its
-    ``result.json`` (the report's numbers come from the JSON, so they are still written)."""
+def _checked_checkpoints(out: Path, results: dict[str, list[dict]]) -> tuple[list[str], int]:
+    """The final finished runs' best weights against the sha256 in their ``result.json``: one
+    message per file that is there but does not match, and the number of recorded files that are
+    not there at all (weights left out of committed results, say). The report's numbers come
+    from the JSON, so it is written either way."""
     from oelm.errors import ChecksumError
-    from oelm.runs import verify_checkpoint
+    from oelm.runs import BEST_CHECKPOINT, verify_checkpoint
 
-    problems = []
+    problems, absent = [], 0
     for runs in results.values():
         for r in runs:
             if r.get("status") == "finished" and r.get("run_name"):
                 run_dir = out / "runs" / r["run_name"]
+                record = r.get("checkpoint")
+                if isinstance(record, dict) and record.get("sha256") and not (run_dir / record.get("path", BEST_CHECKPOINT)).is_file():
+                    absent += 1
+                    continue
                 try:
                     verify_checkpoint(run_dir, r, f"the numbers are reported, but delete {run_dir} and rerun `oelm run` "
                                       "if you need these weights")
                 except ChecksumError as exc:
                     problems.append(str(exc))
-    return problems
+    return problems, absent
 
 
 def _inspect_model_source(name: str, config_only: bool):
