@@ -105,21 +105,19 @@ def _checked_checkpoints(out: Path, results: dict[str, list[dict]]) -> tuple[lis
     message per file that is there but does not match, and the number of recorded files that are
     not there at all (weights left out of committed results, say). The report's numbers come
     from the JSON, so it is written either way."""
-    from oelm.errors import ChecksumError
-    from oelm.runs import BEST_CHECKPOINT, verify_checkpoint
+    from oelm.errors import ChecksumError, RecordedFileMissingError
+    from oelm.runs import verify_checkpoint
 
     problems, absent = [], 0
     for runs in results.values():
         for r in runs:
             if r.get("status") == "finished" and r.get("run_name"):
                 run_dir = out / "runs" / r["run_name"]
-                record = r.get("checkpoint")
-                if isinstance(record, dict) and record.get("sha256") and not (run_dir / record.get("path", BEST_CHECKPOINT)).is_file():
-                    absent += 1
-                    continue
                 try:
                     verify_checkpoint(run_dir, r, f"the numbers are reported, but delete {run_dir} and rerun `oelm run` "
                                       "if you need these weights")
+                except RecordedFileMissingError:
+                    absent += 1
                 except ChecksumError as exc:
                     problems.append(str(exc))
     return problems, absent

@@ -62,3 +62,8 @@ class OutputLockedError(OELMError):
 class ChecksumError(OELMError, ValueError):
     """A file does not match the sha256 (or size) recorded for it; the message names the file,
     where the record is, and how to recreate it."""
+
+
+class RecordedFileMissingError(ChecksumError):
+    """A file whose sha256 is recorded is not there at all (weights left out of committed
+    results, say), as opposed to there but different."""

@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Iterator, TypedDict
 
-from oelm.errors import ChecksumError
+from oelm.errors import ChecksumError, RecordedFileMissingError
 from oelm.io import read_json, sha256_file, write_json_atomic
 
 __all__ = [
@@ -261,8 +261,9 @@ def verify_checkpoint(run_dir: Path, result: dict[str, Any], fix: str) -> Path:
         fix: what the user should do if the file is corrupted (ends the error message).
 
     Raises:
-        ChecksumError: the file is missing, or its size or sha256 differs from the record
-            (names the file and ``result.json``).
+        ChecksumError: the file's size or sha256 differs from the record (names the file and
+            ``result.json``); :class:`~oelm.errors.RecordedFileMissingError`, a subclass, when
+            the file is missing.
     """
     run_dir = Path(run_dir)
     record = result.get("checkpoint")
@@ -270,7 +271,7 @@ def verify_checkpoint(run_dir: Path, result: dict[str, Any], fix: str) -> Path:
         return run_dir / BEST_CHECKPOINT
     path = run_dir / record.get("path", BEST_CHECKPOINT)
     if not path.is_file():
-        raise ChecksumError(f"{path} is missing, but {run_dir / 'result.json'} records it; {fix}")
+        raise RecordedFileMissingError(f"{path} is missing, but {run_dir / 'result.json'} records it; {fix}")
     size = path.stat().st_size
     if size != record.get("bytes", size) or sha256_file(path) != record["sha256"]:
         raise ChecksumError(
