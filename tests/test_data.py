@@ -28,9 +28,12 @@ from oelm.data import (
     load_classification,
     load_documents,
     load_gpt2_tokenizer,
+    load_tokenizer_file,
     pack_documents,
     resolve_data_dir,
+    save_tokenizer,
     subsample,
+    tokenizer_record,
     train_bpe_tokenizer,
 )
 from oelm.data.lm import repair_cp1252_mojibake
@@ -363,6 +366,46 @@ def test_get_lm_tokenizer_rejects_bad_specs(data_dir):
         get_lm_tokenizer("sentencepiece", ["a"], None, data_dir)
     with pytest.raises(ConfigError, match="training documents"):
         get_lm_tokenizer("bpe-1000", None, None, data_dir)
+
+
+def test_a_saved_tokenizer_reloads_with_the_same_ids_and_record(data_dir, tmp_path, gpt2_tokenizer):
+    """A tokenizer saved as tokenizer.json (what `oelm run` leaves for a fine-tuning config) gives
+    the same ids and the same sha256 record; a BPE of the same size trained on other text does not."""
+    stories = load_documents("tinystories", "train", data_dir)[:300]
+    tokenizer = train_bpe_tokenizer(stories, 500, None)
+    record = tokenizer_record(tokenizer, "bpe-500")
+    assert record["vocab_size"] == 500 and len(record["sha256"]) == 64
+    assert save_tokenizer(tokenizer, tmp_path / "out" / "tokenizer.json")
+    for spec in (str(tmp_path / "out" / "tokenizer.json"), str(tmp_path / "out")):  # the file, or its folder
+        reloaded = get_lm_tokenizer(spec, None, None, data_dir)
+        assert reloaded.eos_token == reloaded.pad_token == EOS_TOKEN and reloaded.eos_token_id == tokenizer.eos_token_id
+        for text in stories[:20]:
+            assert reloaded(text)["input_ids"] == tokenizer(text)["input_ids"]
+        assert tokenizer_record(reloaded, "bpe-500")["sha256"] == record["sha256"]
+    # transformers sets truncation on the backend per call: not part of the tokenizer's identity
+    tokenizer(stories[0], truncation=True, max_length=8)
+    assert tokenizer_record(tokenizer, "bpe-500") == record
+    reviews = load_classification("sst2", "train", data_dir)["text"].tolist()[:2000]
+    other = train_bpe_tokenizer(reviews, 500, None)
+    assert len(other) == 500 and tokenizer_record(other, "bpe-500")["sha256"] != record["sha256"]
+    # GPT-2's tokenizer survives the same round trip
+    assert save_tokenizer(gpt2_tokenizer, tmp_path / "gpt2.json")
+    gpt2_copy = load_tokenizer_file(tmp_path / "gpt2.json")
+    assert gpt2_copy("Hello world")["input_ids"] == [15496, 995]
+    assert tokenizer_record(gpt2_copy, "x")["sha256"] == tokenizer_record(gpt2_tokenizer, "x")["sha256"] != record["sha256"]
+
+
+def test_a_tokenizer_file_that_cannot_be_used_is_named(tmp_path, data_dir):
+    with pytest.raises(ConfigError, match=r"nothing\.json does not exist"):
+        get_lm_tokenizer(str(tmp_path / "nothing.json"), None, None, data_dir)
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="bad.json is not a tokenizer.json"):
+        load_tokenizer_file(tmp_path / "bad.json")
+    from tokenizers import Tokenizer, models
+
+    Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]")).save(str(tmp_path / "no_eos.json"))
+    with pytest.raises(ConfigError, match="no_eos.json has no <\\|endoftext\\|>"):
+        load_tokenizer_file(tmp_path / "no_eos.json")
 
 
 # --- Hub fallback (simulated: the Hub is unreachable here) ------------------------------------

@@ -603,6 +603,46 @@ def test_pretrain_then_finetune_loads_each_methods_weights(tmp_path, data_dir):
     assert r["init_from"]["path"].endswith("oelm_freeze-seed0/checkpoint/model.safetensors")
 
 
+def test_finetuning_with_another_tokenizer_than_pretraining_is_refused(tmp_path, data_dir, capsys):
+    """Two BPE-500 tokenizers trained on different text have the same shape and other tokens:
+    init_from refuses the fine-tuning's own BPE before any run starts, and accepts the
+    tokenizer.json that pretraining saved (its ids then mean what pretraining learned)."""
+    model = "{gpt: gpt-tiny, gpt_overrides: {hidden_size: 32, num_layers: 1, num_heads: 2, intermediate_size: 64, dropout: 0.0, context_length: 32}}"
+    common = (f"model: {model}\nmethods: [{{name: oelm_freeze, learning_rate: 1.0e-3}}]\nseeds: [0]\n"
+              "training: {max_steps: 2, batch_size: 8, eval_every: 2, log_every: 2, progress_bar: false, tensorboard: false}\n")
+    pre = tmp_path / "pre.yaml"
+    pre.write_text("name: pre\ntask: {dataset: tinystories, tokenizer: bpe-500, train_samples: 200, validation_samples: 10, block_size: 32}\n" + common)
+    assert main(["run", str(pre), "--output-dir", str(tmp_path / "pre")]) == 0
+    pretrained = json.loads((tmp_path / "pre" / "runs" / "oelm_freeze-seed0" / "result.json").read_text())["tokenizer"]
+    assert pretrained["spec"] == "bpe-500" and pretrained["vocab_size"] == 500
+    saved = tmp_path / "pre" / "tokenizer.json"
+    assert saved.is_file()
+
+    fine = tmp_path / "fine.yaml"
+    task = "{dataset: sst2, tokenizer: TOKENIZER, train_samples: 64, validation_samples: 16, max_length: 32}"
+    fine.write_text(f"name: fine\ninit_from: {tmp_path / 'pre'}\ntask: {task.replace('TOKENIZER', 'bpe-500')}\n" + common)
+    capsys.readouterr()
+    assert main(["run", str(fine), "--output-dir", str(tmp_path / "fine")]) == 2
+    err = capsys.readouterr().err
+    assert "tokenizer" in err and "other tokens" in err and f"task.tokenizer: {saved}" in err
+    assert not (tmp_path / "fine" / "runs").exists()  # refused before any run started
+
+    fine.write_text(f"name: fine\ninit_from: {tmp_path / 'pre'}\ntask: {task.replace('TOKENIZER', str(saved))}\n" + common)
+    assert main(["run", str(fine), "--output-dir", str(tmp_path / "fine2")]) == 0
+    r = json.loads((tmp_path / "fine2" / "runs" / "oelm_freeze-seed0" / "result.json").read_text())
+    assert r["tokenizer"]["sha256"] == pretrained["sha256"] and r["tokenizer"]["spec"] == str(saved)
+    assert r["init_from"]["loaded"] > 0
+
+    # a pretraining result written before oelm recorded tokenizers: said once, not refused
+    result = tmp_path / "pre" / "runs" / "oelm_freeze-seed0" / "result.json"
+    result.write_text(json.dumps({k: v for k, v in json.loads(result.read_text()).items() if k != "tokenizer"}))
+    capsys.readouterr()
+    fine.write_text(f"name: fine\ninit_from: {tmp_path / 'pre'}\ntask: {task.replace('TOKENIZER', 'bpe-500')}\n" + common)
+    assert main(["run", str(fine), "--output-dir", str(tmp_path / "fine3")]) == 0
+    said = "".join(capsys.readouterr())
+    assert said.count("cannot check that task.tokenizer is the pretraining's") == 1
+
+
 def test_missing_pretraining_run_is_a_clear_error(tmp_path, data_dir, capsys):
     cfg = _protocol_config(tmp_path, "[{name: baseline}]", extra=f"init_from: {tmp_path / 'nothing'}\n", name="noinit")
     assert main(["run", str(cfg), "--output-dir", str(tmp_path / "o"), "seeds=[0]"]) == 2

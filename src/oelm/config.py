@@ -65,8 +65,10 @@ class TaskConfig(_Strict):
     block_size: int = Field(256, gt=1, description="Language modelling: tokens per packed block.")
     tokenizer: str | None = Field(
         None,
-        description="Language modelling / oelm GPT: 'gpt2' (local files under <data_dir>/tokenizers/gpt2) or "
-        "'bpe-<vocab_size>' trained on the training split. Pretrained models use their own tokenizer.",
+        description="Language modelling / oelm GPT: 'gpt2' (local files under <data_dir>/tokenizers/gpt2), "
+        "'bpe-<vocab_size>' trained on the training split, or the path of a tokenizer.json (e.g. the one a "
+        "pretraining `oelm run` saved as <output_dir>/tokenizer.json, for init_from). Pretrained models use their "
+        "own tokenizer.",
     )
 
 

@@ -51,7 +51,7 @@ from oelm.distributed import barrier, is_main_process, main_process_only
 from oelm.io import read_json, write_json_atomic, write_text_atomic
 from oelm.lock import claim_run, hold_output_lock, hold_state_lock, hold_worker_lock
 from oelm.metrics import get_metric
-from oelm.models.build import build_model, build_run_model, check_sequence_length, resolve_init_from
+from oelm.models.build import build_model, build_run_model, check_init_tokenizer, check_sequence_length, resolve_init_from
 from oelm.report import write_comparison
 from oelm.runs import (
     PlannedRun, checkpoint_record, format_rates, grid_edge, grid_edge_note, run_name, run_results, utc_now, verify_checkpoint,
@@ -150,6 +150,7 @@ def _run_one(
         "config": config.model_dump(mode="json"),
         "method_config": oelm_cfg.to_dict() | {"learning_rate": run.learning_rate},
         "init_from": init_info,
+        "tokenizer": data.tokenizer_record,
         "data": data.summary,
         "budget": {
             "steps": result.steps,
@@ -469,7 +470,7 @@ def _run_matrix(config: ExperimentConfig, out: Path, log: Callable[[str], None],
     if not is_main_process():
         log = _quiet  # the other processes of a launched job run the same protocol silently
     _start_output(config, out, log)
-    matrix = _Matrix(config, out, _prepare(config, log), log, retry_failed)
+    matrix = _Matrix(config, out, _prepare(config, out, log), log, retry_failed)
     sweep_results = {(r.method, r.learning_rate, r.seed): _execute(matrix, r, evaluate_test=False)
                      for r in plan_runs(config) if r.stage == "sweep"}                       # 1. sweep
     selected = _select_learning_rates(matrix, sweep_results)                                 # 2. selection
@@ -500,7 +501,7 @@ def _run_worker(config: ExperimentConfig, out: Path, log: Callable[[str], None],
     :func:`oelm.lock.hold_state_lock`; a run is trained or promoted only under its claim."""
     with hold_state_lock(out):
         _start_output(config, out, log)
-    matrix = _Matrix(config, out, _prepare(config, log), log, retry_failed)
+    matrix = _Matrix(config, out, _prepare(config, out, log), log, retry_failed)
     sweep_plan = [r for r in plan_runs(config) if r.stage == "sweep"]
     retried: set[str] = set()  # --retry-failed: each failed run once per worker, not again after it failed again
     selected: dict[str, float] = {}
@@ -668,9 +669,11 @@ def _start_output(config: ExperimentConfig, out: Path, log: Callable[[str], None
 
 
 
-def _prepare(config: ExperimentConfig, log: Callable[[str], None]) -> PreparedData:
+def _prepare(config: ExperimentConfig, out: Path, log: Callable[[str], None]) -> PreparedData:
     """The shared data (with the pretrained model's tokenizer); every ``init_from`` checkpoint
-    is resolved here, so a missing one is an error before any run starts."""
+    is resolved here, and its tokenizer checked against this one, so a missing or mismatched
+    one is an error before any run starts. oelm's GPT's tokenizer is saved as
+    ``<out>/tokenizer.json``, so that a fine-tuning config can name it (``task.tokenizer``)."""
     tokenizer = None
     if config.model.pretrained:
         from oelm.models.pretrained import load_tokenizer
@@ -679,9 +682,19 @@ def _prepare(config: ExperimentConfig, log: Callable[[str], None]) -> PreparedDa
     log(f"preparing data: {config.task.dataset} ...")
     data = prepare_data(config, tokenizer)
     log(f"data: {data.summary}")
+    unchecked = []
     for m in config.methods:
         for seed in config.seeds:
-            resolve_init_from(config, m.name, seed)
+            checkpoint = resolve_init_from(config, m.name, seed)
+            if checkpoint is not None and data.tokenizer_record and not check_init_tokenizer(checkpoint, data.tokenizer_record):
+                unchecked.append(checkpoint)
+    if unchecked:
+        log(f"init_from: {len(unchecked)} checkpoint(s) (e.g. {unchecked[0]}) record no tokenizer (a bare safetensors file, "
+            "or written by an oelm before it recorded one), so oelm cannot check that task.tokenizer is the pretraining's")
+    if config.model.gpt and is_main_process() and not (out / "tokenizer.json").is_file():
+        from oelm.data.lm import save_tokenizer
+
+        save_tokenizer(data.tokenizer, out / "tokenizer.json")
     return data
 
 

@@ -174,7 +174,9 @@ class RunResult(TypedDict, total=False):
     Identity: ``method``, ``seed``, ``run_name``, ``learning_rate``, ``stage`` ("sweep" |
     "final"), ``selected``, ``task``, ``model``. ``status`` is "finished" or "failed"; a failed
     run has ``failure`` {kind, message, step} and no numbers. A finished run has ``config``,
-    ``method_config``, ``init_from``, ``data`` (per split sizes, label counts), ``budget``
+    ``method_config``, ``init_from``, ``tokenizer`` ({spec, vocab_size, sha256}:
+    :func:`oelm.data.lm.tokenizer_record`; absent in older results), ``data`` (per split sizes,
+    label counts), ``budget``
     (steps and steps_run: taken, planned_steps; samples, tokens, batch sizes, accumulation, world
     size), ``environment``,
     ``parameters`` (total / trainable / frozen, per group), ``projections``, ``performance``
@@ -198,6 +200,7 @@ class RunResult(TypedDict, total=False):
     config: dict[str, Any]
     method_config: dict[str, Any]
     init_from: dict[str, Any] | None
+    tokenizer: dict[str, Any] | None
     data: dict[str, Any]
     budget: dict[str, Any]
     environment: dict[str, Any]

@@ -22,7 +22,10 @@ from oelm.data.lm import (
     get_lm_tokenizer,
     load_documents,
     load_gpt2_tokenizer,
+    load_tokenizer_file,
     pack_documents,
+    save_tokenizer,
+    tokenizer_record,
     train_bpe_tokenizer,
 )
 from oelm.data.registry import (
@@ -51,9 +54,12 @@ __all__ = [
     "load_classification",
     "load_documents",
     "load_gpt2_tokenizer",
+    "load_tokenizer_file",
     "pack_documents",
     "register_dataset",
     "resolve_data_dir",
+    "save_tokenizer",
     "subsample",
+    "tokenizer_record",
     "train_bpe_tokenizer",
 ]

@@ -27,7 +27,7 @@ import re
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -52,11 +52,14 @@ __all__ = [
     "get_lm_tokenizer",
     "load_documents",
     "load_gpt2_tokenizer",
+    "load_tokenizer_file",
     "pack_documents",
     "repair_cp1252_mojibake",
+    "save_tokenizer",
     "split_paragraph_stories",
     "split_wikitext_articles",
     "strip_gutenberg_boilerplate",
+    "tokenizer_record",
     "train_bpe_tokenizer",
 ]
 
@@ -318,6 +321,76 @@ def _wrap_bpe(tokenizer_file: Path):
     )
 
 
+def load_tokenizer_file(path: str | os.PathLike):
+    """A byte-level BPE tokenizer saved as ``tokenizer.json`` (``tokenizers`` format), e.g. the one
+    an ``oelm run`` of oelm's GPT saved in its output folder (:func:`save_tokenizer`).
+
+    ``path`` is the file or a folder holding ``tokenizer.json``. ``<|endoftext|>`` is bos, eos, unk
+    and pad, as for the tokenizers oelm trains and for GPT-2's. This is how a fine-tuning config
+    uses its pretraining's tokenizer (``task.tokenizer: <pretraining output>/tokenizer.json``):
+    a BPE retrained on the fine-tuning text would give the same ids to other tokens.
+
+    Raises:
+        ConfigError: no such file, it is not a ``tokenizers`` JSON file, or its vocabulary has
+            no ``<|endoftext|>`` (names the file).
+    """
+    file = Path(path).expanduser()
+    if file.is_dir():
+        file = file / "tokenizer.json"
+    if not file.is_file():
+        raise ConfigError(
+            f"task.tokenizer: {file} does not exist; name 'gpt2', 'bpe-<vocab_size>' or a tokenizer.json file "
+            "(an `oelm run` of oelm's GPT saves its tokenizer as <output_dir>/tokenizer.json)"
+        )
+    from tokenizers import Tokenizer
+
+    try:
+        backend = Tokenizer.from_file(str(file))
+    except Exception as exc:  # tokenizers raises a bare Exception for malformed JSON
+        raise ConfigError(f"task.tokenizer: {file} is not a tokenizer.json of the tokenizers library ({exc})") from exc
+    if backend.token_to_id(EOS_TOKEN) is None:  # checked before wrapping: transformers would add it as a new id
+        raise ConfigError(f"task.tokenizer: {file} has no {EOS_TOKEN} token, which oelm's GPT uses as eos and pad")
+    return _wrap_bpe(file)
+
+
+def save_tokenizer(tokenizer, path: str | os.PathLike) -> bool:
+    """Write a fast tokenizer's ``tokenizer.json`` to ``path`` atomically (a concurrent reader
+    sees the old file or the whole new one). Returns False (and writes nothing) for a tokenizer
+    without a ``tokenizers`` backend."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return False
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        backend.save(tmp)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return True
+
+
+def tokenizer_record(tokenizer, spec: str) -> dict[str, Any]:
+    """What identifies a tokenizer in a run's ``result.json``: ``{"spec", "vocab_size", "sha256"}``.
+
+    ``sha256`` covers what decides which id a piece of text gets: for a fast tokenizer its
+    model (vocabulary and merges), normalizer, pre-tokenizer and added tokens, not the
+    truncation or padding state that ``transformers`` sets on each call; for a slow one, its
+    vocabulary. Equal hashes mean the same ids for the same text, so ``init_from`` compares them.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        state = json.loads(backend.to_str())
+        identity = {k: state.get(k) for k in ("model", "normalizer", "pre_tokenizer", "added_tokens")}
+    else:
+        identity = {"vocab": tokenizer.get_vocab()}
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+    return {"spec": spec, "vocab_size": len(tokenizer), "sha256": digest}
+
+
 _BPE_RECIPE = "bytelevel-bpe-v1"  # bump when train_bpe_tokenizer's recipe changes: old caches become unused
 
 
@@ -390,18 +463,23 @@ def get_lm_tokenizer(
     cache_dir: str | os.PathLike | None,
     data_dir: str | os.PathLike | None = None,
 ):
-    """The tokenizer named by ``spec``: "gpt2" (local GPT-2 files, :func:`load_gpt2_tokenizer`) or
-    "bpe-<N>", e.g. "bpe-8192" (:func:`train_bpe_tokenizer` on ``documents``, the training split).
+    """The tokenizer named by ``spec``: "gpt2" (local GPT-2 files, :func:`load_gpt2_tokenizer`),
+    "bpe-<N>", e.g. "bpe-8192" (:func:`train_bpe_tokenizer` on ``documents``, the training split),
+    or the path of a ``tokenizer.json`` (or of a folder holding one; :func:`load_tokenizer_file`).
 
     Raises:
-        ConfigError: an unknown spec, or "bpe-<N>" without documents.
+        ConfigError: an unknown spec, "bpe-<N>" without documents, or a tokenizer file that is
+            missing or unusable.
         DataNotFoundError: GPT-2 files missing (see :func:`load_gpt2_tokenizer`).
     """
     if spec == "gpt2":
         return load_gpt2_tokenizer(data_dir)
     match = _BPE_SPEC.match(spec)
     if match is None:
-        raise ConfigError(f"unknown tokenizer {spec!r}; use 'gpt2' or 'bpe-<vocab_size>' (e.g. 'bpe-8192')")
+        if spec.endswith(".json") or "/" in spec or os.sep in spec:
+            return load_tokenizer_file(spec)
+        raise ConfigError(f"unknown tokenizer {spec!r}; use 'gpt2', 'bpe-<vocab_size>' (e.g. 'bpe-8192') or the path of "
+                          "a tokenizer.json")
     if not documents:
         raise ConfigError(f"tokenizer {spec!r} is trained on the training documents, but none were given")
     return train_bpe_tokenizer(documents, int(match.group(1)), cache_dir)

@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from oelm.config import ExperimentConfig, TrainingConfig
+from oelm.data.lm import tokenizer_record
 from oelm.errors import ConfigError
 
 __all__ = ["PreparedData", "prepare_data", "make_loaders", "cache_dir", "label_summary"]
@@ -33,6 +34,9 @@ class PreparedData:
     num_labels: int | None
     label_names: list[str] | None
     summary: dict[str, Any]
+    #: :func:`oelm.data.lm.tokenizer_record` of ``tokenizer`` (spec, vocab_size, sha256): in every
+    #: run's result.json, and compared with an ``init_from`` checkpoint's.
+    tokenizer_record: dict[str, Any] | None = None
 
 
 def cache_dir() -> Path:
@@ -97,6 +101,7 @@ def prepare_data(config: ExperimentConfig, tokenizer=None) -> PreparedData:
 
     task = config.task
     spec = get_dataset_spec(task.dataset)
+    tokenizer_spec = config.model.pretrained if tokenizer is not None and config.model.pretrained else (task.tokenizer or "gpt2")
     if spec.task_type == "classification":
         from oelm.data import classification_collator, encode_classification, load_classification, subsample
 
@@ -118,6 +123,7 @@ def prepare_data(config: ExperimentConfig, tokenizer=None) -> PreparedData:
             num_labels=num_labels,
             label_names=label_names,
             summary={k: label_summary(df, label_names) for k, df in frames.items()},
+            tokenizer_record=tokenizer_record(tokenizer, tokenizer_spec),
         )
 
     from oelm.data import LMBlockDataset, load_documents, pack_documents, subsample
@@ -143,6 +149,7 @@ def prepare_data(config: ExperimentConfig, tokenizer=None) -> PreparedData:
         num_labels=None,
         label_names=None,
         summary={k: {"documents": len(docs[k]), "blocks": len(b), "tokens": int(b.numel())} for k, b in blocks.items()},
+        tokenizer_record=tokenizer_record(tokenizer, tokenizer_spec),
     )
 
 

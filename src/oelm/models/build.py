@@ -12,6 +12,7 @@ import torch
 from oelm.config import ExperimentConfig, MethodEntry
 from oelm.errors import ConfigError
 from oelm.method import apply_oelm
+from oelm.io import read_json
 from oelm.runs import run_results, verify_checkpoint
 
 if TYPE_CHECKING:
@@ -156,6 +157,42 @@ def resolve_init_from(config: ExperimentConfig, method: str, seed: int) -> Path 
             "checkpoint/model.safetensors; run the pretraining config first (same methods and seeds)"
         )
     raise ConfigError(f"init_from: {path} is neither a safetensors file nor an `oelm run` output directory")
+
+
+def _describe_tokenizer(record: dict[str, Any]) -> str:
+    return f"{record.get('spec')!r} ({record.get('vocab_size', 0):,} ids, sha256 {str(record.get('sha256'))[:12]})"
+
+
+def check_init_tokenizer(checkpoint: Path, tokenizer: dict[str, Any]) -> bool:
+    """Refuse an ``init_from`` checkpoint whose pretraining used another tokenizer than this
+    run's ``tokenizer`` (a :func:`oelm.data.lm.tokenizer_record`).
+
+    Two tokenizers with the same vocabulary size (two ``bpe-4096`` trained on different text)
+    give the same shapes, so :func:`load_init_weights` cannot see it, but every embedding row
+    would then belong to another token. The pretraining's record is read from the
+    ``result.json`` of the run that saved ``checkpoint`` (``<run>/checkpoint/model.safetensors``).
+
+    Returns:
+        True when the tokenizers match; False when there is nothing to compare with (a
+        safetensors file outside an ``oelm run`` folder, or a result written before oelm
+        recorded its tokenizer): the caller says it could not check.
+
+    Raises:
+        ConfigError: the tokenizers differ (sha256); names both and the file to use instead.
+    """
+    result = checkpoint.parent.parent / "result.json"
+    recorded = read_json(result).get("tokenizer") if checkpoint.parent.name == "checkpoint" and result.is_file() else None
+    if not recorded or not recorded.get("sha256"):
+        return False
+    if recorded["sha256"] == tokenizer.get("sha256"):
+        return True
+    saved = checkpoint.parents[3] / "tokenizer.json"  # <output_dir>/runs/<run>/checkpoint/model.safetensors
+    fix = (f"set task.tokenizer: {saved} (the tokenizer that pretraining saved)" if saved.is_file()
+           else "set task.tokenizer to the pretraining's tokenizer (the same spec and training text, or its tokenizer.json)")
+    raise ConfigError(
+        f"init_from {checkpoint}: pretrained with tokenizer {_describe_tokenizer(recorded)}, but this config's "
+        f"task.tokenizer gives {_describe_tokenizer(tokenizer)}; the same token ids would be other tokens. Fix: {fix}"
+    )
 
 
 def load_init_weights(model: torch.nn.Module, path: Path) -> dict[str, Any]:
