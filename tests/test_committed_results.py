@@ -39,6 +39,32 @@ def test_committed_comparison_is_rebuilt_from_its_runs(tmp_path, name):
         assert rebuilt[key] == committed[key], key
 
 
+@pytest.mark.parametrize("name", [n for n in COMPARISONS if json.loads((RESULTS / n / "comparison.json").read_text())
+                                  ["methods"]["baseline"]["test"]["n"]])
+def test_committed_test_gap_is_paired_over_the_final_runs_test_results(name):
+    """The paired test-set gap (what a claim is judged on) is scipy's paired t-test over the final
+    runs' once-evaluated test numbers, and the report's test table prints it."""
+    from scipy import stats
+
+    c = json.loads((RESULTS / name / "comparison.json").read_text())
+    test = {}
+    for path in (RESULTS / name / "runs").glob("*/result.json"):
+        r = json.loads(path.read_text())
+        if r.get("status") == "finished" and r["performance"].get("test") is not None:
+            test.setdefault(r["method"], {})[r["seed"]] = r["performance"]["test"]
+    report = (RESULTS / name / "report.md").read_text()
+    for method, gap in c["vs_baseline"].items():
+        seeds = sorted(set(test["baseline"]) & set(test[method]))
+        diffs = [test[method][s] - test["baseline"][s] for s in seeds]
+        paired = gap["paired_test"]
+        assert paired["n"] == len(seeds) == 3 and paired["seeds"] == seeds
+        assert paired["mean"] == pytest.approx(sum(diffs) / 3)
+        assert paired["p_value"] == pytest.approx(stats.ttest_rel([test[method][s] for s in seeds],
+                                                                  [test["baseline"][s] for s in seeds]).pvalue)
+        lo, hi = paired["ci95"]
+        assert f"| {method} | " in report and f"| {paired['mean']:+.2f} | [{lo:.2f}, {hi:.2f}] |" in report
+
+
 @pytest.mark.parametrize("name", COMPARISONS)
 def test_committed_gaps_are_the_arithmetic_of_the_method_means(name):
     """On real, sound 3-seed runs: each gap to baseline is computed from the method means as its

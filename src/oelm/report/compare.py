@@ -144,7 +144,8 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
     ``per_step_gap_percent`` ((method − baseline) / baseline in %; negative = faster),
     ``speedup`` (baseline mean total seconds / method's), ``parameters_saved_percent``
     (trainable parameters fewer than baseline's, in % of baseline's), and paired by seed
-    (:func:`~oelm.report.stats.paired_difference`): ``paired_metric`` (best validation) and
+    (:func:`~oelm.report.stats.paired_difference`): ``paired_metric`` (best validation),
+    ``paired_test`` (test split, evaluated once per final run; n = 0 without one) and
     ``paired_seconds`` (total seconds).
 
     ``steps``: ``summarize`` of the optimizer steps each sound run trained (fewer than planned
@@ -262,6 +263,10 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
                 ),
                 "paired_seconds": paired_difference(
                     {s: r["total_seconds"] for s, r in base_runs.items()}, {s: r["total_seconds"] for s, r in mine.items()}
+                ),
+                # the held-out number a claim is judged on: each final run's test split, evaluated once
+                "paired_test": paired_difference(
+                    {s: r["test"] for s, r in base_runs.items()}, {s: r["test"] for s, r in mine.items()}
                 ),
             }
 
