@@ -89,6 +89,27 @@ def test_once_on_a_partly_finished_matrix(finished, tmp_path, monkeypatch, capsy
     assert "oelm_freeze-seed1" in snapshot_text(out)
 
 
+def test_final_runs_that_exist_are_not_also_pending_after_a_restart(finished, tmp_path, capsys):
+    """A restarted matrix (e.g. a method added to a finished one) writes plan.json before it has
+    selected any rate again: a swept method's finals are placeholders there. Where those final
+    runs exist, the monitor shows them and no pending twin (nor counts the twins in its ETA)."""
+    out = tmp_path / "out"
+    shutil.copytree(finished / "out", out)
+    plan = json.loads((out / "plan.json").read_text())
+    kept = [e for e in plan["runs"] if e["stage"] == "sweep" or e["method"] != "baseline"]
+    placeholders = [{"name": None, "method": "baseline", "seed": s, "learning_rate": None, "stage": "final"} for s in (0, 1)]
+    (out / "plan.json").write_text(json.dumps({"name": plan["name"], "runs": kept + placeholders}))
+    rows = collect_runs(out)
+    assert len(rows) == 5 and {r["state"] for r in rows} == {"finished"} and all(r["name"] for r in rows)
+    assert main(["monitor", str(out), "--once"]) == 0
+    assert "5 runs: 0 pending" in capsys.readouterr().out
+    # without baseline's seed-1 final run, its placeholder is the one pending row
+    selected = json.loads((out / "sweep.json").read_text())["selected_learning_rates"]["baseline"]
+    shutil.rmtree(out / "runs" / f"baseline-lr{selected:g}-seed1")
+    pending = [r for r in collect_runs(out) if r["state"] == "pending"]
+    assert [(r["name"], r["method"], r["seed"]) for r in pending] == [(None, "baseline", 1)]
+
+
 def test_monitor_on_a_non_output_dir_is_a_clear_error(tmp_path, capsys):
     assert main(["monitor", str(tmp_path), "--once"]) == 2
     assert "not an oelm run output directory" in capsys.readouterr().err

@@ -4,7 +4,8 @@ It only reads files the runner writes, so it can watch a run started elsewhere (
 terminal, ``nohup``) and never disturbs it:
 
 * ``plan.json``: every planned run (name, method, stage, learning rate, seed); final runs of a
-  method whose learning-rate sweep is not finished yet have no name (shown as "after sweep");
+  method whose learning-rate sweep is not finished yet have no name (shown as "after sweep",
+  unless a final run of that method and seed is already in ``runs/``);
 * ``runs/<name>/status.json``: state (running / finished / failed / interrupted), total steps,
   start and end times (UTC, ISO 8601), the runner's pid and host;
 * ``runs/<name>/metrics.jsonl``: the latest train record (step, loss) and validation record;
@@ -129,7 +130,10 @@ def collect_runs(out: Path, now: float | None = None) -> list[dict[str, Any]]:
         if state == "running" and row["step"] and row["total_steps"] and train and train.get("elapsed_seconds"):
             per_step = train["elapsed_seconds"] / row["step"]
             row["eta_seconds"] = max(0.0, per_step * (row["total_steps"] - row["step"]))
-    return rows
+    # A restarted matrix rewrites plan.json before it has selected any rate again, so a method's
+    # finals are "after sweep" placeholders there even where its final runs exist: not pending.
+    finals = {(r["method"], r["seed"]) for r in rows if r["name"] and r["stage"] == "final"}
+    return [r for r in rows if r["name"] or (r["method"], r["seed"]) not in finals]
 
 
 def _elapsed(status: dict, result: dict | None, train: dict | None, state: str, now: float) -> float | None:
