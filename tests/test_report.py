@@ -272,6 +272,24 @@ def test_drift_and_device_warnings(lm_run):
     assert "baseline-seed0: -25%" in text
 
 
+def test_methods_measured_at_different_machine_speeds_are_warned(lm_run):
+    """A method added to a finished matrix runs hours later: if the matmul probe says the machine
+    was >10% faster for it, its step times are no evidence of a speed difference."""
+    from oelm.config import load_config
+
+    config = load_config(ROOT / "configs/tinystories-tiny.yaml", TINY_LM)
+    results = copy.deepcopy(load_results(lm_run))
+    for method, gflops in (("baseline", 30.0), ("oelm_freeze", 34.0)):
+        for r in results[method]:
+            r["environment"]["matmul_probe"] = {"gflops": gflops}
+            r["environment"]["matmul_probe_drift_percent"] = 0.0
+    text = " ".join(compare_results(config, results, lm_run)["warnings"])
+    assert "between methods (median GFLOP/s: baseline 30.0, oelm_freeze 34.0)" in text
+    for r in results["oelm_freeze"]:
+        r["environment"]["matmul_probe"] = {"gflops": 32.9}  # 9.7% faster: inside the 10% tolerance
+    assert "between methods" not in " ".join(compare_results(config, results, lm_run)["warnings"])
+
+
 def test_sweep_table_when_present(lm_run, tmp_path):
     out = tmp_path / "sweep"
     shutil.copytree(lm_run, out)

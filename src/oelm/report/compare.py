@@ -12,6 +12,7 @@ outputs written before that key existed get it too).
 from __future__ import annotations
 
 import math
+import statistics
 import platform
 from pathlib import Path
 from typing import Any
@@ -358,7 +359,8 @@ def _environment(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _warnings(c: dict[str, Any]) -> list[str]:
-    """Reasons a reader should distrust part of the comparison (devices, drift, collapses, a
+    """Reasons a reader should distrust part of the comparison (devices, drift within a run or
+    between methods' runs, collapses, a
     learning rate selected on the edge of its grid, a grid that grew, superseded final runs, runs
     whose best validation is at their last step)."""
     out = []
@@ -374,6 +376,18 @@ def _warnings(c: dict[str, Any]) -> list[str]:
         out.append(
             f"the matrix-multiply speed probe changed by more than {DRIFT_WARNING_PERCENT:.0f}% between the start and end "
             f"of some runs ({'; '.join(drifted)}): the machine's speed drifted, so time differences of that size are not evidence."
+        )
+    speeds: dict[str, list[float]] = {}
+    for p in c["environment"]["probe"]:
+        if p.get("gflops_before"):
+            speeds.setdefault(p["run"].rsplit("-seed", 1)[0], []).append(p["gflops_before"])
+    medians = {name: statistics.median(v) for name, v in speeds.items()}
+    if len(medians) > 1 and max(medians.values()) > (1 + DRIFT_WARNING_PERCENT / 100) * min(medians.values()):
+        out.append(
+            f"the matrix-multiply speed probe at the start of each method's runs differs by more than {DRIFT_WARNING_PERCENT:.0f}% "
+            f"between methods (median GFLOP/s: {', '.join(f'{n} {v:.1f}' for n, v in medians.items())}): the methods met the "
+            "machine at different speeds (run at different times or beside different loads), so step-time and total-time "
+            "differences of that size are not evidence."
         )
     for x in c["collapsed"]:
         out.append(f"{x['method']} seed {x['seed']} excluded from the means: {'; '.join(x['reasons'])}.")
