@@ -42,6 +42,10 @@ def test_once_on_a_finished_matrix(finished, capsys):
     for r in rows:
         assert r["step"] == 4 and r["total_steps"] == 4 and r["metric"] == "perplexity" and r["validation"] > 1
         assert r["name"] in text and r["elapsed_seconds"] is not None and r["eta_seconds"] is None
+        # the best so far is the run's result (what selection uses), beside the latest validation
+        best = json.loads((finished / "out" / "runs" / r["name"] / "result.json").read_text())["performance"]["best_validation"]
+        assert r["best_validation"] == best <= r["validation"]
+        assert f"perplexity {best:.3f} ({r['validation']:.3f})" in text
     stages = {r["name"]: r["stage"] for r in rows}
     selected = json.loads((finished / "out" / "sweep.json").read_text())["selected_learning_rates"]["baseline"]
     assert stages[f"baseline-lr{selected:g}-seed0"] == "final"

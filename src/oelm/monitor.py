@@ -17,6 +17,7 @@ A run whose status says ``running`` but whose process (same host) no longer exis
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import time
@@ -30,7 +31,7 @@ from oelm.io import read_json, read_jsonl
 __all__ = ["collect_runs", "snapshot_text", "build_table", "monitor"]
 
 STATES = ("pending", "running", "finished", "failed", "interrupted")
-HEADER = ["run", "stage", "state", "lr", "step", "train loss", "validation", "elapsed", "ETA"]
+HEADER = ["run", "stage", "state", "lr", "step", "train loss", "validation: best (latest)", "elapsed", "ETA"]
 
 
 def _read(path: Path) -> dict | None:
@@ -40,15 +41,31 @@ def _read(path: Path) -> dict | None:
         return None  # absent, or being replaced at this instant: next refresh reads it
 
 
-def _last_records(path: Path) -> tuple[dict | None, dict | None]:
-    """Latest ``train`` and ``eval`` records of a ``metrics.jsonl`` (a torn last line is skipped)."""
-    train = evaluation = None
+def _last_records(path: Path) -> tuple[dict | None, dict | None, list[dict]]:
+    """Latest ``train`` and ``eval`` records of a ``metrics.jsonl`` (a torn last line is skipped),
+    and every ``eval`` record in order."""
+    train = None
+    evals = []
     for record in read_jsonl(path):
         if record.get("type") == "train":
             train = record
         elif record.get("type") == "eval":
-            evaluation = record
-    return train, evaluation
+            evals.append(record)
+    return train, (evals[-1] if evals else None), evals
+
+
+def _best(metric: str, values: list[Any]) -> float | None:
+    """The best of ``values`` for ``metric`` (highest accuracy, lowest perplexity); None if none."""
+    from oelm.metrics import get_metric
+
+    finite = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    if not finite:
+        return None
+    try:
+        higher = get_metric(metric).higher_is_better
+    except Exception:  # an unknown metric name: no direction to pick the best by
+        return None
+    return max(finite) if higher else min(finite)
 
 
 def _alive(pid: Any) -> bool:
@@ -73,7 +90,8 @@ def collect_runs(out: Path, now: float | None = None) -> list[dict[str, Any]]:
 
     Keys: ``name``, ``method``, ``seed``, ``stage``, ``learning_rate``, ``state`` (one of
     :data:`STATES`), ``step``, ``total_steps``, ``train_loss``, ``validation`` (latest value, the
-    metric named in ``metric``), ``elapsed_seconds`` and ``eta_seconds`` (None when unknown),
+    metric named in ``metric``), ``best_validation`` (the best so far; a finished run's from its
+    result, the number learning-rate selection uses), ``elapsed_seconds`` and ``eta_seconds`` (None when unknown),
     ``early_stopped`` (a finished run that stopped before ``total_steps``: early stopping).
 
     Raises:
@@ -101,7 +119,8 @@ def collect_runs(out: Path, now: float | None = None) -> list[dict[str, Any]]:
     for e in entries:
         row = {"name": e.get("name"), "method": e.get("method"), "seed": e.get("seed"), "stage": e.get("stage"),
                "learning_rate": e.get("learning_rate"), "state": "pending", "step": None, "total_steps": None,
-               "train_loss": None, "validation": None, "metric": None, "elapsed_seconds": None, "eta_seconds": None,
+               "train_loss": None, "validation": None, "best_validation": None, "metric": None,
+               "elapsed_seconds": None, "eta_seconds": None,
                "early_stopped": False}
         rows.append(row)
         if not e.get("name"):
@@ -109,18 +128,20 @@ def collect_runs(out: Path, now: float | None = None) -> list[dict[str, Any]]:
         d = runs_dir / e["name"]
         status = _read(d / "status.json") or {}
         result = _read(d / "result.json")
-        train, evaluation = _last_records(d / "metrics.jsonl")
+        train, evaluation, evals = _last_records(d / "metrics.jsonl")
         row["total_steps"] = status.get("total_steps")
         if train:
             row["step"], row["train_loss"] = train.get("step"), train.get("loss")
         if evaluation:
             metric = next((k for k in evaluation if k not in ("type", "step", "loss", "elapsed_seconds")), None)
             row["metric"], row["validation"] = metric, evaluation.get(metric)
+            row["best_validation"] = _best(metric, [e.get(metric) for e in evals]) if metric else None
         state = status.get("state") or ("running" if d.exists() else "pending")
         if result is not None:
             state = "failed" if result.get("status") == "failed" else "finished"
             if state == "finished":
                 row["step"] = (result.get("performance") or {}).get("steps", row["step"])
+                row["best_validation"] = (result.get("performance") or {}).get("best_validation", row["best_validation"])
                 row["early_stopped"] = bool((result.get("performance") or {}).get("early_stopped"))
                 row["stage"] = result.get("stage", row["stage"])
         elif state == "running" and status.get("host") == platform.node() and status.get("pid") and not _alive(status["pid"]):
@@ -167,6 +188,8 @@ def _cells(row: dict[str, Any]) -> list[str]:
         step += f"/{row['total_steps']}"
     name = row["name"] or f"{row['method']}-seed{row['seed']} (after sweep)"
     validation = "–" if row["validation"] is None else f"{row['metric']} {row['validation']:.3f}"
+    if row["validation"] is not None and row["best_validation"] is not None:
+        validation = f"{row['metric']} {row['best_validation']:.3f} ({row['validation']:.3f})"
     return [
         name,
         row["stage"] or "–",
