@@ -63,7 +63,7 @@ def _best(metric: str, values: list[Any]) -> float | None:
         return None
     try:
         higher = get_metric(metric).higher_is_better
-    except Exception:  # an unknown metric name: no direction to pick the best by
+    except ValueError:  # an unknown metric name: no direction to pick the best by
         return None
     return max(finite) if higher else min(finite)
 
