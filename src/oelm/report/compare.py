@@ -349,6 +349,7 @@ def _environment(results: list[dict[str, Any]]) -> dict[str, Any]:
         "probe": [
             {
                 "run": f"{r['method']}-seed{r['seed']}",
+                "method": r["method"],
                 "gflops_before": (e.get("matmul_probe") or {}).get("gflops"),
                 "gflops_after": (e.get("matmul_probe_after") or {}).get("gflops"),
                 "drift_percent": e.get("matmul_probe_drift_percent"),
@@ -380,7 +381,7 @@ def _warnings(c: dict[str, Any]) -> list[str]:
     speeds: dict[str, list[float]] = {}
     for p in c["environment"]["probe"]:
         if p.get("gflops_before"):
-            speeds.setdefault(p["run"].rsplit("-seed", 1)[0], []).append(p["gflops_before"])
+            speeds.setdefault(p["method"], []).append(p["gflops_before"])
     medians = {name: statistics.median(v) for name, v in speeds.items()}
     if len(medians) > 1 and max(medians.values()) > (1 + DRIFT_WARNING_PERCENT / 100) * min(medians.values()):
         out.append(
