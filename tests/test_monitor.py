@@ -114,6 +114,34 @@ def test_final_runs_that_exist_are_not_also_pending_after_a_restart(finished, tm
     assert [(r["name"], r["method"], r["seed"]) for r in pending] == [(None, "baseline", 1)]
 
 
+def test_mid_sweep_a_sweep_seed_has_no_pending_final_placeholder(finished, tmp_path, capsys):
+    """Before selection, plan.json lists a swept method's finals as placeholders for every seed,
+    but the sweep seed's final run will be its sweep run at the selected rate: only the other
+    seeds' finals are runs still to do (a SST-2 matrix mid-sweep showed 5 phantom runs and an ETA
+    5 runs too long)."""
+    out = tmp_path / "out"
+    shutil.copytree(finished / "out", out)
+    plan = json.loads((out / "plan.json").read_text())
+    sweep = [e for e in plan["runs"] if e["stage"] == "sweep"]
+    kept = [e for e in plan["runs"] if e["stage"] == "sweep" or e["method"] != "baseline"]
+    placeholders = [{"name": None, "method": "baseline", "seed": s, "learning_rate": None, "stage": "final"} for s in (0, 1)]
+    (out / "plan.json").write_text(json.dumps({"name": plan["name"], "runs": kept + placeholders}))
+    # mid-sweep: one sweep run finished (still a sweep run: nothing selected yet), the other not started
+    selected = json.loads((out / "sweep.json").read_text())["selected_learning_rates"]["baseline"]
+    shutil.rmtree(out / "runs" / f"baseline-lr{selected:g}-seed1")
+    other = next(e["name"] for e in sweep if e["learning_rate"] != selected)
+    shutil.rmtree(out / "runs" / other)
+    result_path = out / "runs" / f"baseline-lr{selected:g}-seed0" / "result.json"
+    result = json.loads(result_path.read_text())
+    result.update(stage="sweep", selected=False)
+    result_path.write_text(json.dumps(result))
+    (out / "sweep.json").unlink()
+    pending = [(r["name"], r["method"], r["seed"]) for r in collect_runs(out) if r["state"] == "pending"]
+    assert sorted(pending, key=str) == sorted([(other, "baseline", 0), (None, "baseline", 1)], key=str)
+    assert main(["monitor", str(out), "--once"]) == 0
+    assert "5 runs: 2 pending, 0 running, 3 finished" in capsys.readouterr().out
+
+
 def test_monitor_on_a_non_output_dir_is_a_clear_error(tmp_path, capsys):
     assert main(["monitor", str(tmp_path), "--once"]) == 2
     assert "not an oelm run output directory" in capsys.readouterr().err

@@ -5,7 +5,8 @@ terminal, ``nohup``) and never disturbs it:
 
 * ``plan.json``: every planned run (name, method, stage, learning rate, seed); final runs of a
   method whose learning-rate sweep is not finished yet have no name (shown as "after sweep",
-  unless a final run of that method and seed is already in ``runs/``);
+  unless a final run of that method and seed is already in ``runs/``, or the seed is a sweep
+  seed, whose sweep run at the selected rate becomes its final run);
 * ``runs/<name>/status.json``: state (running / finished / failed / interrupted), total steps,
   start and end times (UTC, ISO 8601), the runner's pid and host;
 * ``runs/<name>/metrics.jsonl``: the latest train record (step, loss) and validation record;
@@ -153,8 +154,10 @@ def collect_runs(out: Path, now: float | None = None) -> list[dict[str, Any]]:
             row["eta_seconds"] = max(0.0, per_step * (row["total_steps"] - row["step"]))
     # A restarted matrix rewrites plan.json before it has selected any rate again, so a method's
     # finals are "after sweep" placeholders there even where its final runs exist: not pending.
-    finals = {(r["method"], r["seed"]) for r in rows if r["name"] and r["stage"] == "final"}
-    return [r for r in rows if r["name"] or (r["method"], r["seed"]) not in finals]
+    # Nor is a sweep seed's placeholder: the sweep run at the selected rate becomes that seed's
+    # final run, so no run is left to do for it.
+    done = {(r["method"], r["seed"]) for r in rows if r["name"] and r["stage"] in ("final", "sweep")}
+    return [r for r in rows if r["name"] or (r["method"], r["seed"]) not in done]
 
 
 def _elapsed(status: dict, result: dict | None, train: dict | None, state: str, now: float) -> float | None:
