@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # Issue 10's real-scale runs, from an exported commit, in the background, resumable.
 #
-#   scripts/evidence.sh [--worker] COMMIT CONFIG [CONFIG ...]
+#   scripts/evidence.sh [--worker] [--allow-missing-weights] COMMIT CONFIG [CONFIG ...]
 #
 # --worker: run each matrix as an `oelm run --worker`, so that another chain started with --worker on
 # the same CONFIG (e.g. a second CPU lane whose own matrices are done) trains its other runs.
+# --allow-missing-weights: passed to `oelm run`, to continue a matrix on a machine that did not hold it:
+# before a session stops, `scripts/collect_results.sh --partial $EVIDENCE_DIR/outputs/NAME
+# in-progress/evidence-NAME` copies its finished runs (without weights) into docs/results/ to commit;
+# on the new machine, `cp -r docs/results/in-progress/evidence-NAME $EVIDENCE_DIR/outputs/NAME` and
+# rerun with this flag (the finished runs count without their weights; a selected sweep run is retrained
+# for its test split, see `oelm run --help`).
 #
 # Exports COMMIT with `git archive` to $EVIDENCE_DIR/oelm-<sha> (once), then runs each CONFIG *from
 # that export* (its configs/ and src/, so later edits of the working tree cannot change what runs)
@@ -19,9 +25,9 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 EVIDENCE_DIR="${EVIDENCE_DIR:-$(cd "$ROOT/.." && pwd)/evidence}"
 PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
-worker=()
-if [ "${1:-}" = "--worker" ]; then worker=(--worker); shift; fi
-[ $# -ge 2 ] || { echo "usage: $0 [--worker] COMMIT CONFIG [CONFIG ...]" >&2; exit 2; }
+flags=()
+while [ "${1:-}" = "--worker" ] || [ "${1:-}" = "--allow-missing-weights" ]; do flags+=("$1"); shift; done
+[ $# -ge 2 ] || { echo "usage: $0 [--worker] [--allow-missing-weights] COMMIT CONFIG [CONFIG ...]" >&2; exit 2; }
 sha="$(git -C "$ROOT" rev-parse --short=12 "$1^{commit}")"; shift
 src="$EVIDENCE_DIR/oelm-$sha"
 mkdir -p "$EVIDENCE_DIR/outputs" "$EVIDENCE_DIR/logs"
@@ -46,7 +52,7 @@ for config in "$@"; do
   {
     echo "=== $(date -Is) oelm $sha: $config -> $EVIDENCE_DIR/outputs/$name"
     "$PYTHON" -c 'import oelm, sys; print("oelm from", oelm.__file__); sys.exit(0)'
-    "$PYTHON" -m oelm run "$config" --output-dir "$EVIDENCE_DIR/outputs/$name" "${worker[@]}"
+    "$PYTHON" -m oelm run "$config" --output-dir "$EVIDENCE_DIR/outputs/$name" "${flags[@]}"
     echo "=== $(date -Is) done: $config"
   } >> "$log" 2>&1
 done

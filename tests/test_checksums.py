@@ -1,7 +1,9 @@
 """A finished run's best weights carry their sha256 (result.json ``checkpoint``), and every reuse
 of them checks it: a rerun that keeps the run, the promotion of a sweep run, pretrain ->
 fine-tune (``init_from``) and ``oelm report``. A flipped byte is named; intact files work;
-results written before the record existed are accepted unchecked."""
+results written before the record existed are accepted unchecked. Missing weights are refused
+the same way unless ``--allow-missing-weights`` (a matrix carried to another machine without
+them): then results count, and a selected sweep run is retrained for its test split."""
 
 from __future__ import annotations
 
@@ -149,3 +151,80 @@ def test_report_says_once_that_weights_are_absent_instead_of_warning(swept, caps
         assert "warning" not in err and err.startswith("oelm: 1 finished run(s) have no best weights here")
     finally:
         removed.write_bytes(saved)
+
+
+def _weightless_copy(out: Path, dest: Path, unpromote: str | None = None) -> Path:
+    """``out`` as restored from a copy without weights (what scripts/collect_results.sh keeps);
+    ``unpromote``: that run's result as it was before its promotion (a copy taken after the
+    sweep, before the test split was evaluated)."""
+    import shutil
+
+    shutil.copytree(out, dest, ignore=shutil.ignore_patterns("*.safetensors", "checkpoints", ".claims", "comparison.json"))
+    if unpromote:
+        path = dest / "runs" / unpromote / "result.json"
+        r = json.loads(path.read_text())
+        r.update(stage="sweep", selected=False, performance=r["performance"] | {"test": None})
+        r.pop("swept", None)
+        path.write_text(json.dumps(r))
+    return dest
+
+
+def test_kept_runs_without_weights_are_refused_unless_allowed(swept, tmp_path, capsys):
+    cfg, out = swept
+    copy = _weightless_copy(out, tmp_path / "restored")
+    before = {p.parent.name: p.read_bytes() for p in (copy / "runs").glob("*/result.json")}
+    assert main(["run", str(cfg), "--output-dir", str(copy)]) == 2
+    err = capsys.readouterr().err
+    assert "is missing, but" in err and "rerun with --allow-missing-weights" in err
+    assert main(["run", str(cfg), "--output-dir", str(copy), "--allow-missing-weights"]) == 0
+    assert capsys.readouterr().out.count("best weights are missing; result kept without them") == 2
+    # nothing retrained: every result as restored, and the comparison rebuilt from them
+    assert {p.parent.name: p.read_bytes() for p in (copy / "runs").glob("*/result.json")} == before
+    assert (json.loads((copy / "comparison.json").read_text())["methods"]["baseline"]["test"]["mean"]
+            == json.loads((out / "comparison.json").read_text())["methods"]["baseline"]["test"]["mean"])
+
+
+@pytest.mark.parametrize("worker", [False, True])
+def test_a_selected_sweep_run_without_weights_is_retrained_for_its_test_split(swept, tmp_path, capsys, worker):
+    cfg, out = swept
+    original = json.loads((out / "runs" / SELECTED / "result.json").read_text())
+    copy = _weightless_copy(out, tmp_path / "restored", unpromote=SELECTED)
+    flags = ["--worker"] if worker else []
+    assert main(["run", str(cfg), "--output-dir", str(copy), *flags]) == 2  # not without the flag
+    assert "rerun with --allow-missing-weights" in capsys.readouterr().err
+    assert main(["run", str(cfg), "--output-dir", str(copy), *flags, "--allow-missing-weights"]) == 0
+    assert "retraining it as the final run" in capsys.readouterr().out
+    (aside,) = (copy / "runs" / ".weights-missing").iterdir()
+    assert aside.name.startswith(SELECTED) and json.loads((aside / "result.json").read_text())["stage"] == "sweep"
+    r = json.loads((copy / "runs" / SELECTED / "result.json").read_text())
+    assert r["stage"] == "final" and r["selected"] and r["performance"]["test"] is not None
+    assert r["retrained_without_weights"]["sweep_best_validation"] == original["performance"]["best_validation"]
+    assert (copy / "runs" / SELECTED / "checkpoint" / "model.safetensors").is_file()
+    # same seed, data order and budget on the same machine: the retrained run is the lost one again
+    assert r["performance"]["best_validation"] == original["performance"]["best_validation"]
+    assert r["performance"]["test"] == original["performance"]["test"]
+
+
+def test_a_partial_copy_carries_a_matrix_to_a_machine_without_its_weights(swept, tmp_path, capsys):
+    """scripts/collect_results.sh --partial copies the runs that have a result, without weights;
+    `oelm run --allow-missing-weights` on that copy keeps them and trains only what was missing."""
+    import shutil
+    import subprocess
+
+    cfg, out = swept
+    running = "baseline-lr0.0001-seed0"  # no result.json yet: still training when the copy was taken
+    machine = tmp_path / "old-machine"
+    shutil.copytree(out, machine)
+    (machine / "runs" / running / "result.json").unlink()
+    carried = tmp_path / "carried"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "collect_results.sh"
+    subprocess.run(["bash", str(script), "--partial", str(machine), str(carried)], check=True, capture_output=True)
+    assert not list(carried.rglob("*.safetensors")) and not (carried / "runs" / running).exists()
+    kept = (carried / "runs" / SELECTED / "result.json").read_bytes()
+    assert kept == (out / "runs" / SELECTED / "result.json").read_bytes()
+    assert main(["run", str(cfg), "--output-dir", str(carried), "--allow-missing-weights"]) == 0
+    assert (carried / "runs" / SELECTED / "result.json").read_bytes() == kept  # kept, not retrained
+    retrained = json.loads((carried / "runs" / running / "result.json").read_text())
+    assert retrained["status"] == "finished" and (carried / "runs" / running / "checkpoint" / "model.safetensors").is_file()
+    assert (retrained["performance"]["best_validation"]
+            == json.loads((out / "runs" / running / "result.json").read_text())["performance"]["best_validation"])

@@ -43,7 +43,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if main:
         print(f"oelm run: {config.name} -> {out}")
     try:
-        comparison = run_experiment(config, out, retry_failed=args.retry_failed, worker=args.worker)
+        comparison = run_experiment(config, out, retry_failed=args.retry_failed, worker=args.worker,
+                                    allow_missing_weights=args.allow_missing_weights)
     except RunInterruptedError as exc:
         hint = "" if "rerun the same command" in str(exc) else "; rerun the same command to continue"
         if main:
@@ -280,6 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worker", action="store_true",
                    help="share the output directory with other `oelm run --worker` processes of the same config: "
                         "each trains runs no other worker holds (e.g. one worker per GPU); the last one writes the comparison")
+    p.add_argument("--allow-missing-weights", action="store_true",
+                   help="keep finished runs whose best weights are missing (an output directory restored from a copy "
+                        "without weights): their numbers count; a selected sweep run without them is retrained for its test split")
     p.add_argument("overrides", nargs="*", help="key=value overrides with dotted keys, e.g. training.epochs=2 seeds=[0,1,2]")
     p.set_defaults(func=cmd_run)
 

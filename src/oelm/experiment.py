@@ -46,7 +46,7 @@ from torch.utils.data import DataLoader
 
 from oelm.config import ExperimentConfig, MethodEntry, TrainingConfig
 from oelm.data.prepare import PreparedData, make_loaders, prepare_data
-from oelm.errors import ConfigError, OELMError, RunFaultError, RunInterruptedError
+from oelm.errors import ConfigError, OELMError, RecordedFileMissingError, RunFaultError, RunInterruptedError
 from oelm.distributed import barrier, is_main_process, main_process_only
 from oelm.io import read_json, write_json_atomic, write_text_atomic
 from oelm.lock import claim_run, hold_output_lock, hold_state_lock, hold_worker_lock
@@ -354,6 +354,40 @@ def _promote(config: ExperimentConfig, entry: MethodEntry, run: PlannedRun, data
     return result
 
 
+def _promote_or_retrain(matrix: "_Matrix", run: PlannedRun, swept: dict) -> dict:
+    """:func:`_promote` the finished sweep run ``swept`` to ``run`` (its final run); when its best
+    weights are missing and the matrix allows that (``allow_missing_weights``), move the sweep
+    run to ``runs/.weights-missing/`` and train ``run`` from scratch instead (test evaluated
+    once, as for any final run), recording the lost run's best validation.
+
+    Raises:
+        RecordedFileMissingError: the weights are missing and ``allow_missing_weights`` is off.
+        ChecksumError: the weights are there but do not match their recorded sha256.
+    """
+    run_dir = matrix.out / "runs" / run.name
+    try:
+        return _promote(matrix.config, matrix.entry(run.method), run, matrix.data, run_dir, swept, matrix.log)
+    except RecordedFileMissingError as exc:
+        if not matrix.allow_missing_weights:
+            raise RecordedFileMissingError(f"{exc}; or rerun with --allow-missing-weights to train this selected run "
+                                           "again for its test split") from None
+    barrier()  # every process has read the sweep result before rank 0 moves it
+    aside = matrix.out / "runs" / ".weights-missing" / f"{run.name}-{datetime.now():%Y%m%d-%H%M%S}"
+    if is_main_process():
+        aside.parent.mkdir(parents=True, exist_ok=True)
+        run_dir.rename(aside)
+    barrier()
+    matrix.log(f"[{run.name}] selected, but its best weights are missing (the test split needs them): retraining it "
+               f"as the final run (its sweep result moved to {aside})")
+    result = _execute(matrix, run, evaluate_test=True)
+    if result.get("status") == "finished":
+        result = result | {"selected": True, "swept": True, "retrained_without_weights": {
+            "sweep_best_validation": (swept.get("performance") or {}).get("best_validation"),
+            "sweep_result": str(aside.relative_to(matrix.out) / "result.json")}}
+        _write_json(run_dir / "result.json", result)
+    return result
+
+
 def _select(metric: str | None, by_lr: dict[float, list[float]]) -> float | None:
     """The learning rate with the best mean validation (ties: the first candidate)."""
     best_lr, best = None, None
@@ -405,6 +439,7 @@ def run_experiment(
     *,
     retry_failed: bool = False,
     worker: bool = False,
+    allow_missing_weights: bool = False,
 ) -> dict[str, Any] | None:
     """Run the whole matrix of ``config`` (what is not finished yet), then write the comparison.
 
@@ -433,6 +468,17 @@ def run_experiment(
     seeded on its own, so which worker trains it does not change it (its timing does: runs of
     workers on one machine share it).
 
+    **Results without weights** (``allow_missing_weights=True``, ``oelm run
+    --allow-missing-weights``): finished runs whose best weights are missing, but whose
+    ``result.json`` is there (an output directory restored from a copy that leaves weights out,
+    such as ``scripts/collect_results.sh``'s, after the machine that held it was lost), are kept:
+    their numbers count for selection and the comparison. Only a promotion needs the weights (the
+    test split is evaluated with them): a selected sweep run without them is moved to
+    ``runs/.weights-missing/`` and retrained from scratch as that seed's final run (same seed,
+    data order and budget), its result recording the lost run's best validation
+    (``retrained_without_weights``). Weights that are there but do not match their sha256 still
+    raise ChecksumError.
+
     Returns:
         The comparison dict (``comparison.json``; ``report.md`` beside it) of the final runs;
         None for a worker that left the last runs to other workers.
@@ -441,7 +487,9 @@ def run_experiment(
         ConfigError: ``output_dir`` holds results of an incompatible config, cannot be created or
             is not writable; ``task.max_length`` / ``task.block_size`` exceeds the model's positions.
         ChecksumError: the best weights of a finished run that is kept, promoted or used by
-            ``init_from`` do not match the sha256 its ``result.json`` records (names the file).
+            ``init_from`` do not match the sha256 its ``result.json`` records (names the file);
+            :class:`~oelm.errors.RecordedFileMissingError` when they are missing (unless
+            ``allow_missing_weights``, for a kept or promoted run).
         OutputLockedError: another ``oelm run`` is using ``output_dir`` (its ``.oelm.lock`` is
             held; see :mod:`oelm.lock`). The lock is released when this call returns or raises.
         RunInterruptedError: a run was interrupted (SIGTERM/SIGINT); its ``status.json`` says
@@ -460,17 +508,18 @@ def run_experiment(
     _open_output_dir(out)
     if worker:
         with hold_worker_lock(out):  # shared with other workers, never with a plain `oelm run`
-            return _run_worker(config, out, log, retry_failed)
+            return _run_worker(config, out, log, retry_failed, allow_missing_weights)
     with hold_output_lock(out, enabled=is_main_process()):  # one `oelm run` per output directory
-        return _run_matrix(config, out, log, retry_failed)
+        return _run_matrix(config, out, log, retry_failed, allow_missing_weights)
 
 
-def _run_matrix(config: ExperimentConfig, out: Path, log: Callable[[str], None], retry_failed: bool) -> dict[str, Any]:
+def _run_matrix(config: ExperimentConfig, out: Path, log: Callable[[str], None], retry_failed: bool,
+                allow_missing_weights: bool = False) -> dict[str, Any]:
     """The body of :func:`run_experiment`, run while the output directory's lock is held."""
     if not is_main_process():
         log = _quiet  # the other processes of a launched job run the same protocol silently
     _start_output(config, out, log)
-    matrix = _Matrix(config, out, _prepare(config, out, log), log, retry_failed)
+    matrix = _Matrix(config, out, _prepare(config, out, log), log, retry_failed, allow_missing_weights)
     sweep_results = {(r.method, r.learning_rate, r.seed): _execute(matrix, r, evaluate_test=False)
                      for r in plan_runs(config) if r.stage == "sweep"}                       # 1. sweep
     selected = _select_learning_rates(matrix, sweep_results)                                 # 2. selection
@@ -495,13 +544,14 @@ def _result_of(out: Path, run: PlannedRun) -> dict | None:
     return read_json(path) if path.exists() else None
 
 
-def _run_worker(config: ExperimentConfig, out: Path, log: Callable[[str], None], retry_failed: bool) -> dict[str, Any] | None:
+def _run_worker(config: ExperimentConfig, out: Path, log: Callable[[str], None], retry_failed: bool,
+                allow_missing_weights: bool = False) -> dict[str, Any] | None:
     """The body of :func:`run_experiment` for a worker (its docstring): loop until no run is
     left that this process can start. Shared files are read and written under
     :func:`oelm.lock.hold_state_lock`; a run is trained or promoted only under its claim."""
     with hold_state_lock(out):
         _start_output(config, out, log)
-    matrix = _Matrix(config, out, _prepare(config, out, log), log, retry_failed)
+    matrix = _Matrix(config, out, _prepare(config, out, log), log, retry_failed, allow_missing_weights)
     sweep_plan = [r for r in plan_runs(config) if r.stage == "sweep"]
     retried: set[str] = set()  # --retry-failed: each failed run once per worker, not again after it failed again
     selected: dict[str, float] = {}
@@ -583,8 +633,7 @@ def _claim_next_final(matrix: _Matrix, finals: list[PlannedRun], sweep_results: 
         with claim_run(matrix.out, run.name) as mine:
             if not mine or _final_done(matrix.out, run, sweep_results):
                 continue
-            _promote(matrix.config, matrix.entry(run.method), run, matrix.data, matrix.out / "runs" / run.name,
-                     _result_of(matrix.out, run), matrix.log)
+            _promote_or_retrain(matrix, run, _result_of(matrix.out, run))
             return True
     return False
 
@@ -598,6 +647,7 @@ class _Matrix:
     data: PreparedData
     log: Callable[[str], None]
     retry_failed: bool
+    allow_missing_weights: bool = False
 
     def entry(self, method: str) -> MethodEntry:
         return next(m for m in self.config.methods if m.name == method)
@@ -714,7 +764,13 @@ def _reuse_or_clear(matrix: _Matrix, run: PlannedRun, run_dir: Path) -> dict | N
         return None
     previous = read_json(result_path)
     if previous.get("status") == "finished":
-        verify_checkpoint(run_dir, previous, _retrain_hint(run_dir))
+        try:
+            verify_checkpoint(run_dir, previous, _retrain_hint(run_dir))
+        except RecordedFileMissingError as exc:
+            if not matrix.allow_missing_weights:
+                raise RecordedFileMissingError(f"{exc}; or rerun with --allow-missing-weights to keep its result without "
+                                               "them (a selected sweep run is then retrained for its test split)") from None
+            log(f"[{run.name}] its best weights are missing; result kept without them (--allow-missing-weights)")
     if previous.get("status") != "failed" or not matrix.retry_failed:
         log(f"[{run.name}] {previous.get('status', 'finished')} earlier; kept ({result_path})")
         return previous
@@ -861,8 +917,7 @@ def _final_runs(matrix: _Matrix, selected: dict[str, float],
         elif swept.get("status") != "finished" or swept.get("stage") == "final":
             result = swept  # failed at the selected rate (not retried here), or promoted earlier
         else:
-            result = _promote(matrix.config, matrix.entry(run.method), run, matrix.data,
-                              matrix.out / "runs" / run.name, swept, matrix.log)
+            result = _promote_or_retrain(matrix, run, swept)
         results[run.method].append(result)
     return results
 
