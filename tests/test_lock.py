@@ -88,7 +88,7 @@ def test_lock_is_held_during_the_run_and_released_after_it(tmp_path, monkeypatch
     out = tmp_path / "out"
     seen = {}
 
-    def fake_matrix(config, out_, log, retry_failed):
+    def fake_matrix(config, out_, log, retry_failed, allow_missing_weights=False):
         seen["holder"] = read_holder(out_)
         if exc is not None:
             raise exc
@@ -109,6 +109,6 @@ def test_lock_is_held_during_the_run_and_released_after_it(tmp_path, monkeypatch
 def test_only_the_main_process_takes_the_lock(tmp_path, monkeypatch):
     seen = {}
     monkeypatch.setattr(experiment, "is_main_process", lambda: False)
-    monkeypatch.setattr(experiment, "_run_matrix", lambda c, o, l, r: seen.setdefault("exists", (o / LOCK_NAME).exists()))
+    monkeypatch.setattr(experiment, "_run_matrix", lambda c, o, l, r, a=False: seen.setdefault("exists", (o / LOCK_NAME).exists()))
     experiment.run_experiment(load_config(QUICKSTART), tmp_path)
     assert seen["exists"] is False
