@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -312,6 +313,11 @@ def test_capture_environment_keys_and_json():
     assert env["matmul_probe"]["gflops"] > 0
     assert json.loads(json.dumps(env)) == env
     assert capture_environment("cpu", probe=False)["matmul_probe"] is None
+    # which CPU generation and which kernels: "AMD EPYC" alone does not tell Zen 1 from Zen 5
+    assert env["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    if Path("/proc/cpuinfo").exists():
+        family, model = env["cpu_family_model"].split("/")
+        assert family.isdigit() and model.isdigit()
 
 
 def test_probe_drift_percent():

@@ -319,6 +319,35 @@ def _cpu_model() -> str | None:
     return platform.processor() or None
 
 
+def _cpu_family_model() -> str | None:
+    """``"<cpu family>/<model>"`` from /proc/cpuinfo (e.g. ``"26/2"``: AMD Zen 5; ``"23/1"``: Zen 1),
+    which tells CPU generations apart where ``model name`` is only ``"AMD EPYC"`` (virtual machines);
+    None where /proc/cpuinfo is absent."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first processor's block is enough
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
+    except OSError:
+        return None
+    if "cpu family" not in fields or "model" not in fields:
+        return None
+    return f"{fields['cpu family']}/{fields['model']}"
+
+
+def _cpu_capability() -> str | None:
+    """The vector instruction set PyTorch's CPU kernels dispatch to (``"AVX2"``, ``"AVX512"``,
+    ...; ``torch.backends.cpu.get_cpu_capability``): fp32 kernels, and so speed and the last bits
+    of results, differ between them."""
+    try:
+        return torch.backends.cpu.get_cpu_capability()
+    except (AttributeError, RuntimeError):
+        return None
+
+
 def _memory_total_gib() -> float | None:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
@@ -413,7 +442,8 @@ def capture_environment(device: torch.device | str = "cpu", probe: bool = True) 
     Keys: ``timestamp_utc`` (ISO 8601), ``python``, ``platform``, ``hostname``, ``packages``
     (distribution -> version or None), ``device``, ``device_type``, ``torch_num_threads``,
     ``cpu_count`` (logical CPUs of the machine), ``cpu_affinity_count`` (CPUs this process may
-    run on), ``cpu_model``, ``load_average`` (1/5/15-minute, whole machine), ``memory_total_gib``,
+    run on), ``cpu_model``, ``cpu_family_model`` (``"family/model"``, /proc/cpuinfo),
+    ``cpu_capability`` (PyTorch's CPU kernel instruction set, e.g. ``"AVX512"``), ``load_average`` (1/5/15-minute, whole machine), ``memory_total_gib``,
     ``env`` (speed-relevant environment variables, None when unset), ``cuda_available``,
     ``cuda`` (None unless ``device`` is CUDA: GPU name, count, compute capability, total memory
     in GiB, driver version via nvidia-smi, ``torch.version.cuda``, cuDNN version, and current
@@ -433,6 +463,8 @@ def capture_environment(device: torch.device | str = "cpu", probe: bool = True) 
         "cpu_count": os.cpu_count(),
         "cpu_affinity_count": _cpu_affinity_count(),
         "cpu_model": _cpu_model(),
+        "cpu_family_model": _cpu_family_model(),
+        "cpu_capability": _cpu_capability(),
         "load_average": _load_average(),
         "memory_total_gib": _memory_total_gib(),
         "env": {name: os.environ.get(name) for name in _ENV_VARS},
