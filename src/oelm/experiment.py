@@ -371,12 +371,7 @@ def _promote_or_retrain(matrix: "_Matrix", run: PlannedRun, swept: dict) -> dict
         if not matrix.allow_missing_weights:
             raise RecordedFileMissingError(f"{exc}; or rerun with --allow-missing-weights to train this selected run "
                                            "again for its test split") from None
-    barrier()  # every process has read the sweep result before rank 0 moves it
-    aside = matrix.out / "runs" / ".weights-missing" / f"{run.name}-{datetime.now():%Y%m%d-%H%M%S}"
-    if is_main_process():
-        aside.parent.mkdir(parents=True, exist_ok=True)
-        run_dir.rename(aside)
-    barrier()
+    aside = _move_aside(matrix.out, run_dir, ".weights-missing")
     matrix.log(f"[{run.name}] selected, but its best weights are missing (the test split needs them): retraining it "
                f"as the final run (its sweep result moved to {aside})")
     result = _execute(matrix, run, evaluate_test=True)
@@ -774,14 +769,21 @@ def _reuse_or_clear(matrix: _Matrix, run: PlannedRun, run_dir: Path) -> dict | N
     if previous.get("status") != "failed" or not matrix.retry_failed:
         log(f"[{run.name}] {previous.get('status', 'finished')} earlier; kept ({result_path})")
         return previous
-    barrier()  # every process has read the old result before rank 0 moves it
-    aside = matrix.out / "runs" / ".failed" / f"{run.name}-{datetime.now():%Y%m%d-%H%M%S}"
+    aside = _move_aside(matrix.out, run_dir, ".failed")
+    log(f"[{run.name}] failed earlier; retrying (old run moved to {aside})")
+    return None
+
+
+def _move_aside(out: Path, run_dir: Path, folder: str) -> Path:
+    """Move ``run_dir`` to ``out/runs/<folder>/<run name>-<local time>`` (rank 0, after every
+    process has read its old result) so that the run starts afresh; returns the new place."""
+    barrier()
+    aside = out / "runs" / folder / f"{run_dir.name}-{datetime.now():%Y%m%d-%H%M%S}"
     if is_main_process():
         aside.parent.mkdir(parents=True, exist_ok=True)
         run_dir.rename(aside)
     barrier()
-    log(f"[{run.name}] failed earlier; retrying (old run moved to {aside})")
-    return None
+    return aside
 
 
 def _retrain_hint(run_dir: Path) -> str:
