@@ -21,6 +21,7 @@ source) or ``oelm.load_oelm(dir, base_model=fresh_model)``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -58,6 +59,17 @@ def accuracy(eval_pred) -> dict[str, float]:
     return {"accuracy": float((np.argmax(logits, axis=-1) == labels).mean())}
 
 
+def checkpointing_arguments(enabled: bool) -> dict:
+    """``TrainingArguments`` fields that switch activation checkpointing on or off, under this
+    transformers' names: ``activation_checkpointing[_kwargs]`` in newer 5.x releases (5.24 has
+    them), ``gradient_checkpointing[_kwargs]`` in older ones (5.17, on the GPU machine, has only
+    these). Non-reentrant checkpointing: frozen Q/K get no gradient either way."""
+    fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    prefix = "activation" if "activation_checkpointing" in fields else "gradient"
+    return {f"{prefix}_checkpointing": enabled,
+            f"{prefix}_checkpointing_kwargs": {"use_reentrant": False} if enabled else None}
+
+
 def build_trainer(args: argparse.Namespace) -> Trainer:
     """Model (pretrained + OELM), SST-2 datasets and a ``Trainer``; nothing is trained yet."""
     torch.manual_seed(args.seed)  # the new classification head is drawn here
@@ -78,8 +90,7 @@ def build_trainer(args: argparse.Namespace) -> Trainer:
         weight_decay=args.weight_decay,  # applied only to parameters that reach the optimizer
         num_train_epochs=args.epochs,
         max_steps=args.max_steps,
-        activation_checkpointing=args.activation_checkpointing,
-        activation_checkpointing_kwargs={"use_reentrant": False} if args.activation_checkpointing else None,
+        **checkpointing_arguments(args.activation_checkpointing),
         eval_strategy="no",
         save_strategy="no",  # the lean OELM checkpoint is written below instead
         logging_steps=10,

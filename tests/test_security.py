@@ -153,7 +153,7 @@ def test_a_run_writes_weights_only_as_safetensors(data_dir, tmp_path):
             keys = set(f.keys())
             assert keys and keys <= set(state), path
             if "transformer.h.0.attn.q_proj.weight" in keys:
-                assert torch.equal(f.get_tensor("transformer.h.0.attn.q_proj.weight"), state["transformer.h.0.attn.q_proj.weight"])
+                assert torch.equal(f.get_tensor("transformer.h.0.attn.q_proj.weight"), state["transformer.h.0.attn.q_proj.weight"].cpu())
     for path in files:
         if path.suffix in (".pt", ".pth", ".bin", ".ckpt", ".pkl"):
             torch.load(path, weights_only=True, map_location="cpu")  # raises if it needs unpickling of code
