@@ -99,6 +99,28 @@ def bench_lines(out: Path) -> list[str]:
                 continue  # nested records: in the JSON file
             lines.append(f"| {key} | {_num(value, 3) if isinstance(value, float) else value} |")
         lines.append("")
+        lines += runner_lines(data)
+    return lines
+
+
+def runner_lines(data: dict) -> list[str]:
+    """`oelm bench`'s runners (engine per method, plain PyTorch loop) and its per-step ratios."""
+    runners = data.get("runners")
+    if not isinstance(runners, dict) or not runners:
+        return []
+    lines = ["| runner | ms/step (median) | p10 | p90 | tokens/s | MFU | step MiB | compile s | frozen bit-identical |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, r in runners.items():
+        ms = r.get("per_step_ms") or {}
+        lines.append(f"| {name} | {_num(ms.get('median'), 2)} | {_num(ms.get('p10'), 2)} | {_num(ms.get('p90'), 2)} | "
+                     f"{_num(r.get('tokens_per_second'), 0)} | {_mfu(r.get('mfu'))} | {_num(r.get('peak_step_memory_mib'), 0)} | "
+                     f"{_num(r.get('compile_seconds'), 1)} | {r.get('frozen_bit_identical', DASH)} |")
+    lines.append("")
+    for method, ratio in (data.get("ratios") or {}).items():
+        lines.append(f"{method} / baseline step time: median {_num(ratio.get('median'), 3)} of {ratio.get('n', DASH)} "
+                     f"interleaved per-step ratios (p10 {_num(ratio.get('p10'), 3)}, p90 {_num(ratio.get('p90'), 3)}); "
+                     f"FLOP theory {_num(ratio.get('theory'), 3)}")
+    lines.append("")
     return lines
 
 

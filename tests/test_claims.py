@@ -84,12 +84,36 @@ def test_update_rewrites_only_the_block_and_names_a_file_without_markers(tmp_pat
 def test_speed_claim_row_reads_the_committed_benchmark(tmp_path):
     data = json.loads((RESULTS / "bench-cpu" / "cpu-bench.json").read_text())
     ratio = data["ratios"]["oelm_freeze"]
-    row = claims_markdown(RESULTS).splitlines()[-1]
+    row = next(line for line in claims_markdown(RESULTS).splitlines() if "57% faster per step" in line)
     assert f"{100 * (1 / ratio['median'] - 1):.1f}% faster" in row and f"{ratio['median']:.3f}" in row
     assert f"FLOP bound {100 * (1 / ratio['theory'] - 1):.1f}%" in row and "contradicted" in row
     # without the benchmark the row says pending instead of inventing a number
     shutil.copytree(RESULTS, tmp_path / "results", ignore=shutil.ignore_patterns("bench-cpu"))
-    assert claims_markdown(tmp_path / "results").splitlines()[-1].endswith("| pending |")
+    row = next(line for line in claims_markdown(tmp_path / "results").splitlines() if "57% faster per step" in line)
+    assert row.endswith("| pending |")
+
+
+def test_speed_claim_has_a_row_per_committed_gpu_benchmark(tmp_path):
+    """Each `bench-*.json` of a committed GPU check (docs/results/gpu-*/) adds a row with its own
+    ratio, GPU name, precision and compile setting; without GPU checks there is no such row."""
+    results = tmp_path / "results"
+    shutil.copytree(RESULTS, results, ignore=shutil.ignore_patterns("gpu-*"))
+    assert not [line for line in claims_markdown(results).splitlines() if line.startswith("| …on a GPU |")]
+    bench = json.loads((RESULTS / "bench-cpu" / "cpu-bench.json").read_text())
+    ratios = {"compile": 0.902, "nocompile": 0.911}
+    for flag, median in ratios.items():
+        bench_gpu = bench | {"device": "cuda", "config": {"precision": "bf16", "compile": flag == "compile"},
+                             "environment": {"cuda": {"name": "NVIDIA H100 80GB HBM3"}},
+                             "ratios": {"oelm_freeze": {"median": median, "p10": 0.82, "p90": 1.08, "n": 50, "theory": 0.978}}}
+        path = results / "gpu-20261124-h100" / f"bench-gpt-bf16-{flag}.json"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(bench_gpu))
+    rows = [line for line in claims_markdown(results).splitlines() if line.startswith("| …on a GPU |")]
+    assert len(rows) == 2
+    for row, (flag, median) in zip(rows, ratios.items()):
+        assert f"{100 * (1 / median - 1):.1f}% faster" in row and f", {median:.3f};" in row
+        assert "cuda (NVIDIA H100 80GB HBM3), bf16, torch.compile " + ("on" if flag == "compile" else "off") in row
+        assert "FLOP bound 2.2%" in row and "| contradicted: measured " in row and "more than the 2.2% FLOP bound" in row
 
 
 def test_trainable_percent_claim_is_recomputed():

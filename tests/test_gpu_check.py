@@ -101,7 +101,11 @@ def test_summary_copies_the_numbers(tmp_path):
         sys.path.pop(0)
     (tmp_path / "steps.tsv").write_text("step\texit_status\tseconds\tlog\nsst2\t0\t95\tlogs/sst2.log\n")
     _write(tmp_path / "env.json", {"packages": {"torch": "2.13.0+cu128"}, "cuda": {"name": "NVIDIA H100 80GB HBM3", "driver_version": "570.1"}})
-    _write(tmp_path / "bench-gpt-medium-512-bf16-compile.json", {"tokens_per_second": 81234.5, "per_step_ms": {"median": 50.25}})
+    runner = {"per_step_ms": {"median": 16.31, "p10": 14.12, "p90": 20.88}, "tokens_per_second": 247088.2,
+              "mfu": {"mfu": 0.0717}, "peak_step_memory_mib": 1747.1, "compile_seconds": 3.25, "frozen_bit_identical": True}
+    _write(tmp_path / "bench-gpt-medium-512-bf16-compile.json", {
+        "tokens_per_second": 81234.5, "per_step_ms": {"median": 50.25}, "runners": {"baseline": runner},
+        "ratios": {"oelm_freeze": {"median": 0.902, "p10": 0.8226, "p90": 1.0836, "n": 50, "theory": 0.978}}})
     telemetry = {"available": True, "gpu_utilization_percent": {"min": 3, "median": 96.5, "max": 100},
                  "memory_used_gib": {"min": 1.0, "median": 9.0, "max": 11.25}, "power_w": {"min": 90, "median": 512.4, "max": 690},
                  "temperature_c": {"min": 40, "median": 60, "max": 71}, "sm_clock_mhz": {"min": 1400, "median": 1980, "max": 1980}}
@@ -114,5 +118,8 @@ def test_summary_copies_the_numbers(tmp_path):
     text = (tmp_path / "SUMMARY.md").read_text()
     assert "| sst2 | ok | 95 |" in text and "NVIDIA H100 80GB HBM3 (driver 570.1" in text
     assert "| tokens_per_second | 81,234.500 |" in text and "| per_step_ms | median 50.250 |" in text
+    assert "| baseline | 16.31 | 14.12 | 20.88 | 247,088 | 7.2% | 1,747 | 3.2 | True |" in text
+    assert ("oelm_freeze / baseline step time: median 0.902 of 50 interleaved per-step ratios "
+            "(p10 0.823, p90 1.084); FLOP theory 0.978") in text
     assert ("| sst2 | baseline-seed0 | finished | accuracy 84.500 | 250,123 | 11.37 | 3.1% | 96 | 11.25 | 512 | 71 | 1,980 |") in text
     assert "| sst2 | oelm_freeze-seed0 | failed |" in text and "n/a (pynvml is not importable)" in text
