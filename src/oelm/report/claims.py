@@ -83,6 +83,11 @@ CLAIMS: tuple[Claim, ...] = (
           "(not run by the original)", -9.17, method="oelm_random_matched", reference="oelm_freeze",
           comparison="evidence-sst2-minilm", config="configs/evidence/sst2_minilm.yaml", field="test",
           setting="SST-2 as above; Q/K ~ N(0, 1/hidden_size): orthonormal rows' norm"),
+    Claim("orthogonal", "…and orthogonality is what OELM-Random lacks (our control: random orthogonal Q/K "
+          "should recover the gap)", "(not run by the original)", 9.17, method="oelm_random_orthogonal",
+          reference="oelm_random", comparison="evidence-sst2-minilm", config="configs/evidence/sst2_minilm.yaml",
+          field="test", setting="SST-2 as above; fresh Gaussian Q/K orthogonalized per head (QR, sign-fixed; "
+                                "no pretrained Q/K), frozen"),
     Claim("imdb", "GPT classification IMDB: OELM-Freeze gains 7.14 points", "78.56 → 85.70", 7.14,
           comparison="evidence-gpt-cls-imdb", config="configs/evidence/gpt_cls_imdb.yaml", field="test",
           setting="gpt-tiny from scratch, causal, 5k reviews at 128 tokens, 5k IMDB test reviews"),
