@@ -119,7 +119,7 @@ def test_cpu_config_runs_on_local_data(path, data_dir):
 
 
 def test_evidence_configs_are_issue_10s_matrices():
-    """Full SST-2 with the five methods; every matrix 3 seeds, a grid of 3 or more distinct rates
+    """Full SST-2 with the five methods (and random orthogonal Q/K); every matrix 3 seeds, a grid of 3 or more distinct rates
     per method (an interior rate exists; grids grew after a first sweep), the GPT runs trained
     until validation stops improving, test splits where they exist."""
     assert {p.name for p in EVIDENCE} == {"sst2_minilm.yaml", "gpt_cls_imdb.yaml", "gpt_cls_ag_news.yaml", "tinystories_lm.yaml",
@@ -135,4 +135,7 @@ def test_evidence_configs_are_issue_10s_matrices():
     assert lm.task.test_split == lm.task.validation_split and lm.task.validation_samples
     sst2 = load_config(ROOT / "evidence" / "sst2_minilm.yaml")
     assert sst2.task.train_samples is None and sst2.task.test_split == "test" and sst2.training.epochs >= 1
-    assert [m.name for m in sst2.methods] == ["baseline", "oelm_freeze", "oelm_random", "oelm_random_matched", "oelm_global"]
+    assert [m.name for m in sst2.methods] == ["baseline", "oelm_freeze", "oelm_random", "oelm_random_matched", "oelm_global",
+                                             "oelm_random_orthogonal"]
+    orthogonal = sst2.methods[-1].oelm_config()  # issue 10's five, plus orthogonal Q/K without the pretrained ones
+    assert orthogonal.init == "random_orthogonal" and orthogonal.freeze and orthogonal.targets == ("query", "key")
