@@ -308,6 +308,7 @@ def test_capture_environment_keys_and_json():
         assert key in env, key
     assert env["device_type"] == "cpu" and env["cuda"] is None
     assert env["packages"]["torch"] is not None and env["packages"]["numpy"] is not None
+    assert env["packages"]["oelm"] is not None
     assert set(env["env"]) == {"OMP_NUM_THREADS", "OMP_WAIT_POLICY", "CUDA_VISIBLE_DEVICES", "HF_HUB_OFFLINE"}
     assert env["timestamp_utc"].endswith("+00:00")
     assert env["matmul_probe"]["gflops"] > 0
@@ -345,3 +346,23 @@ def test_peak_flops_cpu_is_none_and_known_gpus():
     assert by_name("NVIDIA A10") is None
     assert by_name("NVIDIA H20") is None
     assert by_name("NVIDIA H100 80GB HBM3 MIG 1g.10gb") is None
+
+
+def test_oelm_version_is_recorded_when_it_is_not_installed(monkeypatch):
+    """oelm run from a source tree on PYTHONPATH has no distribution metadata (the GPU machine's
+    runs recorded ``oelm: null``): the version comes from ``oelm.__version__`` instead."""
+    import importlib.metadata
+
+    import oelm
+    from oelm import environment
+
+    real = importlib.metadata.version
+
+    def no_oelm(name):
+        if name == "oelm":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", no_oelm)
+    assert environment._package_version("oelm") == oelm.__version__
+    assert environment._package_version("no-such-package-here") is None

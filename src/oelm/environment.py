@@ -302,9 +302,15 @@ def mfu_record(
 
 
 def _package_version(name: str) -> str | None:
+    """The installed distribution's version; for oelm run from a source tree on ``PYTHONPATH``
+    (not installed, as on a machine without its venv) the version its ``__init__`` declares."""
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
+        if name == "oelm":
+            import oelm
+
+            return getattr(oelm, "__version__", None)
         return None
 
 
