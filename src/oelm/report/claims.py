@@ -1,8 +1,9 @@
 """oelm's verdict on each quantitative claim of the original OELM project, from committed results.
 
 The claims table that opens ``docs/results/README.md`` is *computed* here from the committed
-comparisons (``docs/results/<name>/comparison.json``) and the committed CPU benchmark
-(``docs/results/bench-cpu/cpu-bench.json``), never typed by hand; ``tests/test_committed_results.py``
+comparisons (``docs/results/<name>/comparison.json``), the committed CPU benchmark
+(``docs/results/bench-cpu/cpu-bench.json``) and the benchmarks of committed GPU checks
+(``docs/results/gpu-*/bench-*.json``), never typed by hand; ``tests/test_committed_results.py``
 checks that the README's table is exactly what :func:`claims_markdown` writes. Update it with::
 
     python -m oelm.report.claims docs/results --update docs/results/README.md
