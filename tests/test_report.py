@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from scipy import stats
 import torch
+from scipy import stats
 
 from _tiny_lm import tiny_lm_overrides
 from oelm.cli import main

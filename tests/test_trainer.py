@@ -7,7 +7,6 @@ gradients of every trainable parameter equal those computed without it, frozen Q
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import math
 import warnings
@@ -48,16 +47,16 @@ def test_trainer_few_steps_keeps_frozen_qk_bit_identical(tmp_path, minilm_tokeni
     trainable = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     assert len(frozen) == 6 * 4 and all(".attention.self.query." in n or ".attention.self.key." in n for n in frozen)
 
-    # newer transformers 5.x name it activation_checkpointing; older ones (5.17 was seen) gradient_checkpointing
-    prefix = "activation" if "activation_checkpointing" in {f.name for f in dataclasses.fields(TrainingArguments)} else "gradient"
+    # the example's helper picks this transformers' names (activation_checkpointing, or the older gradient_checkpointing)
+    checkpointing = load_example().checkpointing_arguments(activation_checkpointing)
+    prefix = next(iter(checkpointing)).removesuffix("_checkpointing")
     args = TrainingArguments(
         output_dir=str(tmp_path),
         max_steps=5,
         per_device_train_batch_size=8,
         learning_rate=1e-4,
         weight_decay=0.1,
-        **{f"{prefix}_checkpointing": activation_checkpointing,
-           f"{prefix}_checkpointing_kwargs": {"use_reentrant": False} if activation_checkpointing else None},
+        **checkpointing,
         logging_steps=1,
         save_strategy="no",
         eval_strategy="no",
@@ -83,11 +82,16 @@ def test_trainer_few_steps_keeps_frozen_qk_bit_identical(tmp_path, minilm_tokeni
     assert not unchanged, f"trainable tensors that did not change: {unchanged}"
 
 
-def test_example_script_trains_and_saves_a_lean_checkpoint(tmp_path, data_dir):
+def load_example():
+    """``examples/trainer_sst2.py`` as a module."""
     spec = importlib.util.spec_from_file_location("trainer_sst2", EXAMPLE)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    summary = example.main([
+    return example
+
+
+def test_example_script_trains_and_saves_a_lean_checkpoint(tmp_path, data_dir):
+    summary = load_example().main([
         "--max-steps", "3", "--train-size", "48", "--eval-size", "32", "--batch-size", "8",
         "--data-dir", str(data_dir), "--output-dir", str(tmp_path),
     ])
