@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch first: the CPU wheel on disk. Installing it later lets pip pull a multi-GB CUDA build.
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet -e ".[test,ray]"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-import oelm.experiment
+import oelm.matrix.run_one
 from oelm.cli import main
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tinystories-tiny.yaml"
@@ -29,5 +29,5 @@ def _slowed(build):
 
 if __name__ == "__main__":
     out, SLEEP, overrides = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
-    oelm.experiment.build_run_model = _slowed(oelm.experiment.build_run_model)
+    oelm.matrix.run_one.build_run_model = _slowed(oelm.matrix.run_one.build_run_model)
     sys.exit(main(["run", str(CONFIG), "--output-dir", out, *overrides]))

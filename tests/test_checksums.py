@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import oelm.experiment as experiment
+from oelm.matrix.run_one import promote
 from oelm.cli import main
 from oelm.config import load_config
 from oelm.data.prepare import prepare_data
@@ -95,8 +95,8 @@ def test_promotion_checks_the_sweep_runs_checkpoint(swept):
     before = (run_dir / "result.json").read_bytes()
     try:
         with flipped_byte(_ckpt(out)) as bad, pytest.raises(ChecksumError, match=f"{bad} is corrupted"):
-            experiment._promote(config, config.methods[0], run, data, run_dir, result, lambda m: None)
-        promoted = experiment._promote(config, config.methods[0], run, data, run_dir, result, lambda m: None)
+            promote(config, config.methods[0], run, data, run_dir, result, lambda m: None)
+        promoted = promote(config, config.methods[0], run, data, run_dir, result, lambda m: None)
         assert promoted["stage"] == "final" and promoted["performance"]["test"] is not None
     finally:
         (run_dir / "result.json").write_bytes(before)
@@ -184,12 +184,13 @@ def test_kept_runs_without_weights_are_refused_unless_allowed(swept, tmp_path, c
             == json.loads((out / "comparison.json").read_text())["methods"]["baseline"]["test"]["mean"])
 
 
-@pytest.mark.parametrize("worker", [False, True])
-def test_a_selected_sweep_run_without_weights_is_retrained_for_its_test_split(swept, tmp_path, capsys, worker):
+@pytest.mark.parametrize("executor", ["local", "only"])
+def test_a_selected_sweep_run_without_weights_is_retrained_for_its_test_split(swept, tmp_path, capsys, executor):
+    """The local executor, and `oelm run --only` on the promotion that `oelm plan` lists."""
     cfg, out = swept
     original = json.loads((out / "runs" / SELECTED / "result.json").read_text())
     copy = _weightless_copy(out, tmp_path / "restored", unpromote=SELECTED)
-    flags = ["--worker"] if worker else []
+    flags = ["--only", SELECTED] if executor == "only" else []
     assert main(["run", str(cfg), "--output-dir", str(copy), *flags]) == 2  # not without the flag
     assert "rerun with --allow-missing-weights" in capsys.readouterr().err
     assert main(["run", str(cfg), "--output-dir", str(copy), *flags, "--allow-missing-weights"]) == 0

@@ -120,7 +120,7 @@ def test_split_fused_is_a_method_setting_that_reaches_apply_oelm(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
     from transformers.pytorch_utils import Conv1D
 
-    from oelm.experiment import _config_fingerprint
+    from oelm.matrix.output import config_fingerprint as _config_fingerprint
     from oelm.method import apply_oelm
 
     text = MINIMAL.replace("[{name: baseline}]", "[{name: baseline, split_fused: false}, {name: oelm_freeze}]")

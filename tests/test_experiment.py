@@ -386,25 +386,30 @@ def test_sweep_records_whether_the_selected_rate_is_on_its_grid_edge(swept):
     (4e-4, True, None),  # a candidate above it was tried and failed: 4e-4 is interior
 ])
 def test_selection_writes_the_grid_edge_of_the_winner(tmp_path, winner, failed_top, edge):
-    """_select_learning_rates with made-up sweep results: sweep.json's selected_at_grid_edge is
-    the winner's edge of the candidates tried (interior: null); a failed candidate is a grid point."""
-    from types import SimpleNamespace
-
+    """select_learning_rates + write_selection with made-up sweep results: sweep.json's
+    selected_at_grid_edge is the winner's edge of the candidates tried (interior: null); a failed
+    candidate is a grid point."""
     from oelm.config import config_from_dict
-    from oelm.experiment import _select_learning_rates
+    from oelm.matrix.output import write_selection
+    from oelm.matrix.plan import select_learning_rates
+    from oelm.matrix.store import RunRecord
 
     grid = [1e-4, 2e-4, 4e-4] + ([8e-4] if failed_top else [])
     c = config_from_dict({
         "name": "x", "task": {"dataset": "sst2"}, "model": {"gpt": "gpt-tiny"}, "seeds": [0],
         "methods": [{"name": "baseline", "learning_rates": grid}, {"name": "oelm_freeze", "learning_rate": 1e-3}],
     })
-    results = {("baseline", lr, 0): {"status": "finished", "performance": {"best_validation": 90.0 if lr == winner else 60.0}}
+    results = {run_name("baseline", 0, lr): RunRecord({"method": "baseline", "learning_rate": lr, "seed": 0, "stage": "sweep",
+                                                       "status": "finished",
+                                                       "performance": {"best_validation": 90.0 if lr == winner else 60.0}})
                for lr in grid}
     if failed_top:
-        results[("baseline", 8e-4, 0)] = {"status": "failed", "performance": None}
+        results[run_name("baseline", 0, 8e-4)] = RunRecord({"method": "baseline", "learning_rate": 8e-4, "seed": 0,
+                                                            "stage": "sweep", "status": "failed", "performance": None})
     logged: list[str] = []
-    matrix = SimpleNamespace(config=c, out=tmp_path, data=SimpleNamespace(metric="accuracy"), log=logged.append)
-    assert _select_learning_rates(matrix, results) == {"baseline": winner}
+    selection = select_learning_rates(c, "accuracy", results)
+    assert selection.selected == {"baseline": winner}
+    write_selection(tmp_path, c, selection, logged.append, set())
     sweep = json.loads((tmp_path / "sweep.json").read_text())
     assert sweep["selected_at_grid_edge"] == {"baseline": edge}  # oelm_freeze has one rate: no sweep, not listed
     assert sweep["selected_learning_rates"] == {"baseline": winner}
@@ -447,7 +452,7 @@ def test_a_grid_may_grow_and_a_moved_selection_supersedes_the_old_final_runs(swe
     old selection's final runs out of the comparison, named in its warnings."""
     import shutil
 
-    import oelm.experiment as experiment
+    import oelm.matrix.plan as plan
 
     cfg, original = swept
     out = tmp_path / "out"
@@ -457,7 +462,7 @@ def test_a_grid_may_grow_and_a_moved_selection_supersedes_the_old_final_runs(swe
     old_finals = sorted(p.parent.name for p in out.glob("runs/baseline-*/result.json")
                         if json.loads(p.read_text())["stage"] == "final")
     assert len(old_finals) == 2
-    monkeypatch.setattr(experiment, "_select", lambda metric, by_lr: min(by_lr))  # the new, lowest rate wins
+    monkeypatch.setattr(plan, "select", lambda metric, by_lr: min(by_lr))  # the new, lowest rate wins
     grown = "methods=[{name: baseline, learning_rates: [1.0e-5, 1.0e-4, 3.0e-3]}, {name: oelm_freeze, learning_rate: 2.0e-3}]"
     capsys.readouterr()
     assert main(["run", str(cfg), "--output-dir", str(out), grown]) == 0

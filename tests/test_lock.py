@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import oelm.experiment as experiment
+import oelm.matrix.driver as driver
 from oelm.cli import main
 from oelm.config import load_config
 from oelm.errors import OELMError, OutputLockedError, RunInterruptedError
@@ -88,13 +89,13 @@ def test_lock_is_held_during_the_run_and_released_after_it(tmp_path, monkeypatch
     out = tmp_path / "out"
     seen = {}
 
-    def fake_matrix(config, out_, log, retry_failed, allow_missing_weights=False):
+    def fake_matrix(config, out_, log, retry_failed, allow_missing_weights, executor):
         seen["holder"] = read_holder(out_)
         if exc is not None:
             raise exc
         return {"ok": True}
 
-    monkeypatch.setattr(experiment, "_run_matrix", fake_matrix)
+    monkeypatch.setattr(driver, "_drive", fake_matrix)
     config = load_config(QUICKSTART)
     if exc is None:
         assert experiment.run_experiment(config, out) == {"ok": True}
@@ -108,7 +109,7 @@ def test_lock_is_held_during_the_run_and_released_after_it(tmp_path, monkeypatch
 
 def test_only_the_main_process_takes_the_lock(tmp_path, monkeypatch):
     seen = {}
-    monkeypatch.setattr(experiment, "is_main_process", lambda: False)
-    monkeypatch.setattr(experiment, "_run_matrix", lambda c, o, l, r, a=False: seen.setdefault("exists", (o / LOCK_NAME).exists()))
+    monkeypatch.setattr(driver, "is_main_process", lambda: False)
+    monkeypatch.setattr(driver, "_drive", lambda c, o, l, r, a, e: seen.setdefault("exists", (o / LOCK_NAME).exists()))
     experiment.run_experiment(load_config(QUICKSTART), tmp_path)
     assert seen["exists"] is False

@@ -187,7 +187,7 @@ def test_elapsed_counts_every_process_of_a_resumed_run(finished, tmp_path):
 
 
 def test_matrix_eta_shares_the_runs_left_among_the_runs_running_now():
-    """With one run running, the runs left follow it one by one; with two workers running, the
+    """With one run running, the runs left follow it one by one; with two runs training side by side, the
     runs left go to whichever is free first (the matrix ends when the last lane ends)."""
     from oelm.monitor import matrix_eta_seconds
 

@@ -35,12 +35,12 @@ def _config(**task_changes) -> dict:
 @pytest.fixture
 def no_work(monkeypatch):
     """Any data preparation means the check came too late."""
-    import oelm.experiment
+    import oelm.matrix.driver
 
     def prepare(*args, **kwargs):
         raise AssertionError("data preparation started before the check")
 
-    monkeypatch.setattr(oelm.experiment, "_prepare", prepare)
+    monkeypatch.setattr(oelm.matrix.driver, "prepare_matrix_data", prepare)
 
 
 def _run(config: dict, out: Path):

@@ -1,4 +1,4 @@
-"""Command line: ``oelm run | monitor | inspect | report | env``.
+"""Command line: ``oelm run | plan | monitor | inspect | report | bench | env``.
 
 Every deliberate error (bad config, missing data, unsupported model) is printed as one line
 ``oelm: error: ...`` with exit status 2; anything else is a bug and keeps its traceback.
@@ -28,23 +28,66 @@ def _print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
     Console(width=max(120, len(" ".join(header)) + 20)).print(table)
 
 
+def _executor_config(config, args: argparse.Namespace):
+    """The config's ``executor`` with the command line's ``--executor``, ``--address``,
+    ``--parallel``, ``--cpus-per-run``, ``--gpus-per-run`` applied (validated as the config is)."""
+    from pydantic import ValidationError
+
+    from oelm.config import ExecutorConfig
+
+    flags = {"name": args.executor, "address": args.address, "cpus_per_run": args.cpus_per_run,
+             "gpus_per_run": args.gpus_per_run,
+             "parallel": None if args.parallel is None else (args.parallel if args.parallel == "auto" else _int(args.parallel, "--parallel"))}
+    changes = {k: v for k, v in flags.items() if v is not None}
+    if (changes.get("address") or changes.get("gpus_per_run") or changes.get("parallel") not in (None, 1)) \
+            and "name" not in changes and config.executor.name == "local":
+        changes["name"] = "ray"  # --address / --gpus-per-run / --parallel N only mean something on Ray
+    try:
+        return ExecutorConfig.model_validate(config.executor.model_dump() | changes)
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise OELMError(f"executor: {first['msg'].removeprefix('Value error, ')}") from None
+
+
+def _int(value: str, flag: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise OELMError(f"{flag} takes a whole number of runs or 'auto', got {value!r}") from None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import time
 
     from oelm.config import load_config
     from oelm.distributed import is_main_process
     from oelm.errors import RunInterruptedError
-    from oelm.experiment import run_experiment
+    from oelm.matrix import collect, run_matrix, run_only
 
     started = time.perf_counter()
     config = load_config(args.config, args.overrides)
     out = Path(args.output_dir or config.output_dir or Path("outputs") / config.name)
+    if args.only and args.collect:
+        raise OELMError("--only and --collect are two steps: train runs with --only, then collect once with --collect")
     main = is_main_process()  # launched on several processes, rank 0 alone prints
-    if main:
-        print(f"oelm run: {config.name} -> {out}")
     try:
-        comparison = run_experiment(config, out, retry_failed=args.retry_failed, worker=args.worker,
+        if args.only:
+            result = run_only(config, out, args.only, retry_failed=args.retry_failed,
+                              allow_missing_weights=args.allow_missing_weights)
+            perf = result.get("performance") or {}
+            print(f"oelm run --only {args.only}: {result.get('status')}"
+                  + (f", best validation {perf.get('metric')} {perf['best_validation']:.4f}" if perf.get("best_validation") is not None else "")
+                  + (f", test {perf['test']:.4f}" if perf.get("test") is not None else ""))
+            return 0
+        if args.collect:
+            comparison, missing = collect(config, out)
+        else:
+            executor = _executor_config(config, args)
+            if main:
+                print(f"oelm run: {config.name} -> {out} (executor {executor.name})")
+            comparison = run_matrix(config, out, retry_failed=args.retry_failed, executor=executor,
                                     allow_missing_weights=args.allow_missing_weights)
+            missing = []
     except RunInterruptedError as exc:
         hint = "" if "rerun the same command" in str(exc) else "; rerun the same command to continue"
         if main:
@@ -52,16 +95,26 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     if not main:
         return 0
-    if comparison is None:  # a worker that left the last runs to the others
-        print(f"oelm run --worker: this worker is done; the last worker writes {out / 'comparison.json'}")
-        return 0
     from oelm.report import comparison_rows  # after the runs: scipy/matplotlib are not start-up cost
 
     header, rows = comparison_rows(comparison)
     _print_table(f"{config.name}: {comparison['task']} / {comparison['model']}", header, rows)
+    if missing:
+        print(f"not finished yet (left out): {', '.join(missing)}")
     print(f"results: {out / 'comparison.json'}  report: {out / 'report.md'}")
     minutes, seconds = divmod(time.perf_counter() - started, 60)
     print(f"oelm run took {int(minutes)} min {seconds:.0f} s (this process, start-up and report included)")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from oelm.config import load_config
+    from oelm.matrix import plan_matrix
+
+    config = load_config(args.config, args.overrides)
+    out = Path(args.output_dir or config.output_dir or Path("outputs") / config.name)
+    for task in plan_matrix(config, out, log=lambda m: print(m, file=sys.stderr)):
+        print(json.dumps(task.to_dict()))
     return 0
 
 
@@ -278,14 +331,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", help="experiment YAML, e.g. configs/quickstart.yaml")
     p.add_argument("--output-dir", help="default: the config's output_dir, else outputs/<name>")
     p.add_argument("--retry-failed", action="store_true", help="rerun runs that failed earlier (NaN, OOM, ...) instead of keeping their failure")
-    p.add_argument("--worker", action="store_true",
-                   help="share the output directory with other `oelm run --worker` processes of the same config: "
-                        "each trains runs no other worker holds (e.g. one worker per GPU); the last one writes the comparison")
+    p.add_argument("--executor", choices=["local", "ray"],
+                   help="where runs train: local (default: this process, one run after another) or ray "
+                        "(each run a Ray task: a local Ray instance, or the cluster at --address)")
+    p.add_argument("--address", help="ray: join the cluster at 'auto' or HOST:PORT instead of starting a local instance")
+    p.add_argument("--parallel", metavar="N|auto",
+                   help="ray: at most N runs at once ('auto': one per CPU core, or per GPU); default as resources allow")
+    p.add_argument("--cpus-per-run", type=float, help="CPU cores and torch threads per run (ray default 1)")
+    p.add_argument("--gpus-per-run", type=float, help="ray: GPUs per run; fractions share a GPU (0.125: 8 runs per GPU)")
+    p.add_argument("--only", metavar="RUN_NAME",
+                   help="train exactly this run of the plan (`oelm plan` lists the ready ones), for a batch system's jobs; "
+                        "refused when it is not ready")
+    p.add_argument("--collect", action="store_true",
+                   help="write the selection, comparison and report from the runs that are finished (after --only jobs)")
     p.add_argument("--allow-missing-weights", action="store_true",
                    help="keep finished runs whose best weights are missing (an output directory restored from a copy "
                         "without weights): their numbers count; a selected sweep run without them is retrained for its test split")
     p.add_argument("overrides", nargs="*", help="key=value overrides with dotted keys, e.g. training.epochs=2 seeds=[0,1,2]")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("plan", help="the runs of a matrix that are ready to train now, one JSON object a line (for batch systems)")
+    p.add_argument("config", help="experiment YAML")
+    p.add_argument("--output-dir", help="default: the config's output_dir, else outputs/<name>")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, as for `oelm run`")
+    p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("monitor", help="live view of a running or finished `oelm run` output directory")
     p.add_argument("dir", help="an `oelm run` output directory")
@@ -341,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     # stops filling a positional list at the first option, so collect the rest here.
     args, extra = parser.parse_known_args(argv)
     if extra:
-        if getattr(args, "command", None) == "run" and all("=" in e and not e.startswith("-") for e in extra):
+        if getattr(args, "command", None) in ("run", "plan") and all("=" in e and not e.startswith("-") for e in extra):
             args.overrides = list(args.overrides) + extra
         else:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")

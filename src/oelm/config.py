@@ -262,6 +262,38 @@ class TrainingConfig(_Strict):
     progress_bar: bool = True
 
 
+class ExecutorConfig(_Strict):
+    """Where the ready runs of a matrix train (:mod:`oelm.matrix.executors`). Never part of the
+    config's fingerprint: the same matrix may be continued by another executor."""
+
+    name: Literal["local", "ray"] = Field(
+        "local", description="local: in this process, one run after another (Ray never imported); "
+        "ray: each run a Ray task, on a local Ray instance or the cluster at `address`.")
+    address: str | None = Field(
+        None, description="ray: 'auto' or HOST:PORT of a running cluster to join; default: start a local instance.")
+    parallel: int | Literal["auto"] | None = Field(
+        None, description="Runs training at once. local: 1. ray: default as many as the resources allow; "
+        "'auto': one per GPU on a CUDA machine, else lanes x threads measured on this machine with the "
+        "matrix's own model (oelm.matrix.lanes).")
+    cpus_per_run: float | None = Field(
+        None, gt=0, description="CPU cores (and torch threads) per run. ray: default 1; local: default the "
+        "process's own thread setting.")
+    gpus_per_run: float = Field(0.0, ge=0, description="ray: GPUs per run, fractions share one GPU (0.125 = 8 runs per GPU).")
+    max_retries: int = Field(2, ge=0, description="ray: times a run whose process or node died is started again "
+                             "(it resumes from its own checkpoint).")
+
+    @model_validator(mode="after")
+    def _local_is_one_lane(self) -> "ExecutorConfig":
+        if self.name == "local" and self.parallel not in (None, 1):
+            raise ValueError(f"executor.parallel={self.parallel!r}: the local executor trains one run at a time; "
+                             "use executor.name: ray (oelm run --executor ray) for runs side by side")
+        if self.name == "local" and (self.address or self.gpus_per_run):
+            raise ValueError("executor.address and executor.gpus_per_run are Ray settings; set executor.name: ray")
+        if isinstance(self.parallel, int) and self.parallel < 1:
+            raise ValueError(f"executor.parallel must be at least 1 or 'auto', got {self.parallel}")
+        return self
+
+
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
 
 
@@ -296,6 +328,7 @@ class ExperimentConfig(_Strict):
         "{method} and {seed} are substituted.",
     )
     training: TrainingConfig = Field(default_factory=TrainingConfig)
+    executor: ExecutorConfig = Field(default_factory=ExecutorConfig, description="Where the runs train (local or Ray).")
     output_dir: str | None = Field(None, description="Default: outputs/<name>.")
     reference: dict[str, float] = Field(
         default_factory=dict, description="Published numbers to show beside ours (method -> metric)."

@@ -11,12 +11,15 @@ system may not see the other host's lock, and its pid cannot be checked from her
 file by hand when that run is known to be gone.
 
 Only the main process of a multi-process launch takes the lock (``run_experiment`` does this).
+``oelm run --only`` processes hold the same file in *shared* mode (:func:`hold_shared_lock`), and
+each takes ``runs/<name>/.oelm.lock`` (this same exclusive lock) on the run it trains.
 
-Workers (``oelm run --worker``, several processes sharing one matrix) hold the same file in
-*shared* mode (:func:`hold_worker_lock`): any number of workers at once, never together with an
-exclusive holder. They do not write or remove the file. Between themselves they use
-:func:`hold_state_lock` (exclusive, waiting) around updates of the shared files, and
-:func:`claim_run` (exclusive, not waiting) on ``.claims/<run name>.lock`` to train a run alone.
+Limits: these are locks of one host, or of a file system whose POSIX locks work across hosts. On
+NFS they hold only where the lock manager does (``nolock`` / ``local_lock`` mounts and Lustre's
+``localflock`` make them per machine), a dead node's lock lingers until its lease expires, and
+cached attributes can hide a result another node just wrote. So across machines oelm relies on
+the engine that places the runs (Ray, or a batch system's job ids) never to start one run twice,
+not on these files.
 """
 
 from __future__ import annotations
@@ -33,8 +36,7 @@ from typing import Any, Iterator
 
 from oelm.errors import OutputLockedError
 
-__all__ = ["LOCK_NAME", "hold_output_lock", "hold_worker_lock", "hold_state_lock", "claim_run", "acquire", "release",
-           "read_holder"]
+__all__ = ["LOCK_NAME", "hold_output_lock", "hold_shared_lock", "acquire", "release", "read_holder"]
 
 LOCK_NAME = ".oelm.lock"
 
@@ -82,7 +84,7 @@ def acquire(out: str | os.PathLike) -> int:
         fd = _flock_current(path, fcntl.LOCK_EX)
     except OSError as exc:
         holder = read_holder(out)
-        who = _describe(holder) if holder else "another process, or `oelm run --worker` processes"
+        who = _describe(holder) if holder else "another process, or `oelm run --only` processes"
         busy = OutputLockedError(f"output directory {out} is in use by another oelm run ({who}); wait for it "
                                  "to finish or stop it, or use another --output-dir")
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
@@ -162,13 +164,14 @@ def hold_output_lock(out: str | os.PathLike, *, enabled: bool = True) -> Iterato
 
 
 @contextlib.contextmanager
-def hold_worker_lock(out: str | os.PathLike) -> Iterator[None]:
-    """Hold ``out/.oelm.lock`` in shared mode for the ``with`` block: other workers may hold it
-    too, an exclusive ``oelm run`` may not (and a worker may not start while one runs).
+def hold_shared_lock(out: str | os.PathLike) -> Iterator[None]:
+    """Hold ``out/.oelm.lock`` in shared mode for the ``with`` block: ``oelm run --only``
+    processes (a batch system's jobs) may hold it together, a driver (``oelm run``, ``oelm plan``,
+    ``--collect``) may not, and none starts while a driver holds it.
 
     Raises:
-        OutputLockedError: a plain ``oelm run`` holds the directory (named when its record is
-            readable), or the file system has no flock (workers need it).
+        OutputLockedError: a driver holds the directory (named when its record is readable), or
+            the file system has no flock.
     """
     path = Path(out) / LOCK_NAME
     try:
@@ -176,45 +179,12 @@ def hold_worker_lock(out: str | os.PathLike) -> Iterator[None]:
     except OSError as exc:
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             raise OutputLockedError(
-                f"output directory {out} is in use by an oelm run without --worker ({_describe(read_holder(out))}); "
-                "wait for it to finish or stop it, or use another --output-dir"
+                f"output directory {out} is in use by an oelm run that drives the whole matrix "
+                f"({_describe(read_holder(out))}); wait for it to finish or stop it, or use another --output-dir"
             ) from None
-        raise OutputLockedError(f"oelm run --worker needs flock on the file system of {out} ({exc}); "
-                                "run without --worker there") from None
+        raise OutputLockedError(f"oelm run --only needs flock on the file system of {out} ({exc}); "
+                                "drive the matrix with one `oelm run` there instead") from None
     try:
         yield
     finally:
-        os.close(fd)  # never unlinked: other workers may hold it
-
-
-@contextlib.contextmanager
-def hold_state_lock(out: str | os.PathLike) -> Iterator[None]:
-    """Exclusive ``out/.oelm.state.lock`` for the ``with`` block, waiting for another worker's
-    (short) hold: workers take it around reading and writing the matrix's shared files."""
-    fd = os.open(Path(out) / ".oelm.state.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def claim_run(out: str | os.PathLike, run_name: str) -> Iterator[bool]:
-    """Try to claim run ``run_name`` of ``out`` for this process: yields True while it holds
-    ``out/.claims/<run_name>.lock`` (exclusive flock, released on any exit, a crash included),
-    False at once when another worker holds it."""
-    claims = Path(out) / ".claims"
-    claims.mkdir(exist_ok=True)
-    fd = os.open(claims / f"{run_name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                yield False
-                return
-            raise
-        yield True
-    finally:
-        os.close(fd)
+        os.close(fd)  # never unlinked: other --only processes may hold it

@@ -28,11 +28,12 @@ from typing import Any
 
 from oelm.errors import OELMError
 from oelm.io import read_json, read_jsonl
+from oelm.matrix.store import RunRecord
 
 __all__ = ["collect_runs", "snapshot_text", "build_table", "monitor"]
 
 STATES = ("pending", "running", "finished", "failed", "interrupted")
-HEADER = ["run", "stage", "state", "lr", "step", "train loss", "validation: best (latest)", "elapsed", "ETA"]
+HEADER = ["run", "stage", "state", "lr", "step", "train loss", "validation: best (latest)", "elapsed", "ETA", "where"]
 
 
 def _read(path: Path) -> dict | None:
@@ -93,7 +94,9 @@ def collect_runs(out: Path, now: float | None = None) -> list[dict[str, Any]]:
     :data:`STATES`), ``step``, ``total_steps``, ``train_loss``, ``validation`` (latest value, the
     metric named in ``metric``), ``best_validation`` (the best so far; a finished run's from its
     result, the number learning-rate selection uses), ``elapsed_seconds`` and ``eta_seconds`` (None when unknown),
-    ``early_stopped`` (a finished run that stopped before ``total_steps``: early stopping).
+    ``early_stopped`` (a finished run that stopped before ``total_steps``: early stopping), ``node``
+    and ``pid`` (the process that trains or trained it, from ``status.json``: whichever executor or
+    machine), ``executor`` (a finished run's executor name).
 
     Raises:
         OELMError: ``out`` is not an ``oelm run`` output directory.
@@ -122,7 +125,7 @@ def collect_runs(out: Path, now: float | None = None) -> list[dict[str, Any]]:
                "learning_rate": e.get("learning_rate"), "state": "pending", "step": None, "total_steps": None,
                "train_loss": None, "validation": None, "best_validation": None, "metric": None,
                "elapsed_seconds": None, "eta_seconds": None,
-               "early_stopped": False}
+               "early_stopped": False, "node": None, "pid": None, "executor": None}
         rows.append(row)
         if not e.get("name"):
             continue
@@ -131,6 +134,7 @@ def collect_runs(out: Path, now: float | None = None) -> list[dict[str, Any]]:
         result = _read(d / "result.json")
         train, evaluation, evals = _last_records(d / "metrics.jsonl")
         row["total_steps"] = status.get("total_steps")
+        row["node"], row["pid"] = status.get("host"), status.get("pid")
         if train:
             row["step"], row["train_loss"] = train.get("step"), train.get("loss")
         if evaluation:
@@ -139,12 +143,14 @@ def collect_runs(out: Path, now: float | None = None) -> list[dict[str, Any]]:
             row["best_validation"] = _best(metric, [e.get(metric) for e in evals]) if metric else None
         state = status.get("state") or ("running" if d.exists() else "pending")
         if result is not None:
-            state = "failed" if result.get("status") == "failed" else "finished"
+            record = RunRecord(result)
+            state = "failed" if record.failed else "finished"
             if state == "finished":
-                row["step"] = (result.get("performance") or {}).get("steps", row["step"])
-                row["best_validation"] = (result.get("performance") or {}).get("best_validation", row["best_validation"])
-                row["early_stopped"] = bool((result.get("performance") or {}).get("early_stopped"))
-                row["stage"] = result.get("stage", row["stage"])
+                row["step"] = record.performance.get("steps", row["step"])
+                row["best_validation"] = record.best_validation if record.best_validation is not None else row["best_validation"]
+                row["early_stopped"] = bool(record.performance.get("early_stopped"))
+                row["stage"] = record.stage or row["stage"]
+                row["executor"] = record.executor.get("name")
         elif state == "running" and status.get("host") == platform.node() and status.get("pid") and not _alive(status["pid"]):
             state = "interrupted"
         row["state"] = state
@@ -203,13 +209,14 @@ def _cells(row: dict[str, Any]) -> list[str]:
         validation,
         _duration(row["elapsed_seconds"]),
         _duration(row["eta_seconds"]),
+        f"{row['node']}:{row['pid']}" if row["state"] == "running" and row["node"] else (row["executor"] or ""),
     ]
 
 
 def matrix_eta_seconds(running_eta: list[float], left: int, mean_run: float) -> float:
     """Seconds until a matrix is done: the runs running now finish after ``running_eta`` seconds
     each, and the ``left`` runs not started, ``mean_run`` seconds each, go one by one to whichever
-    of those ``max(1, len(running_eta))`` lanes (``oelm run --worker`` processes) is free first."""
+    of those ``max(1, len(running_eta))`` lanes (runs training side by side) is free first."""
     lanes = sorted(running_eta) or [0.0]
     for _ in range(left):
         lanes[0] += mean_run

@@ -17,13 +17,17 @@ import math
 import os
 import platform
 import re
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Iterator, TypedDict
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, TypedDict
 
 from oelm.errors import ChecksumError, RecordedFileMissingError
 from oelm.io import read_json, sha256_file, write_json_atomic
+
+if TYPE_CHECKING:
+    from oelm.matrix.store import RunRecord
 
 __all__ = [
     "DRIFT_WARNING_PERCENT",
@@ -88,18 +92,18 @@ def grid_edge_note(learning_rates: Iterable[float], edge: str) -> str:
             "a wider grid could change the result")
 
 
-def is_superseded(result: dict[str, Any], selected: dict[str, float]) -> bool:
-    """Whether ``result`` is a final run of a swept method at a learning rate other than the one
+def is_superseded(record: RunRecord, selected: dict[str, float]) -> bool:
+    """Whether ``record`` is a final run of a swept method at a learning rate other than the one
     ``selected`` (``sweep.json``'s ``selected_learning_rates``) names now, in a run folder named
     for its rate (:func:`run_name` with a learning rate). That happens only when
     the method's learning-rate grid grew after its final runs had started and the new sweep moved
     the selection (``grid_growth`` in ``experiment.json``): such runs are kept on disk and left
     out of every comparison."""
-    chosen = selected.get(result.get("method"))
-    lr = result.get("learning_rate")
-    if chosen is None or lr is None or result.get("stage") != "final":
+    chosen = selected.get(record.method)
+    lr = record.learning_rate
+    if chosen is None or lr is None or not record.is_final:
         return False
-    swept_run = result.get("run_name") == run_name(result["method"], result.get("seed", 0), lr)  # named for its rate
+    swept_run = record.name == run_name(record.method, record.seed, lr)  # named for its rate
     return swept_run and not math.isclose(float(lr), float(chosen), rel_tol=1e-9)
 
 
@@ -115,15 +119,17 @@ def superseded_final_runs(out: str | Path) -> list[dict[str, Any]]:
     """The superseded final runs under ``out`` (:func:`is_superseded` against ``out/sweep.json``),
     sorted by run name: ``method``, ``seed``, ``run_name``, ``learning_rate`` and ``test`` (its
     test value if it evaluated the test split, else None). Empty without a ``sweep.json``."""
-    sweep_path = Path(out) / "sweep.json"
-    if not sweep_path.exists():
+    from oelm.matrix.store import MatrixFolder  # the store imports this module
+
+    folder = MatrixFolder(out)
+    if not folder.sweep.exists():
         return []
-    selected = read_json(sweep_path).get("selected_learning_rates") or {}
+    selected = read_json(folder.sweep).get("selected_learning_rates") or {}
     found = []
-    for run_dir, r in run_results(out):
+    for run_dir, r in folder.iter_results():
         if is_superseded(r, selected):
-            found.append({"method": r["method"], "seed": r.get("seed"), "run_name": r.get("run_name") or run_dir.name,
-                          "learning_rate": r["learning_rate"], "test": (r.get("performance") or {}).get("test")})
+            found.append({"method": r.method, "seed": r.seed, "run_name": r.name or run_dir.name,
+                          "learning_rate": r.learning_rate, "test": r.test})
     return found
 
 
@@ -226,22 +232,28 @@ def read_status(run_dir: Path) -> dict[str, Any]:
 def write_status(run_dir: Path, run: PlannedRun, state: str, **fields: Any) -> None:
     """``runs/<name>/status.json``: what ``oelm monitor`` reads (state, stage, total steps, times).
 
-    ``state`` "running" sets ``started_at`` (UTC) and clears ``finished_at`` and an earlier
+    ``state`` "running" sets ``started_at`` (UTC; ``started_unix`` the same in seconds since the
+    epoch) and clears ``finished_at`` and an earlier
     process's ``signal`` / ``failure`` (a resumed run is running, not interrupted); any other state
     sets ``finished_at``. ``fields`` are merged in (``total_steps``, ``failure``, ``signal``, ...).
     """
     path = Path(run_dir) / "status.json"
     status = read_status(run_dir)
+    # a second "running" from the same process (total steps known) keeps its start time
+    again = status.get("state") == "running" and status.get("pid") == os.getpid() and status.get("host") == platform.node()
     status.update(
         {"name": Path(run_dir).name, "method": run.method, "seed": run.seed, "learning_rate": run.learning_rate,
          "stage": run.stage, "state": state, "pid": os.getpid(), "host": platform.node()}
     )
-    if state == "running":
+    if state == "running" and not again:
         status["started_at"] = utc_now()
-        for stale in ("finished_at", "signal", "failure"):
+        status["started_unix"] = time.time()  # seconds: overlaps between runs are computed from these
+    if state == "running":
+        for stale in ("finished_at", "finished_unix", "signal", "failure"):
             status.pop(stale, None)
     else:
         status["finished_at"] = utc_now()
+        status["finished_unix"] = time.time()
     status.update(fields)
     write_json_atomic(path, status)
 

@@ -1,0 +1,226 @@
+"""The driver: the plan (:mod:`oelm.matrix.plan`) run by an executor (:mod:`oelm.matrix.executors`),
+and the primitives for clusters with their own batch system.
+
+- :func:`run_matrix` (``oelm run``): the whole matrix; ready runs go to the executor as they become
+  ready (every sweep run at once, a method's final runs once its selection is made), the selection
+  and plan are written as they change, and the comparison is written once, at the end.
+- :func:`plan_matrix` (``oelm plan``): the runs ready now, for a batch system to submit.
+- :func:`run_only` (``oelm run --only NAME``): exactly that run, refusing one that is not ready.
+- :func:`collect` (``oelm run --collect``): selection, comparison and report from what is finished.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from oelm.config import ExecutorConfig, ExperimentConfig
+from oelm.distributed import barrier, is_main_process
+from oelm.errors import ConfigError, OELMError, RecordedFileMissingError
+from oelm.lock import hold_output_lock, hold_shared_lock
+from oelm.models.build import check_sequence_length
+
+from oelm.matrix.executors import make_executor
+from oelm.matrix.output import (
+    _check_fingerprint, _quiet, config_fingerprint, open_output_dir, prepare_matrix_data, start_output, write_selection,
+)
+from oelm.matrix.plan import RunTask, final_results, plan_runs, ready_runs, unfinished_final_runs, why_not_ready
+from oelm.matrix.run_one import RunContext, placement_record, train_planned_run, verify_kept
+from oelm.matrix.store import MatrixFolder, RunRecord
+
+__all__ = ["run_matrix", "plan_matrix", "run_only", "collect", "task_metric"]
+
+
+def task_metric(config: ExperimentConfig) -> str:
+    """The task's metric (``accuracy`` / ``perplexity``) from the dataset registry, no data loaded."""
+    from oelm.data.registry import get_dataset_spec
+
+    return get_dataset_spec(config.task.dataset).metric
+
+
+def _output_dir(config: ExperimentConfig, output_dir: str | Path | None) -> Path:
+    return Path(output_dir or config.output_dir or Path("outputs") / config.name)
+
+
+def run_matrix(config: ExperimentConfig, output_dir: str | Path | None = None, log: Callable[[str], None] = print, *,
+               retry_failed: bool = False, allow_missing_weights: bool = False,
+               executor: ExecutorConfig | None = None) -> dict[str, Any]:
+    """Run what is not finished of the matrix of ``config`` with ``executor`` (default: the config's
+    ``executor``), then write the comparison (``comparison.json``, ``report.md``, ``report.html``).
+
+    The protocol is :mod:`oelm.matrix.plan`'s. Rerunning on the same output directory keeps
+    finished (and failed, unless ``retry_failed``) runs, checking the sha256 of their best weights,
+    and continues unfinished ones from their checkpoints. ``allow_missing_weights``: finished runs
+    whose best weights are missing (a folder restored from a copy without them) count; a selected
+    sweep run without them is retrained as that seed's final run.
+
+    Returns:
+        The comparison dict.
+
+    Raises:
+        ConfigError: ``output_dir`` holds results of an incompatible config, cannot be created or
+            is not writable; ``task.max_length`` / ``task.block_size`` exceeds the model's
+            positions; the Ray executor in a multi-process launch.
+        ChecksumError: the best weights of a finished run that is kept, promoted or used by
+            ``init_from`` do not match their recorded sha256 (``RecordedFileMissingError`` when
+            missing, unless ``allow_missing_weights``).
+        OutputLockedError: another ``oelm run`` is using ``output_dir`` (:mod:`oelm.lock`).
+        RunInterruptedError: a run was interrupted (SIGTERM/SIGINT); rerunning continues it.
+        OELMError subclasses: data or model problems, raised before any run starts; no run finished.
+    """
+    out = _output_dir(config, output_dir)
+    executor = executor or config.executor
+    check_sequence_length(config)
+    if executor.name != "local":
+        from oelm.distributed import num_processes
+
+        if num_processes() > 1:
+            raise ConfigError(f"executor {executor.name} places whole runs on processes itself: launch `oelm run` "
+                              "as one process, or use the local executor inside a multi-process launch")
+    open_output_dir(out)
+    with hold_output_lock(out, enabled=is_main_process()):  # one driver per output directory
+        return _drive(config, out, log, retry_failed, allow_missing_weights, executor)
+
+
+def _check_kept(ctx: RunContext, results: dict[str, RunRecord], names: set[str]) -> None:
+    """Check every earlier result the rerun keeps (:func:`oelm.matrix.run_one.verify_kept`)."""
+    for name in sorted(names & set(results)):
+        if not (results[name].failed and ctx.retry_failed):
+            verify_kept(ctx, ctx.out / "runs" / name, results[name].raw)
+
+
+def _drive(config: ExperimentConfig, out: Path, log: Callable[[str], None], retry_failed: bool,
+           allow_missing_weights: bool, executor_config: ExecutorConfig) -> dict[str, Any]:
+    """The body of :func:`run_matrix`, run while the output directory's lock is held."""
+    if not is_main_process():
+        log = _quiet  # the other processes of a launched job run the same protocol silently
+    start_output(config, out, log)
+    ctx = RunContext(config, out, prepare_matrix_data(config, out, log), log, retry_failed, allow_missing_weights)
+    results = MatrixFolder(out).results()
+    retry = {n for n, r in results.items() if r.failed} if retry_failed else set()
+    _, selection = ready_runs(config, ctx.data.metric, results)
+    _check_kept(ctx, results, {r.name for r in plan_runs(config, selection.selected)})
+    executor = make_executor(ctx, executor_config, runs=len(plan_runs(config, selection.selected)))
+    busy: dict[str, RunTask] = {}
+    announced: set[str] = set()
+    written = None
+    with executor:
+        while True:
+            ready, selection = ready_runs(config, ctx.data.metric, results, retry=retry, busy=busy)
+            if written != (selection.complete, selection.selected):
+                write_selection(out, config, selection, log, announced)
+                written = (set(selection.complete), dict(selection.selected))
+            for task in ready:
+                if executor.free_slots(len(busy)) <= 0:
+                    break
+                retry.discard(task.name)
+                executor.submit(task)
+                busy[task.name] = task
+            if not busy:
+                break
+            for task, result in executor.wait():
+                busy.pop(task.name)
+                results[task.name] = RunRecord(result)
+    finals = {m: [r.raw for r in runs] for m, runs in final_results(config, selection, results).items() if runs}
+    if not any(r.get("status") == "finished" for runs in finals.values() for r in runs):
+        raise OELMError(f"no run of {config.name} finished (see the failures under {out / 'runs'})")
+    barrier()  # every result.json and metrics.jsonl is on disk before the comparison reads them
+    from oelm.report import compare_results, write_comparison
+
+    if not is_main_process():
+        return compare_results(config, finals, out)
+    return write_comparison(config, finals, out)
+
+
+# --- primitives for batch systems: plan, --only, --collect -------------------------------------
+
+def _check_started(config: ExperimentConfig, out: Path) -> None:
+    """The output folder was started by ``oelm plan`` (or ``oelm run``) with a compatible config.
+
+    Raises:
+        ConfigError: no ``experiment.json`` there, or it records another config.
+    """
+    if not MatrixFolder(out).experiment.is_file():
+        raise ConfigError(f"{out} has no experiment.json: run `oelm plan CONFIG --output-dir {out}` first")
+    _, grown = _check_fingerprint(out, config_fingerprint(config))
+    if grown:
+        raise ConfigError(f"the learning-rate grid of {', '.join(sorted(grown))} grew: run `oelm plan CONFIG "
+                          f"--output-dir {out}` first, so that the growth is recorded")
+
+
+def plan_matrix(config: ExperimentConfig, output_dir: str | Path | None = None,
+                log: Callable[[str], None] = print) -> list[RunTask]:
+    """Start (or check) the output folder, write the selection state and ``plan.json``, and return
+    the runs ready now (``oelm plan``: one JSON object a line). No data is prepared, nothing trains.
+
+    Raises:
+        ConfigError, OutputLockedError: as :func:`run_matrix`.
+    """
+    out = _output_dir(config, output_dir)
+    check_sequence_length(config)
+    open_output_dir(out)
+    with hold_output_lock(out):
+        start_output(config, out, log)
+        results = MatrixFolder(out).results()
+        ready, selection = ready_runs(config, task_metric(config), results)
+        write_selection(out, config, selection, log, set())
+    return ready
+
+
+def run_only(config: ExperimentConfig, output_dir: str | Path | None, name: str, log: Callable[[str], None] = print, *,
+             retry_failed: bool = False, allow_missing_weights: bool = False) -> dict[str, Any]:
+    """Train exactly the planned run ``name`` in this process (``oelm run --only NAME``), for a
+    batch system that runs each of ``oelm plan``'s lines as a job. Several ``--only`` processes may
+    share an output folder (its lock in shared mode; never beside a driver), each run is locked
+    while it trains (``runs/<name>/.oelm.lock``), and a run writes only its own folder.
+
+    Returns:
+        The run's result dict.
+
+    Raises:
+        ConfigError: the folder was not started by ``oelm plan`` (or holds another config), or
+            ``name`` is not ready (finished, failed, a final run whose sweep is not finished, or no
+            run of this matrix): one line saying which.
+        OutputLockedError: a driver holds the folder, or another process trains ``name``.
+    """
+    out = _output_dir(config, output_dir)
+    _check_started(config, out)
+    with hold_shared_lock(out):
+        results = MatrixFolder(out).results()
+        retry = {n for n, r in results.items() if r.failed} if retry_failed else set()
+        ready, _ = ready_runs(config, task_metric(config), results, retry=retry)
+        task = next((t for t in ready if t.name == name), None)
+        if task is None:
+            raise ConfigError(why_not_ready(config, task_metric(config), results, name))
+        run_dir = MatrixFolder(out).run(name).path
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with hold_output_lock(run_dir):
+            job = {k: os.environ[k] for k in ("SLURM_JOB_ID", "SLURM_ARRAY_TASK_ID", "PBS_JOBID") if k in os.environ}
+            return train_planned_run(config, out, task, retry_failed=retry_failed,
+                                     allow_missing_weights=allow_missing_weights,
+                                     placement=placement_record("only", **({"job": job} if job else {})), log=log)
+
+
+def collect(config: ExperimentConfig, output_dir: str | Path | None = None,
+            log: Callable[[str], None] = print) -> tuple[dict[str, Any], list[str]]:
+    """Selection state, comparison and report from the runs that are finished
+    (``oelm run --collect``). Returns the comparison and the final runs not finished yet.
+
+    Raises:
+        ConfigError: the folder was not started by ``oelm plan`` / ``oelm run``, or holds another config.
+        OELMError: no final run has finished yet.
+    """
+    out = _output_dir(config, output_dir)
+    _check_started(config, out)
+    with hold_output_lock(out):
+        results = MatrixFolder(out).results()
+        _, selection = ready_runs(config, task_metric(config), results)
+        write_selection(out, config, selection, log, set())
+        finals = {m: [r.raw for r in runs] for m, runs in final_results(config, selection, results).items() if runs}
+        if not any(r.get("status") == "finished" for runs in finals.values() for r in runs):
+            raise OELMError(f"no final run of {config.name} has finished under {out / 'runs'} yet; "
+                            "train the runs `oelm plan` lists first")
+        from oelm.report import write_comparison
+
+        return write_comparison(config, finals, out), unfinished_final_runs(config, selection, results)

@@ -1,0 +1,286 @@
+"""Executors decide only *where* a ready run trains; the plan (:mod:`oelm.matrix.plan`) decides
+*what* is ready, and :func:`oelm.matrix.run_one.execute` trains it.
+
+- :class:`LocalExecutor` (default): in this process, one run after another; Ray is never imported.
+- :class:`RayExecutor`: each run a Ray task (``@ray.remote`` function with its CPU/GPU resources
+  and ``max_retries``) on a local Ray instance or a cluster joined by address. A task whose worker
+  process or node dies is started again by Ray and resumes from the run's own checkpoint.
+
+Why Ray tasks and not Ray Tune trials: the protocol (sweep, selection on validation, test once)
+is oelm's own and written once in the plan; Tune would bring a second scheduler of trials, its own
+result folders and its own search/selection, all of which oelm must not use. A task is the smallest
+unit Ray schedules with resources and retries, which is all an executor needs.
+
+An executor is used as::
+
+    with executor:
+        executor.submit(task)            # as many as free_slots() allows
+        for task, result in executor.wait(): ...   # blocks until at least one finished
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from oelm.config import ExecutorConfig
+from oelm.errors import ConfigError, OELMError
+
+from oelm.matrix.plan import RunTask
+from oelm.matrix.run_one import RunContext, execute, placement_record, train_planned_run
+
+__all__ = ["LocalExecutor", "RayExecutor", "make_executor", "cpu_cores"]
+
+#: Environment variables a run needs on every node (data, caches, offline Hub, thread policy).
+_FORWARDED_ENV = ("OELM_DATA_DIR", "OELM_CACHE_DIR", "HF_HUB_OFFLINE", "HF_HOME", "HF_DATASETS_OFFLINE",
+                  "TRANSFORMERS_OFFLINE", "OMP_WAIT_POLICY", "TOKENIZERS_PARALLELISM")
+
+
+_PROXY_ENV = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "no_proxy", "NO_PROXY")
+
+
+@contextlib.contextmanager
+def _loopback_proxy() -> Iterator[None]:
+    """While a local Ray instance starts: HTTP(S) through a closed port on 127.0.0.1, loopback
+    exempt. Ray's head process looks up cloud metadata (169.254.169.254, metadata.google.internal)
+    at start-up even with usage statistics off; this keeps a local instance from sending anything
+    off the machine. The variables are restored at once; runs get the user's own (runtime_env)."""
+    saved = {k: os.environ.get(k) for k in _PROXY_ENV}
+    os.environ.update({"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9",
+                       "HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9",
+                       "no_proxy": "localhost,127.0.0.1,::1", "NO_PROXY": "localhost,127.0.0.1,::1"})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def cpu_cores() -> int:
+    """CPU cores this process may use (its affinity mask; ``os.cpu_count()`` elsewhere)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def _torch_threads(threads: float | None) -> Iterator[None]:
+    if not threads:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, int(threads)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class LocalExecutor:
+    """In this process, one run after another (``executor.cpus_per_run`` sets torch's threads for
+    each run when given). Results are bit-identical to every earlier ``oelm run``."""
+
+    name = "local"
+
+    def __init__(self, ctx: RunContext, config: ExecutorConfig) -> None:
+        self.ctx, self.config, self._queue = ctx, config, []
+        self._placement = placement_record("local", lanes=1, cpus_per_run=config.cpus_per_run or torch.get_num_threads())
+
+    def __enter__(self) -> "LocalExecutor":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._queue.clear()
+
+    def free_slots(self, busy: int) -> int:
+        return 1 - busy
+
+    def submit(self, task: RunTask) -> None:
+        self._queue.append((task, time.time()))
+
+    def wait(self) -> list[tuple[RunTask, dict]]:
+        task, submitted = self._queue.pop(0)
+        self.ctx.placement = self._placement | {"submitted_unix": submitted}
+        with _torch_threads(self.config.cpus_per_run):
+            return [(task, execute(self.ctx, task))]
+
+
+def _ray_train(config: dict, out: str, task: dict, retry_failed: bool, allow_missing_weights: bool,
+               placement: dict, threads: int) -> dict:
+    """The Ray task: train exactly one planned run on whichever node Ray placed it. Returns
+    ``{"result": ...}``, or ``{"error": {type, message, step, signal_name}}`` for an oelm error
+    (re-raised by the driver as the same type: a deliberate error is not retried)."""
+    import ray
+
+    ctx = ray.get_runtime_context()
+    placement = placement | {"node": platform.node(), "node_id": ctx.get_node_id(), "pid": os.getpid()}
+    try:
+        return {"result": train_planned_run(config, out, task, retry_failed=retry_failed,
+                                            allow_missing_weights=allow_missing_weights, placement=placement,
+                                            threads=threads)}
+    except OELMError as exc:
+        return {"error": {"type": type(exc).__name__, "message": str(exc), "step": getattr(exc, "step", None),
+                          "signal_name": getattr(exc, "signal_name", None), "kind": getattr(exc, "kind", None)}}
+
+
+def _reraise(error: dict) -> None:
+    """Raise the oelm error a Ray task reported (same class, message and fields)."""
+    from oelm import errors
+
+    cls = getattr(errors, error["type"], None)
+    if not (isinstance(cls, type) and issubclass(cls, OELMError)):
+        cls = OELMError
+    if issubclass(cls, errors.RunInterruptedError):
+        raise cls(error["message"], step=error.get("step"), signal_name=error.get("signal_name") or "SIGTERM")
+    if issubclass(cls, errors.RunFaultError):
+        raise cls(error["message"], kind=error.get("kind") or "error", step=error.get("step"))
+    raise cls(error["message"])
+
+
+class RayExecutor:
+    """Each run a Ray task with ``num_cpus=cpus_per_run`` and ``num_gpus=gpus_per_run`` (several
+    runs share a GPU with fractions), retried ``max_retries`` times when its process or node dies.
+
+    Without ``address`` a local Ray instance is started (usage statistics off unless
+    ``RAY_USAGE_STATS_ENABLED`` is set, no dashboard, bound to 127.0.0.1) and stopped at the end;
+    with one (``auto`` or ``HOST:PORT``) the driver joins that cluster, whose nodes must see the
+    output folder (a shared file system) and the data.
+
+    Raises:
+        ConfigError: Ray is not installed (``pip install 'oelm[ray]'``).
+    """
+
+    name = "ray"
+
+    def __init__(self, ctx: RunContext, config: ExecutorConfig, runs: int | None = None) -> None:
+        self.ctx, self.config = ctx, config
+        self.cpus_per_run = config.cpus_per_run or 1.0
+        self.runs = runs
+        # "auto": measured on the first submitted run (oelm.matrix.lanes), or one lane per GPU
+        self.lanes = config.parallel if config.parallel != "auto" else None
+        self._measure = config.parallel == "auto"
+        self._auto: dict[str, Any] | None = None
+        self._refs: dict[Any, RunTask] = {}
+        self._started_instance = False
+        self._ray = None
+        # The config as each task gets it: no progress bars from runs side by side (cosmetic keys only).
+        cfg = ctx.config.model_dump(mode="json")
+        cfg["training"]["progress_bar"] = False
+        self._config = cfg
+
+    def __enter__(self) -> "RayExecutor":
+        local = not self.config.address
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage statistics unless the user asks
+        os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # every run's own log lines, not "repeated 4x"
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+        if local:
+            # One node on loopback: Ray then takes 127.0.0.1 as it is instead of probing a public DNS
+            # address for a "routable" one (read at import).
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        try:
+            import ray
+        except ImportError:
+            raise ConfigError("executor ray needs Ray: pip install 'oelm[ray]' (or pip install ray), "
+                              "or use the local executor") from None
+        self._ray = ray
+        env = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
+        env["RAY_USAGE_STATS_ENABLED"] = os.environ["RAY_USAGE_STATS_ENABLED"]
+        kwargs: dict[str, Any] = dict(logging_level=logging.ERROR, log_to_driver=True, configure_logging=True)
+        if not local:
+            ray.init(address=self.config.address, runtime_env={"env_vars": env}, **kwargs)
+        else:
+            cpus = cpu_cores()
+            if isinstance(self.lanes, int):
+                cpus = max(cpus, int(self.lanes * self.cpus_per_run + 0.999))
+            env |= {k: os.environ.get(k, "") for k in _PROXY_ENV}  # the runs see the user's own proxies
+            with _loopback_proxy():
+                ray.init(address="local", num_cpus=cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+                         runtime_env={"env_vars": env}, **kwargs)
+            self._started_instance = True
+        self._remote = ray.remote(_ray_train)
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        res = ray.cluster_resources()
+        self.ctx.log(f"ray: {len(nodes)} node(s), {res.get('CPU', 0):g} CPU, {res.get('GPU', 0):g} GPU; "
+                     f"{self.cpus_per_run:g} CPU + {self.config.gpus_per_run:g} GPU per run"
+                     + (f", at most {self.lanes} at a time" if self.lanes else ""))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._ray is None:
+            return
+        for ref in list(self._refs):
+            with contextlib.suppress(Exception):
+                self._ray.cancel(ref, force=True)
+        self._ray.shutdown()
+
+    def free_slots(self, busy: int) -> int:
+        if self._measure:
+            return 1  # the first submission measures the lanes (parallel: auto)
+        return (self.lanes - busy) if self.lanes else 1 << 30
+
+    def _choose_lanes(self, task: RunTask) -> None:
+        """``parallel: auto``: one lane per GPU on a CUDA machine; else measure (oelm.matrix.lanes)."""
+        from oelm.matrix.lanes import choose_lanes, probe_run_seconds
+
+        self._measure = False
+        gpus = int(self._ray.cluster_resources().get("GPU", 0))
+        cores = int(self._ray.cluster_resources().get("CPU", 1))
+        if gpus:
+            self.lanes = gpus
+            return
+        width = max(1, min(cores, self.runs or cores))
+        if width == 1:
+            self.lanes, self.cpus_per_run = 1, float(cores)
+            return
+        probe = self._ray.remote(probe_run_seconds)
+        self.ctx.log(f"parallel auto: timing {task.name}'s steps as {width} runs x 1 thread and 1 run x {cores} threads ...")
+        measured = {}
+        for lanes, threads in ((width, 1), (1, cores)):
+            refs = [probe.options(num_cpus=threads).remote(self._config, task.to_dict(), threads) for _ in range(lanes)]
+            measured[lanes] = self._ray.get(refs)
+        choice = choose_lanes(measured, self.runs or width, cores)
+        self.ctx.log(choice.describe())
+        self.lanes, self.cpus_per_run = choice.lanes, float(choice.threads)
+        self._auto = {"predicted_seconds": choice.predicted_seconds}
+
+    def submit(self, task: RunTask) -> None:
+        if self._measure:
+            self._choose_lanes(task)
+        placement = placement_record("ray", lanes=self.lanes, cpus_per_run=self.cpus_per_run,
+                                     gpus_per_run=self.config.gpus_per_run, submitted_unix=time.time(),
+                                     **({"parallel_auto": self._auto} if self._auto else {}))
+        ref = self._remote.options(
+            num_cpus=self.cpus_per_run, num_gpus=self.config.gpus_per_run, max_retries=self.config.max_retries,
+            retry_exceptions=False, name=f"oelm:{task.name}",
+        ).remote(self._config, str(Path(self.ctx.out).resolve()), task.to_dict(), self.ctx.retry_failed,
+                 self.ctx.allow_missing_weights, placement, max(1, int(self.cpus_per_run)))
+        self._refs[ref] = task
+
+    def wait(self) -> list[tuple[RunTask, dict]]:
+        done, _ = self._ray.wait(list(self._refs), num_returns=1)
+        finished = []
+        for ref in done:
+            task = self._refs.pop(ref)
+            payload = self._ray.get(ref)
+            if "error" in payload:
+                _reraise(payload["error"])
+            finished.append((task, payload["result"]))
+        return finished
+
+
+def make_executor(ctx: RunContext, config: ExecutorConfig, runs: int | None = None):
+    """The executor ``config`` names, for the matrix of ``ctx`` (``runs``: how many runs it has)."""
+    if config.name == "ray":
+        return RayExecutor(ctx, config, runs)
+    return LocalExecutor(ctx, config)

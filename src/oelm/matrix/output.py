@@ -1,0 +1,278 @@
+"""The driver's side of the output folder: checking it before any work (writable, same config),
+recording the config and its fingerprint, preparing the shared data, and writing the plan and
+the learning-rate selection (``plan.json``, ``sweep.json``). Runs never write these files."""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from oelm.config import ExperimentConfig, TrainingConfig
+from oelm.data.prepare import PreparedData, prepare_data
+from oelm.distributed import is_main_process, main_process_only
+from oelm.errors import ConfigError
+from oelm.io import read_json, write_json_atomic, write_text_atomic
+from oelm.models.build import check_init_tokenizer, resolve_init_from
+from oelm.runs import format_rates, grid_edge_note, run_name, utc_now
+
+from oelm.matrix.plan import Selection, plan_runs
+from oelm.matrix.store import MatrixFolder
+
+__all__ = ["open_output_dir", "start_output", "config_fingerprint", "prepare_matrix_data", "write_plan",
+           "write_selection", "COSMETIC_TRAINING_KEYS"]
+
+_write_json = main_process_only(write_json_atomic)
+_write_text = main_process_only(write_text_atomic)
+
+# Settings that change how a run is displayed, fed or saved, never its numbers.
+COSMETIC_TRAINING_KEYS = (
+    "progress_bar", "tensorboard", "num_workers", "log_every", "checkpoint_every", "keep_checkpoints",
+    "timing_warmup_passes",
+)
+
+_OUTPUT_FIX = "pass another --output-dir (or output_dir in the config)"
+
+
+def _quiet(message: str) -> None:
+    """The log of every process but rank 0."""
+
+
+def config_fingerprint(config: ExperimentConfig) -> dict[str, Any]:
+    """The parts of a config that make results comparable: task, model, training (display-only
+    knobs excluded), init_from, the sweep seeds, and per method its OELM settings, learning-rate
+    candidates and training overrides. Not: seeds (more may be added), the output dir, the
+    executor, names, descriptions and references."""
+    d = config.model_dump(mode="json")
+    training = {k: v for k, v in d["training"].items() if k not in COSMETIC_TRAINING_KEYS}
+    methods = {
+        m.name: {
+            "oelm": m.oelm_config().to_dict(),
+            "learning_rates": config.learning_rate_candidates(m),
+            "training": {k: v for k, v in sorted(m.training.items()) if k not in COSMETIC_TRAINING_KEYS},
+        }
+        for m in config.methods
+    }
+    return {
+        "task": d["task"], "model": d["model"], "training": training, "init_from": config.init_from,
+        "sweep_seeds": config.sweep_seed_list(), "methods": methods,
+    }
+
+
+def _methods_with_runs(out: Path) -> set[str]:
+    """Methods that have a run folder with a status or result under ``out/runs``."""
+    found = set()
+    for p in list((out / "runs").glob("*/status.json")) + list((out / "runs").glob("*/result.json")):
+        try:
+            found.add(read_json(p)["method"])
+        except (OSError, ValueError, KeyError):
+            continue
+    return found
+
+
+def _grid_grew(previous: dict[str, Any], current: dict[str, Any]) -> bool:
+    """True when a method's fingerprint ``current`` differs from ``previous`` only by a learning-rate
+    grid that keeps every earlier rate and adds some, and the earlier grid was already a sweep
+    (two or more rates: the runs of a single-rate method are named without a rate, so a later
+    sweep could not reuse them)."""
+    rest = {k: v for k, v in current.items() if k != "learning_rates"}
+    if {k: v for k, v in previous.items() if k != "learning_rates"} != rest:
+        return False
+    old, new = set(previous.get("learning_rates") or []), set(current.get("learning_rates") or [])
+    return len(old) > 1 and old < new
+
+
+def _check_fingerprint(out: Path, fingerprint: dict[str, Any]) -> tuple[dict[str, Any], dict[str, tuple[list, list]]]:
+    """Refuse to mix results of incompatible configs in ``out``; returns the fingerprint to store
+    and the methods whose learning-rate grid grows (name -> (earlier grid, new grid)).
+
+    A grid may grow: a method that already has runs may add learning rates to a sweep as long as
+    it keeps every earlier rate and nothing else of it changes (its runs stay valid; the sweep
+    runs the new rates and selects again). Use it when a selection sits on the edge of its grid.
+
+    Raises:
+        ConfigError: task/model/training/init_from/sweep seeds changed, or the settings of a
+            method that already has runs changed otherwise (naming what changed).
+    """
+    path = out / "experiment.json"
+    if not path.exists():
+        return fingerprint, {}
+    previous = read_json(path).get("fingerprint") or {}
+    if isinstance(previous.get("training"), dict):  # keys added to TrainingConfig since: their defaults held
+        defaults = {k: v for k, v in TrainingConfig().model_dump(mode="json").items() if k not in COSMETIC_TRAINING_KEYS}
+        previous = previous | {"training": {k: v for k, v in defaults.items() if k not in previous["training"]}
+                               | previous["training"]}
+    changed = [k for k in fingerprint if k != "methods" and k in previous and previous[k] != fingerprint[k]]
+    prev_methods = previous.get("methods", {})
+    with_runs = _methods_with_runs(out) if prev_methods else set()
+    grown: dict[str, tuple[list, list]] = {}
+    for name, settings in fingerprint["methods"].items():
+        if name in prev_methods and prev_methods[name] != settings and name in with_runs:
+            if _grid_grew(prev_methods[name], settings):
+                grown[name] = (prev_methods[name]["learning_rates"], settings["learning_rates"])
+                continue
+            what = [k for k in settings if prev_methods[name].get(k) != settings[k]]
+            hint = ""
+            if what == ["learning_rates"]:
+                hint = (" (a learning-rate grid may only grow: keep every earlier rate)"
+                        if len(prev_methods[name]["learning_rates"]) > 1 else
+                        " (its runs were trained without a sweep; a sweep needs another --output-dir)")
+            changed.append(f"methods.{name} ({', '.join(what)}){hint}")
+    if changed:
+        raise ConfigError(
+            f"output directory {out} holds results of a different config (changed: {', '.join(sorted(changed))}); "
+            "use another --output-dir, or restore the original config to resume"
+        )
+    return fingerprint | {"methods": prev_methods | fingerprint["methods"]}, grown
+
+
+def _tested_final_runs(out: Path, method: str) -> list[str]:
+    """Run names of ``method``'s final runs under ``out`` that have evaluated the test split."""
+    return [d.name for d, r in MatrixFolder(out).iter_results()
+            if r.method == method and r.is_final and r.test is not None]
+
+
+def open_output_dir(out: Path) -> None:
+    """Create ``out`` and check that files can be written in it, before any data or training work.
+
+    Raises:
+        ConfigError: ``out`` is a file, lies under a file, cannot be created (its parent is
+            read-only, ...) or is not writable; one line naming the path and the fix.
+    """
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output directory {out} is a file, not a directory; {_OUTPUT_FIX}, or move the file away")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        # The deepest path that exists is the one in the way: a file, or a directory we may not write in.
+        blocker = next((p for p in [out, *out.parents] if p.exists() or p.is_symlink()), out)
+        if blocker != out and not blocker.is_dir():
+            raise ConfigError(
+                f"output directory {out} lies under {blocker}, which is a file, not a directory; {_OUTPUT_FIX}"
+            ) from None
+        raise ConfigError(
+            f"cannot create output directory {out}: {exc.strerror or exc} in {blocker}; "
+            f"make {blocker} writable or {_OUTPUT_FIX}"
+        ) from None
+    try:  # a read-only directory (or file system) is only found out by writing in it
+        fd, probe = tempfile.mkstemp(prefix=".oelm-write-test-", dir=out)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(
+            f"output directory {out} is not writable ({exc.strerror or exc}); make it writable or {_OUTPUT_FIX}"
+        ) from None
+
+
+def start_output(config: ExperimentConfig, out: Path, log: Callable[[str], None] | None = None) -> None:
+    """Check run names and the fingerprint, then write experiment.json, config.yaml, plan.json.
+
+    experiment.json keeps ``grid_growth``: per method every time its learning-rate grid grew
+    (``from``, ``to``, ``at`` (UTC), and ``tested_final_runs``: its final runs that had already
+    evaluated the test split then, so a reader sees whether the grid grew after the test was seen).
+
+    Raises:
+        ConfigError: two methods map to one run directory, or ``out`` holds another config's results.
+    """
+    safe = {}
+    for m in config.methods:
+        key = run_name(m.name, 0)
+        if key in safe:
+            raise ConfigError(f"methods {safe[key]!r} and {m.name!r} map to the same run directory name; rename one")
+        safe[key] = m.name
+    fingerprint, grown = _check_fingerprint(out, config_fingerprint(config))
+    growth = (read_json(out / "experiment.json").get("grid_growth") or {}) if (out / "experiment.json").exists() else {}
+    for name, (old, new) in grown.items():
+        tested = _tested_final_runs(out, name)
+        growth = growth | {name: [*growth.get(name, []), {"from": old, "to": new, "at": utc_now(), "tested_final_runs": tested}]}
+        (log or _quiet)(f"[{name}] learning-rate grid grows from {format_rates(old)} to {format_rates(new)}; its runs are kept, the new rates "
+            "are swept and the rate is selected again"
+            + (f" (already tested at the earlier selection: {', '.join(tested)})" if tested else ""))
+    _write_json(out / "experiment.json", {"name": config.name, "fingerprint": fingerprint}
+                | ({"grid_growth": growth} if growth else {}))
+    _write_text(out / "config.yaml", yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    write_plan(out, config, {})
+
+
+def prepare_matrix_data(config: ExperimentConfig, out: Path | None, log: Callable[[str], None],
+                        save_tokenizer: bool = True) -> PreparedData:
+    """The shared data (with the pretrained model's tokenizer); every ``init_from`` checkpoint
+    is resolved here, and its tokenizer checked against this one, so a missing or mismatched
+    one is an error before any run starts. oelm's GPT's tokenizer is saved as
+    ``<out>/tokenizer.json`` (``save_tokenizer``: the driver only), so that a fine-tuning config
+    can name it (``task.tokenizer``)."""
+    tokenizer = None
+    if config.model.pretrained:
+        from oelm.models.pretrained import load_tokenizer
+
+        tokenizer = load_tokenizer(config.model.pretrained, trust_remote_code=config.model.trust_remote_code)
+    log(f"preparing data: {config.task.dataset} ...")
+    data = prepare_data(config, tokenizer)
+    log(f"data: {data.summary}")
+    unchecked = []
+    for m in config.methods:
+        for seed in config.seeds:
+            checkpoint = resolve_init_from(config, m.name, seed)
+            if checkpoint is not None and data.tokenizer_record and not check_init_tokenizer(checkpoint, data.tokenizer_record):
+                unchecked.append(checkpoint)
+    if unchecked:
+        log(f"init_from: {len(unchecked)} checkpoint(s) (e.g. {unchecked[0]}) record no tokenizer (a bare safetensors file, "
+            "or written by an oelm before it recorded one), so oelm cannot check that task.tokenizer is the pretraining's")
+    if save_tokenizer and out is not None and config.model.gpt and is_main_process() and not (out / "tokenizer.json").is_file():
+        from oelm.data.lm import save_tokenizer as _save
+
+        _save(data.tokenizer, out / "tokenizer.json")
+    return data
+
+
+def write_plan(out: Path, config: ExperimentConfig, selected: dict[str, float]) -> None:
+    """``plan.json``: every planned run (for ``oelm monitor``), final runs of methods whose
+    sweep is not done yet listed as pending without a learning rate."""
+    runs = [{"name": r.name, "method": r.method, "seed": r.seed, "learning_rate": r.learning_rate, "stage": r.stage}
+            for r in plan_runs(config, selected)]
+    for m in config.methods:
+        if len(config.learning_rate_candidates(m)) > 1 and m.name not in selected:
+            runs += [{"name": None, "method": m.name, "seed": s, "learning_rate": None, "stage": "final"} for s in config.seeds]
+    _write_json(out / "plan.json", {"name": config.name, "runs": runs})
+
+
+def write_selection(out: Path, config: ExperimentConfig, selection: Selection, log: Callable[[str], None],
+                    announced: set[str]) -> None:
+    """Write ``sweep.json`` (swept methods whose sweep is complete) and the updated ``plan.json``,
+    logging each method's selection once (``announced``: methods already logged; updated).
+
+    ``sweep.json`` lists swept methods only (two or more candidates). ``selected_at_grid_edge``: per
+    swept method ``"low"`` / ``"high"`` when the selected rate is the smallest / largest candidate
+    (a wider grid could move the result), null when it is interior or nothing was selected (every
+    sweep run failed); see :func:`oelm.runs.grid_edge`. ``grid_growth`` (only when a grid grew):
+    ``experiment.json``'s record of it, for the report."""
+    folder = MatrixFolder(out)
+    before = read_json(folder.sweep).get("selected_learning_rates", {}) if folder.sweep.exists() else {}
+    for name in sorted(selection.complete - announced, key=[m.name for m in config.methods].index):
+        choice = selection.selected.get(name)
+        if choice is None:
+            log(f"[{name}] every sweep run failed; no learning rate selected, no final runs")
+        else:
+            log(f"[{name}] selected learning rate {choice:g} (mean best validation over seeds {config.sweep_seed_list()})")
+            if name in before and not math.isclose(before[name], choice, rel_tol=1e-9):
+                log(f"[{name}] selection moved from {before[name]:g} to {choice:g} (its grid grew): final runs at "
+                    f"{before[name]:g} are superseded (kept on disk, left out of the comparison)")
+        cands = config.learning_rate_candidates(next(m for m in config.methods if m.name == name))
+        if selection.edges.get(name):
+            log(f"[{name}] {grid_edge_note(cands, selection.edges[name])}")
+        announced.add(name)
+    growth = (read_json(folder.experiment).get("grid_growth") or {}) if folder.experiment.exists() else {}
+    if selection.summary:
+        _write_json(folder.sweep, {
+            "selection_metric": "best_validation",
+            "selection_rule": "mean over sweep seeds; highest accuracy / lowest perplexity; ties: first candidate",
+            "sweep_seeds": config.sweep_seed_list(),
+            "selected_learning_rates": selection.selected,
+            "selected_at_grid_edge": selection.edges,
+            "methods": selection.summary,
+        } | ({"grid_growth": growth} if growth else {}))
+    write_plan(out, config, selection.selected)

@@ -1,0 +1,246 @@
+"""The protocol as a plan: from a config and the results found so far, which runs exist, which
+are ready to start now, and the learning-rate selection. Pure functions: no training, no files.
+
+Protocol (one experiment = one task, one model source, several methods, several seeds):
+
+1. **Sweep**: a method with several learning-rate candidates trains each candidate on the sweep
+   seeds, validation only. All sweep runs are ready at once.
+2. **Selection**: once every sweep run of a method has a result, the candidate with the best mean
+   ``best_validation`` over the sweep seeds (failed runs excluded; ties: the first candidate).
+3. **Final**: every seed at the selected rate (a method with one rate: at once), the test split
+   evaluated once with the best-on-validation weights. The sweep run at the selected rate is that
+   seed's final run: it is *promoted* (test evaluated from its checkpoint), not retrained.
+
+Runs of a stage follow :func:`run_order` (seed 0: A B C, seed 1: C B A, ...), so slow drift of a
+shared machine hits every method alike; :func:`ready_runs` lists ready runs in that order.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Literal
+
+from oelm.config import ExperimentConfig
+from oelm.metrics import get_metric
+from oelm.runs import PlannedRun, grid_edge, run_name
+
+from oelm.matrix.store import RunRecord
+
+__all__ = ["run_order", "plan_runs", "Selection", "select_learning_rates", "select", "RunTask", "ready_runs",
+           "final_results", "unfinished_final_runs", "why_not_ready"]
+
+
+def run_order(methods: list, seeds: list[int]) -> list[tuple[Any, int]]:
+    """Balanced interleaving: seed 0 runs A B C, seed 1 runs C B A, seed 2 A B C, ...
+
+    ``methods`` may be any labels (method names, or (method, learning rate) pairs in a sweep)."""
+    order = []
+    for i, seed in enumerate(seeds):
+        seq = methods if i % 2 == 0 else list(reversed(methods))
+        order.extend((m, seed) for m in seq)
+    return order
+
+
+def plan_runs(config: ExperimentConfig, selected: dict[str, float] | None = None) -> list[PlannedRun]:
+    """Every run of the matrix in execution order: the sweep stage (methods with several
+    learning-rate candidates, on the sweep seeds), then the final stage (every method and seed at
+    its selected learning rate; methods not yet selected are left out). Both stages use the
+    balanced order of :func:`run_order`."""
+    selected = selected or {}
+    cands = {m.name: config.learning_rate_candidates(m) for m in config.methods}
+    units = [(m.name, lr) for m in config.methods if len(cands[m.name]) > 1 for lr in cands[m.name]]
+    plan = [
+        PlannedRun(m, lr, seed, "sweep", run_name(m, seed, lr))
+        for (m, lr), seed in run_order(units, config.sweep_seed_list())
+    ]
+    finals = [m.name for m in config.methods if len(cands[m.name]) == 1 or m.name in selected]
+    for m, seed in run_order(finals, config.seeds):
+        if len(cands[m]) == 1:
+            plan.append(PlannedRun(m, cands[m][0], seed, "final", run_name(m, seed)))
+        else:
+            plan.append(PlannedRun(m, selected[m], seed, "final", run_name(m, seed, selected[m])))
+    return plan
+
+
+def select(metric: str | None, by_lr: dict[float, list[float]]) -> float | None:
+    """The learning rate with the best mean validation (ties: the first candidate); None when no
+    candidate has a value (every run failed)."""
+    best_lr, best = None, None
+    for lr, values in by_lr.items():
+        if not values:
+            continue
+        mean = statistics.fmean(values)
+        if best is None or get_metric(metric).better(mean, best):
+            best_lr, best = lr, mean
+    return best_lr
+
+
+@dataclass
+class Selection:
+    """The state of the learning-rate selection.
+
+    Attributes:
+        selected: method -> selected learning rate (swept methods whose sweep is complete and
+            has a finished run).
+        complete: swept methods whose sweep is complete (selected or every run failed).
+        edges: method -> ``"low"`` / ``"high"`` / None (:func:`oelm.runs.grid_edge`).
+        summary: method -> one entry per sweep run (learning_rate, seed, best_validation,
+            selected, status): ``sweep.json``'s ``methods``.
+    """
+
+    selected: dict[str, float] = field(default_factory=dict)
+    complete: set[str] = field(default_factory=set)
+    edges: dict[str, str | None] = field(default_factory=dict)
+    summary: dict[str, list[dict]] = field(default_factory=dict)
+
+
+def _sweep_records(config: ExperimentConfig, results: dict[str, RunRecord]) -> dict[tuple[str, float, int], RunRecord]:
+    return {(r.method, r.learning_rate, r.seed): results[r.name]
+            for r in plan_runs(config) if r.stage == "sweep" and r.name in results}
+
+
+def select_learning_rates(config: ExperimentConfig, metric: str, results: dict[str, RunRecord],
+                          pending: Iterable[str] = ()) -> Selection:
+    """Per swept method whose sweep runs all have a result (and none of them is ``pending``, i.e.
+    about to be retried), the candidate with the best mean best-validation over the sweep seeds
+    (failed runs excluded).
+
+    Args:
+        metric: the task's metric name (``accuracy``, ``perplexity``): its direction picks the best.
+        results: run name -> record of every run found so far.
+        pending: run names that are ready or training now (a failed run being retried).
+    """
+    pending = set(pending)
+    sweep = _sweep_records(config, results)
+    out = Selection()
+    for m in config.methods:
+        cands = config.learning_rate_candidates(m)
+        if len(cands) == 1:
+            continue
+        cells = [(lr, s) for lr in cands for s in config.sweep_seed_list()]
+        if any((m.name, lr, s) not in sweep or run_name(m.name, s, lr) in pending for lr, s in cells):
+            continue
+        by_lr = {lr: [sweep[(m.name, lr, s)].best_validation for s in config.sweep_seed_list()
+                      if sweep[(m.name, lr, s)].finished] for lr in cands}
+        choice = select(metric, by_lr)
+        out.complete.add(m.name)
+        if choice is not None:
+            out.selected[m.name] = choice
+        out.edges[m.name] = grid_edge(cands, choice)
+        out.summary[m.name] = [
+            {"learning_rate": lr, "seed": s, "best_validation": r.best_validation, "selected": lr == choice,
+             "status": r.status}
+            for lr, s in cells for r in [sweep[(m.name, lr, s)]]
+        ]
+    return out
+
+
+@dataclass(frozen=True)
+class RunTask:
+    """One unit of work for an executor: ``run`` and what to do with it.
+
+    ``action`` ``"train"`` trains (or continues) the run, evaluating the test split once at the
+    end when ``evaluate_test`` (a final run); ``"promote"`` evaluates the test split of the
+    finished sweep run ``run`` names (the selected rate) and marks it final.
+    """
+
+    run: PlannedRun
+    action: Literal["train", "promote"] = "train"
+
+    @property
+    def name(self) -> str:
+        return self.run.name
+
+    @property
+    def evaluate_test(self) -> bool:
+        return self.run.stage == "final"
+
+    def to_dict(self) -> dict[str, Any]:
+        r = self.run
+        return {"name": r.name, "method": r.method, "seed": r.seed, "learning_rate": r.learning_rate,
+                "stage": r.stage, "action": self.action, "evaluate_test": self.evaluate_test}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunTask":
+        return cls(PlannedRun(d["method"], d["learning_rate"], d["seed"], d["stage"], d["name"]), d["action"])
+
+
+def _wants_training(record: RunRecord | None, name: str, retry: set[str]) -> bool:
+    """No result yet, or a failed one that is to be retried (``retry``: names of failed runs
+    this invocation retries once)."""
+    return record is None or (record.failed and name in retry)
+
+
+def ready_runs(config: ExperimentConfig, metric: str, results: dict[str, RunRecord], *,
+               retry: Iterable[str] = (), busy: Iterable[str] = ()) -> tuple[list[RunTask], Selection]:
+    """The runs that can start now, in plan order, and the selection they were planned with.
+
+    Args:
+        results: run name -> record of every run with a ``result.json``.
+        retry: failed runs to train again (``--retry-failed``: each once per invocation; the
+            caller removes a name once it is retried).
+        busy: runs training now (left out; a method's final runs wait for its busy sweep runs).
+    """
+    retry, busy = set(retry), set(busy)
+    sweep = [r for r in plan_runs(config) if r.stage == "sweep"]
+    ready = [RunTask(r) for r in sweep if r.name not in busy and _wants_training(results.get(r.name), r.name, retry)]
+    selection = select_learning_rates(config, metric, results, pending={t.name for t in ready} | busy)
+    for run in plan_runs(config, selection.selected):
+        if run.stage != "final" or run.name in busy:
+            continue
+        record = results.get(run.name)
+        swept = len(config.learning_rate_candidates(_entry(config, run.method))) > 1 and run.seed in config.sweep_seed_list()
+        if not swept:
+            if _wants_training(record, run.name, retry):
+                ready.append(RunTask(run))
+        elif record is not None and record.finished and not record.is_final:
+            ready.append(RunTask(run, "promote"))
+        # a swept seed's run that failed at the selected rate is that seed's (failed) final run
+    return ready, selection
+
+
+def _entry(config: ExperimentConfig, method: str):
+    return next(m for m in config.methods if m.name == method)
+
+
+def final_results(config: ExperimentConfig, selection: Selection, results: dict[str, RunRecord]) -> dict[str, list[RunRecord]]:
+    """Per method (config order), the records of its final runs that exist: a finished final run,
+    a failed one, or a swept seed's failed run at the selected rate. A sweep run not yet promoted
+    is not a final result."""
+    out: dict[str, list[RunRecord]] = {m.name: [] for m in config.methods}
+    for run in plan_runs(config, selection.selected):
+        record = results.get(run.name)
+        if run.stage == "final" and record is not None and (record.is_final or record.failed):
+            out[run.method].append(record)
+    return out
+
+
+def unfinished_final_runs(config: ExperimentConfig, selection: Selection, results: dict[str, RunRecord]) -> list[str]:
+    """Final runs (or methods still sweeping, as ``<method> (sweep)``) without a final result."""
+    missing = [f"{m.name} (sweep)" for m in config.methods
+               if len(config.learning_rate_candidates(m)) > 1 and m.name not in selection.complete]
+    for run in plan_runs(config, selection.selected):
+        record = results.get(run.name)
+        if run.stage == "final" and not (record is not None and (record.is_final or record.failed)):
+            missing.append(run.name)
+    return missing
+
+
+def why_not_ready(config: ExperimentConfig, metric: str, results: dict[str, RunRecord], name: str) -> str:
+    """One line saying why run ``name`` is not in :func:`ready_runs` (for ``oelm run --only``)."""
+    record = results.get(name)
+    if record is not None and record.failed:
+        return f"run {name} failed earlier ({(record.failure or {}).get('kind')}); pass --retry-failed to train it again"
+    if record is not None:
+        return f"run {name} is done ({record.stage} run, {record.status}; runs/{name}/result.json exists)"
+    selection = select_learning_rates(config, metric, results)
+    for m in config.methods:
+        cands = config.learning_rate_candidates(m)
+        if len(cands) > 1 and m.name not in selection.complete and any(
+                name == run_name(m.name, s, lr) for s in config.seeds for lr in cands):
+            left = [r.name for r in plan_runs(config) if r.stage == "sweep" and r.method == m.name and r.name not in results]
+            return (f"run {name} is not ready: it is a final run of {m.name}, whose learning-rate sweep is not finished "
+                    f"(runs left: {', '.join(left)}); train those first (see `oelm plan`)")
+    known = sorted({r.name for r in plan_runs(config, selection.selected)})
+    return f"run {name} is not a run of this matrix now; its runs: {', '.join(known)}"

@@ -1,0 +1,230 @@
+"""The protocol as a plan (pure functions), the output-folder contract, and the batch-system
+primitives: `oelm plan`, `oelm run --only`, `oelm run --collect` give what the local executor gives."""
+
+from __future__ import annotations
+
+import io
+import json
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from _tiny_matrix import numbers, write_config
+from oelm.cli import main
+from oelm.config import config_from_dict
+from oelm.lock import acquire, release
+from oelm.matrix.plan import ready_runs, select_learning_rates
+from oelm.matrix.store import MatrixFolder, RunRecord
+from oelm.runs import run_name
+
+SWEPT = {
+    "name": "x", "task": {"dataset": "sst2"}, "model": {"gpt": "gpt-tiny"}, "seeds": [0, 1],
+    "methods": [{"name": "baseline", "learning_rates": [1e-4, 3e-4]}, {"name": "oelm_freeze", "learning_rate": 1e-3}],
+}
+
+
+def _record(method: str, lr: float, seed: int, stage: str, value: float | None, status: str = "finished") -> RunRecord:
+    return RunRecord({"method": method, "learning_rate": lr, "seed": seed, "stage": stage, "status": status,
+                      "run_name": run_name(method, seed, lr if method == "baseline" else None),
+                      "performance": {"best_validation": value} if value is not None else None})
+
+
+def _names(tasks) -> list[tuple[str, str]]:
+    return [(t.name, t.action) for t in tasks]
+
+
+def test_every_sweep_run_is_ready_at_once_and_a_methods_final_runs_once_it_is_selected():
+    c = config_from_dict(SWEPT)
+    ready, selection = ready_runs(c, "accuracy", {})
+    assert _names(ready) == [("baseline-lr0.0001-seed0", "train"), ("baseline-lr0.0003-seed0", "train"),
+                             ("oelm_freeze-seed0", "train"), ("oelm_freeze-seed1", "train")]
+    assert selection.selected == {} and selection.complete == set()
+    # one sweep run done, the other training: baseline's final runs still wait
+    results = {"baseline-lr0.0001-seed0": _record("baseline", 1e-4, 0, "sweep", 80.0)}
+    ready, _ = ready_runs(c, "accuracy", results, busy={"baseline-lr0.0003-seed0"})
+    assert _names(ready) == [("oelm_freeze-seed0", "train"), ("oelm_freeze-seed1", "train")]
+    # the sweep complete: the winner (3e-4) is promoted for seed 0 and trained for seed 1
+    results["baseline-lr0.0003-seed0"] = _record("baseline", 3e-4, 0, "sweep", 85.0)
+    ready, selection = ready_runs(c, "accuracy", results)
+    assert selection.selected == {"baseline": 3e-4}
+    assert _names(ready) == [("baseline-lr0.0003-seed0", "promote"), ("oelm_freeze-seed0", "train"),
+                             ("oelm_freeze-seed1", "train"), ("baseline-lr0.0003-seed1", "train")]
+    # promoted: nothing left of seed 0's baseline
+    results["baseline-lr0.0003-seed0"] = _record("baseline", 3e-4, 0, "final", 85.0)
+    assert ("baseline-lr0.0003-seed0", "promote") not in _names(ready_runs(c, "accuracy", results)[0])
+
+
+def test_a_failed_sweep_run_being_retried_holds_back_its_methods_selection():
+    c = config_from_dict(SWEPT)
+    results = {"baseline-lr0.0001-seed0": _record("baseline", 1e-4, 0, "sweep", 80.0),
+               "baseline-lr0.0003-seed0": _record("baseline", 3e-4, 0, "sweep", None, status="failed")}
+    assert select_learning_rates(c, "accuracy", results).selected == {"baseline": 1e-4}  # failed runs excluded
+    ready, selection = ready_runs(c, "accuracy", results, retry={"baseline-lr0.0003-seed0"})
+    assert ("baseline-lr0.0003-seed0", "train") in _names(ready)
+    assert selection.selected == {} and not any(n.startswith("baseline-lr0.0001") for n, _ in _names(ready))
+    # without a retry the failure stands: selection from the finished run, no rerun of the failed one
+    ready, selection = ready_runs(c, "accuracy", results)
+    assert selection.selected == {"baseline": 1e-4} and ("baseline-lr0.0003-seed0", "train") not in _names(ready)
+
+
+def test_perplexity_selects_the_lowest():
+    c = config_from_dict(SWEPT | {"task": {"dataset": "tinystories"}})
+    results = {"baseline-lr0.0001-seed0": _record("baseline", 1e-4, 0, "sweep", 40.0),
+               "baseline-lr0.0003-seed0": _record("baseline", 3e-4, 0, "sweep", 50.0)}
+    assert select_learning_rates(c, "perplexity", results).selected == {"baseline": 1e-4}
+
+
+def test_the_output_folder_contract_names_every_path(tmp_path):
+    folder = MatrixFolder(tmp_path)
+    run = folder.run("baseline-seed0")
+    assert run.result == tmp_path / "runs" / "baseline-seed0" / "result.json"
+    assert run.best_weights == tmp_path / "runs" / "baseline-seed0" / "checkpoint" / "model.safetensors"
+    assert (folder.sweep, folder.plan, folder.comparison) == (tmp_path / "sweep.json", tmp_path / "plan.json",
+                                                              tmp_path / "comparison.json")
+    assert run.read_result() is None and folder.results() == {}
+    run.path.mkdir(parents=True)
+    run.result.write_text(json.dumps({"method": "baseline", "seed": 0, "stage": "final", "status": "failed",
+                                      "run_name": "baseline-seed0", "failure": {"kind": "nan"}}))
+    record = folder.results()["baseline-seed0"]
+    assert record.failed and not record.finished and record.is_final and record.failure == {"kind": "nan"}
+    assert record.best_validation is None and record.key() == ("baseline", None, 0)
+
+
+# --- real runs ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory, data_dir):
+    """The tiny matrix through the local executor (the reference every other way must equal)."""
+    tmp = tmp_path_factory.mktemp("local")
+    cfg = write_config(tmp)
+    assert main(["run", str(cfg), "--output-dir", str(tmp / "out")]) == 0
+    return cfg, tmp / "out"
+
+
+def _plan(cfg: Path, out: Path) -> list[dict]:
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert main(["plan", str(cfg), "--output-dir", str(out)]) == 0
+    return [json.loads(line) for line in buf.getvalue().splitlines()]
+
+
+def test_a_loop_of_only_calls_then_collect_equals_the_local_executor(local, tmp_path):
+    """What a batch system does: `oelm plan`, one `oelm run --only` per line, again until the plan is
+    empty, then `--collect`. Same runs, numbers, metrics logs and weights as the local executor;
+    same comparison means."""
+    cfg, reference = local
+    out = tmp_path / "out"
+    rounds = []
+    while lines := _plan(cfg, out):
+        rounds.append([(x["name"], x["action"]) for x in lines])
+        for line in lines:
+            assert main(["run", str(cfg), "--output-dir", str(out), "--only", line["name"]]) == 0
+        assert len(rounds) < 5
+    assert rounds == [
+        [("baseline-lr0.0001-seed0", "train"), ("baseline-lr0.003-seed0", "train"), ("oelm_freeze-seed0", "train"),
+         ("oelm_random-seed0", "train")],
+        [("baseline-lr0.003-seed0", "promote")],
+    ]
+    assert main(["run", str(cfg), "--output-dir", str(out), "--collect"]) == 0
+    assert numbers(out) == numbers(reference)
+    mine, theirs = (json.loads((d / "comparison.json").read_text()) for d in (out, reference))
+    assert {m: v["test"]["mean"] for m, v in mine["methods"].items()} == {m: v["test"]["mean"] for m, v in theirs["methods"].items()}
+    assert json.loads((out / "runs" / "oelm_freeze-seed0" / "result.json").read_text())["executor"]["name"] == "only"
+
+
+def test_only_refuses_a_run_that_is_not_ready_with_one_line(local, tmp_path, capsys):
+    cfg, _ = local
+    out = tmp_path / "out"
+    two_seeds = ["seeds=[0, 1]"]
+    assert main(["run", str(cfg), "--output-dir", str(out), "--only", "oelm_freeze-seed0"]) == 2
+    assert "run `oelm plan" in capsys.readouterr().err  # the folder was never started
+    _plan(cfg, out)
+    capsys.readouterr()
+    for name, why in [("baseline-lr0.003-seed1", "whose learning-rate sweep is not finished (runs left: baseline-lr0.0001-seed0, "
+                                                 "baseline-lr0.003-seed0)"),
+                      ("nope-seed0", "is not a run of this matrix now")]:
+        assert main(["run", str(cfg), "--output-dir", str(out), "--only", name, *two_seeds]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("oelm: error: run ") and why in err
+    assert main(["run", str(cfg), "--output-dir", str(out), "--only", "oelm_random-seed0"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(cfg), "--output-dir", str(out), "--only", "oelm_random-seed0"]) == 2
+    assert "run oelm_random-seed0 is done (final run, finished" in capsys.readouterr().err
+
+
+def test_only_never_trains_beside_a_driver(local, tmp_path, capsys):
+    cfg, _ = local
+    out = tmp_path / "out"
+    _plan(cfg, out)
+    fd = acquire(out)  # an `oelm run` driving this folder
+    try:
+        assert main(["run", str(cfg), "--output-dir", str(out), "--only", "oelm_random-seed0"]) == 2
+        assert "in use by an oelm run that drives the whole matrix" in capsys.readouterr().err
+    finally:
+        release(fd, out)
+    assert not (out / "runs" / "oelm_random-seed0" / "result.json").exists()
+
+
+def test_results_record_their_executor_and_a_matrix_with_overlaps_is_not_timing_grade(local):
+    """The local executor: each result says where it ran and that nothing overlapped it; the
+    comparison is timing-grade. The same results marked as sharing their node (as runs of a
+    parallel executor are) get the warning and lose the grade."""
+    from oelm.config import load_config
+    from oelm.report import compare_results
+
+    cfg, out = local
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert comparison["execution"]["timing_grade"] is True and comparison["execution"]["executors"] == ["local"]
+    results: dict[str, list[dict]] = {}
+    for _, r in MatrixFolder(out).iter_results():
+        assert r.executor["name"] == "local" and r.executor["overlapped"] == [] and r.executor["shared_node"] is False
+        if r.is_final:
+            shared = r.raw | {"executor": r.executor | {"shared_node": True, "overlapped": [{"run": "other", "node": r.executor["node"]}]}}
+            results.setdefault(r.method, []).append(shared)
+    shared = compare_results(load_config(cfg), results, out)
+    assert shared["execution"]["timing_grade"] is False and shared["execution"]["most_overlapped_runs"] == 1
+    assert any("trained beside other runs on the same machine" in w and "not speed evidence" in w for w in shared["warnings"])
+
+
+def test_executor_settings_are_checked_with_one_line(tmp_path, capsys):
+    """The local executor trains one run at a time; Ray settings without Ray are refused in the
+    config; on the command line --parallel N / --address / --gpus-per-run imply --executor ray."""
+    import argparse
+
+    from oelm.cli import _executor_config
+    from oelm.errors import ConfigError
+
+    base = {"name": "x", "task": {"dataset": "sst2"}, "model": {"gpt": "gpt-tiny"}, "methods": [{"name": "baseline"}]}
+    with pytest.raises(ConfigError, match=r"executor.parallel=2: the local executor trains one run at a time"):
+        config_from_dict(base | {"executor": {"parallel": 2}})
+    with pytest.raises(ConfigError, match="executor.address and executor.gpus_per_run are Ray settings"):
+        config_from_dict(base | {"executor": {"address": "auto"}})
+    c = config_from_dict(base)
+    flags = dict(executor=None, address=None, parallel=None, cpus_per_run=None, gpus_per_run=None)
+    assert _executor_config(c, argparse.Namespace(**flags)).name == "local"
+    ray = _executor_config(c, argparse.Namespace(**flags | {"parallel": "3"}))
+    assert (ray.name, ray.parallel) == ("ray", 3)
+    assert _executor_config(c, argparse.Namespace(**flags | {"parallel": "auto"})).parallel == "auto"
+    assert main(["run", str(write_config(tmp_path)), "--parallel", "two"]) == 2
+    assert "--parallel takes a whole number of runs or 'auto', got 'two'" in capsys.readouterr().err
+
+
+def test_parallel_auto_picks_the_arrangement_with_the_shortest_predicted_matrix_time():
+    """choose_lanes: per arrangement, ceil(runs / lanes) x a run's (steps x step time + validation
+    batches x batch time); lanes win only when they are more than 5% faster than one run at a time."""
+    from oelm.matrix.lanes import choose_lanes
+
+    def probe(step: float, eval_batch: float) -> dict[str, float]:
+        return {"step": step, "eval_batch": eval_batch, "steps": 100, "eval_batches": 20}
+
+    # dispatch-bound (gpt-tiny-like): a step as fast on one thread as on two, side by side too
+    tiny = choose_lanes({2: [probe(0.5, 0.2), probe(0.5, 0.2)], 1: [probe(0.5, 0.2)]}, runs=4, cores=2)
+    assert (tiny.lanes, tiny.threads) == (2, 1) and tiny.predicted_seconds == {"1x2": 4 * 54.0, "2x1": 2 * 54.0}
+    # MiniLM on the development machine: two threads 1.6x faster, two runs side by side slow each other
+    minilm = choose_lanes({2: [probe(0.49, 0.9), probe(0.52, 0.9)], 1: [probe(0.31, 0.38)]}, runs=3, cores=2)
+    assert (minilm.lanes, minilm.threads) == (1, 2)
+    # a near tie keeps one lane (timing-grade)
+    tie = choose_lanes({2: [probe(0.62, 0.2)] * 2, 1: [probe(0.32, 0.1)]}, runs=2, cores=2)
+    assert (tie.lanes, tie.threads) == (1, 2)
+    assert "1 lane(s) x 2 thread(s)" in tie.describe()
