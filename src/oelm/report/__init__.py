@@ -68,24 +68,24 @@ def load_results(out: str | Path) -> dict[str, list[dict]]:
     method's grid grew and the selection moved: :func:`oelm.runs.is_superseded`) are left out.
     """
     from oelm.io import read_json
-    from oelm.runs import is_superseded, run_results
+    from oelm.matrix.store import MatrixFolder, RunRecord
+    from oelm.runs import is_superseded
 
-    sweep_path = Path(out) / "sweep.json"
-    selected = read_json(sweep_path).get("selected_learning_rates", {}) if sweep_path.exists() else {}
-    results: dict[str, list[dict]] = {}
-    for _, r in run_results(out):
-        final = r.get("stage", "final") == "final"
-        failed_at_selected = r.get("status") == "failed" and selected.get(r["method"]) == r.get("learning_rate")
+    folder = MatrixFolder(out)
+    selected = read_json(folder.sweep).get("selected_learning_rates", {}) if folder.sweep.exists() else {}
+    records: dict[str, list[RunRecord]] = {}
+    for _, r in folder.iter_results():
+        final = r.stage in (None, "final")
+        failed_at_selected = r.failed and selected.get(r.method) == r.learning_rate
         if (final and not is_superseded(r, selected)) or failed_at_selected:
-            results.setdefault(r["method"], []).append(r)
-    for runs in results.values():
-        runs.sort(key=lambda r: r["seed"])
-    return results
+            records.setdefault(r.method, []).append(r)
+    return {method: [r.raw for r in sorted(runs, key=lambda r: r.seed)] for method, runs in records.items()}
 
 
 def write_comparison(config, results: dict[str, list[dict]], out: str | Path) -> dict[str, Any]:
     """Compare ``results`` (method -> run results) and write comparison.json, original_layout.json,
     report.md (+ report_files/*.png) and report.html atomically into ``out``. Returns the comparison."""
+    from oelm.matrix.store import RunRecord
     from oelm.report.compare import compare_results, original_layout, run_records, step_times_of
     from oelm.report.render import build_sections, render_html, render_markdown
 
@@ -96,7 +96,7 @@ def write_comparison(config, results: dict[str, list[dict]], out: str | Path) ->
     step_ms: dict[str, list[float]] = {}
     for name, runs in results.items():
         keep = set(comparison["methods"].get(name, {}).get("included_seeds", []))
-        step_ms[name] = [t for r in runs if r["seed"] in keep for t in step_times_of(r, run_records(out, r))[0]]
+        step_ms[name] = [t for r in map(RunRecord, runs) if r.seed in keep for t in step_times_of(r, run_records(out, r))[0]]
     sections = build_sections(comparison, out, step_ms)
     md, images = render_markdown(comparison, sections)
     for rel, png in images.items():

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from oelm.io import read_json, read_jsonl
+from oelm.matrix.store import RunRecord
 from oelm.metrics import get_metric
 from oelm.runs import DRIFT_WARNING_PERCENT, format_rates, grid_edge, grid_edge_note, run_name, superseded_final_runs
 from oelm.report.stats import (
@@ -36,42 +37,42 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return read_jsonl(path)
 
 
-def run_records(out: str | Path | None, result: dict[str, Any]) -> list[dict[str, Any]]:
-    """The ``metrics.jsonl`` records of ``result``'s run under ``out`` ([] when ``out`` is None).
+def run_records(out: str | Path | None, record: RunRecord) -> list[dict[str, Any]]:
+    """The ``metrics.jsonl`` records of ``record``'s run under ``out`` ([] when ``out`` is None).
 
-    The run folder is ``result["run_name"]``; results written before that field existed are found
+    The run folder is ``record.name``; results written before ``run_name`` existed are found
     under ``<method>-lr<lr>-seed<k>`` (swept methods) or ``<method>-seed<k>``.
     """
     if out is None:
         return []
     runs = Path(out) / "runs"
-    names = [result.get("run_name")] if result.get("run_name") else []
-    if result.get("learning_rate") is not None:
-        names.append(run_name(result["method"], result["seed"], result["learning_rate"]))
-    names.append(run_name(result["method"], result["seed"]))
+    names = [record.name] if record.name else []
+    if record.learning_rate is not None:
+        names.append(run_name(record.method, record.seed, record.learning_rate))
+    names.append(run_name(record.method, record.seed))
     for name in names:
         if (runs / name / "metrics.jsonl").exists():
             return read_metrics(runs / name / "metrics.jsonl")
     return []
 
 
-def _mfu(result: dict[str, Any]) -> dict[str, Any]:
-    """``timing.mfu`` of a result ({} when absent: older results, or FLOPs not derivable)."""
-    return (result.get("timing") or {}).get("mfu") or {}
+def _mfu(record: RunRecord) -> dict[str, Any]:
+    """``timing.mfu`` of a run ({} when absent: older results, or FLOPs not derivable)."""
+    return record.timing.get("mfu") or {}
 
 
-def _telemetry(result: dict[str, Any], key: str, stat: str = "median") -> float | None:
+def _telemetry(record: RunRecord, key: str, stat: str = "median") -> float | None:
     """One statistic of ``timing.gpu_telemetry`` (None on CPU, or when NVML was not available)."""
-    tel = (result.get("timing") or {}).get("gpu_telemetry") or {}
+    tel = record.timing.get("gpu_telemetry") or {}
     return (tel.get(key) or {}).get(stat) if tel.get("available") else None
 
 
-def num_labels_of(result: dict[str, Any]) -> int | None:
+def num_labels_of(record: RunRecord) -> int | None:
     """Classes of a classification run: ``data.num_labels``, else the dataset registry's label names."""
-    n = (result.get("data") or {}).get("num_labels")
+    n = record.data.get("num_labels")
     if isinstance(n, int) and n > 0:
         return n
-    task = result.get("task") or ((result.get("config") or {}).get("task") or {}).get("dataset")
+    task = record.task or (record.config.get("task") or {}).get("dataset")
     if not task:
         return None
     try:
@@ -83,31 +84,31 @@ def num_labels_of(result: dict[str, Any]) -> int | None:
     return len(spec.label_names) if spec.label_names else None
 
 
-def majority_percent_of(result: dict[str, Any]) -> float | None:
+def majority_percent_of(record: RunRecord) -> float | None:
     """The validation split's most frequent label in % of its examples (``None`` in outputs
     written before oelm recorded label counts, or for language modelling)."""
-    value = ((result.get("data") or {}).get("validation") or {}).get("majority_class_percent")
+    value = (record.data.get("validation") or {}).get("majority_class_percent")
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def learning_rate_of(result: dict[str, Any]) -> float | None:
-    """``result["learning_rate"]``, else ``result["method_config"]["learning_rate"]``."""
-    lr = result.get("learning_rate")
-    return lr if lr is not None else (result.get("method_config") or {}).get("learning_rate")
+def learning_rate_of(record: RunRecord) -> float | None:
+    """``record.learning_rate``, else ``record.method_config["learning_rate"]``."""
+    lr = record.learning_rate
+    return lr if lr is not None else record.method_config.get("learning_rate")
 
 
-def device_label(result: dict[str, Any]) -> str:
+def device_label(record: RunRecord) -> str:
     """Which machine and device a run used: ``host / device (GPU name or CPU model)``."""
-    env = result.get("environment") or {}
-    device = (result.get("timing") or {}).get("device") or env.get("device") or "?"
+    env = record.environment
+    device = record.timing.get("device") or env.get("device") or "?"
     name = (env.get("cuda") or {}).get("name") or env.get("cpu_model") or ""
     host = env.get("hostname") or "?"
     return f"{host} / {device}" + (f" ({name})" if name else "")
 
 
-def step_times_of(result: dict[str, Any], records: list[dict[str, Any]]) -> tuple[list[float], str]:
+def step_times_of(record: RunRecord, records: list[dict[str, Any]]) -> tuple[list[float], str]:
     """Every measured step time (``timing.step_ms``), else the step times logged at log steps."""
-    timing = result.get("timing") or {}
+    timing = record.timing
     if timing.get("step_ms"):
         return [float(x) for x in timing["step_ms"] if x is not None], "every step"
     warm = timing.get("timing_warmup_steps_excluded") or 0
@@ -127,7 +128,7 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
 
     Args:
         config: the :class:`~oelm.config.ExperimentConfig`.
-        results: method -> run results (``result.json`` dicts), any status.
+        results: method -> run results (``result.json`` dicts, read as :class:`RunRecord`), any status.
         out: the output directory, to read each run's ``metrics.jsonl`` (time-to-target, the
             perplexity collapse rule, logged step times) and an optional ``sweep.json``.
 
@@ -161,6 +162,7 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
     Time to target: the target is baseline's mean final validation value over its sound seeds;
     per method and seed the first evaluation reaching it (step, seconds), or None.
     """
+    results = {name: [RunRecord(r) for r in runs] for name, runs in results.items()}
     higher = None
     metric = None
     sweep = read_json(Path(out) / "sweep.json") if out is not None and (Path(out) / "sweep.json").is_file() else None
@@ -172,22 +174,22 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
     for name, runs in results.items():
         if not runs:
             continue
-        runs = sorted(runs, key=lambda r: r["seed"])
+        runs = sorted(runs, key=lambda r: r.seed)
         sound, excluded, per_run, steps_all, step_source = [], [], [], [], None
         for r in runs:
             recs = run_records(out, r)
-            records_of[(name, r["seed"])] = recs
-            perf = r.get("performance") or {}
-            metric = metric or perf.get("metric")
+            records_of[(name, r.seed)] = recs
+            perf = r.performance
+            metric = metric or r.metric
             reasons = collapse_reasons(r, recs, num_labels=num_labels_of(r), majority_percent=majority_percent_of(r))
             per_run.append({
-                "seed": r["seed"],
-                "run_name": r.get("run_name"),
-                "status": r.get("status", "finished"),
-                "best_validation": perf.get("best_validation"),
+                "seed": r.seed,
+                "run_name": r.name,
+                "status": r.status,
+                "best_validation": r.best_validation,
                 "final_validation": perf.get("final_validation"),
-                "test": perf.get("test"),
-                "total_seconds": (r.get("timing") or {}).get("total_seconds"),
+                "test": r.test,
+                "total_seconds": r.timing.get("total_seconds"),
                 "learning_rate": learning_rate_of(r),
                 "device": device_label(r),
                 "collapse": reasons,
@@ -195,10 +197,10 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
             if perf.get("early_stopped"):  # only then: comparisons of runs without early stopping stay as they were
                 per_run[-1]["stopped_early_at"] = perf.get("steps")
             if not perf.get("early_stopped") and perf.get("best_step") is not None and perf.get("best_step") == perf.get("steps"):
-                still_improving.setdefault(name, []).append(r["seed"])
+                still_improving.setdefault(name, []).append(r.seed)
             if reasons:
-                excluded.append({"seed": r["seed"], "reasons": reasons})
-                collapsed.append({"method": name, "seed": r["seed"], "reasons": reasons})
+                excluded.append({"seed": r.seed, "reasons": reasons})
+                collapsed.append({"method": name, "seed": r.seed, "reasons": reasons})
                 continue
             sound.append(r)
             times, step_source = step_times_of(r, recs)
@@ -208,20 +210,20 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
             return summarize([get(r) for r in sound])
 
         def timing(key):
-            return lambda r: (r.get("timing") or {}).get(key)
+            return lambda r: r.timing.get(key)
 
-        groups = (runs[0].get("parameters") or {})
+        groups = runs[0].parameters
         methods[name] = {
-            "seeds": [r["seed"] for r in runs],
-            "included_seeds": [r["seed"] for r in sound],
+            "seeds": [r.seed for r in runs],
+            "included_seeds": [r.seed for r in sound],
             "excluded": excluded,
-            "best_validation": col(lambda r: r["performance"].get("best_validation")),
-            "final_validation": col(lambda r: r["performance"].get("final_validation")),
-            "test": col(lambda r: r["performance"].get("test")),
+            "best_validation": col(lambda r: r.best_validation),
+            "final_validation": col(lambda r: r.performance.get("final_validation")),
+            "test": col(lambda r: r.test),
             "total_seconds": col(timing("total_seconds")),
             "train_seconds": col(timing("train_seconds")),
-            "steps": col(lambda r: (r.get("performance") or {}).get("steps")),
-            "step_ms_median": col(lambda r: ((r.get("timing") or {}).get("per_step_ms") or {}).get("median")),
+            "steps": col(lambda r: r.performance.get("steps")),
+            "step_ms_median": col(lambda r: (r.timing.get("per_step_ms") or {}).get("median")),
             "tokens_per_second": col(timing("tokens_per_second")),
             # model FLOPs utilization in % (timing.mfu.mfu is a fraction) and the peak it was taken against
             "mfu_percent": col(lambda r: None if _mfu(r).get("mfu") is None else 100.0 * _mfu(r)["mfu"]),
@@ -234,7 +236,7 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
             "learning_rate": learning_rate_of(runs[0]),
             **(grids.get(name) or {"learning_rate_grid": None, "selected_at_grid_edge": None}),
             "devices": sorted({device_label(r) for r in runs}),
-            "probe_drift_percent": {r["seed"]: (r.get("environment") or {}).get("matmul_probe_drift_percent") for r in runs},
+            "probe_drift_percent": {r.seed: r.environment.get("matmul_probe_drift_percent") for r in runs},
             "runs": per_run,
         }
     higher = get_metric(metric).higher_is_better if metric else False
@@ -314,6 +316,7 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
         "reference": dict(config.reference),
         "reference_source": config.reference_source,
         "environment": _environment(all_results),
+        "execution": _execution(all_results),
         "host": platform.node(),
     }
     comparison["warnings"] = _warnings(comparison)
@@ -333,9 +336,26 @@ def _sweep_grids(sweep: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _environment(results: list[dict[str, Any]]) -> dict[str, Any]:
+def _execution(results: list[RunRecord]) -> dict[str, Any]:
+    """How the final runs were placed (each result's ``executor``): the executors and nodes,
+    and the runs that trained beside another run on the same node (shared cores or GPUs), whose
+    step times are therefore not speed evidence. ``timing_grade``: no such run (a local or
+    ``--parallel 1`` matrix)."""
+    shared = sorted(r.name or f"{r.method}-seed{r.seed}" for r in results if r.executor.get("shared_node"))
+    most = max((sum(o.get("node") == r.executor.get("node") for o in r.executor.get("overlapped") or [])
+                for r in results), default=1)
+    return {
+        "executors": sorted({r.executor.get("name", "local") for r in results}),
+        "nodes": sorted({n for r in results if (n := r.executor.get("node"))}),
+        "shared_node_runs": shared,
+        "most_overlapped_runs": most,  # the most other runs one final run overlapped on its node
+        "timing_grade": not shared,
+    }
+
+
+def _environment(results: list[RunRecord]) -> dict[str, Any]:
     """What the runs ran on: devices, versions and the speed probe per run."""
-    envs = [(r, r.get("environment") or {}) for r in results]
+    envs = [(r, r.environment) for r in results]
     first = envs[0][1] if envs else {}
     return {
         "devices": sorted({device_label(r) for r, _ in envs}),
@@ -345,11 +365,11 @@ def _environment(results: list[dict[str, Any]]) -> dict[str, Any]:
         "cpu_model": first.get("cpu_model"),
         "torch_num_threads": first.get("torch_num_threads"),
         "cuda": {k: (first.get("cuda") or {}).get(k) for k in ("name", "torch_cuda", "cudnn", "driver_version")} if first.get("cuda") else None,
-        "mixed_precision": sorted({str((r.get("timing") or {}).get("mixed_precision")) for r, _ in envs}),
+        "mixed_precision": sorted({str(r.timing.get("mixed_precision")) for r, _ in envs}),
         "probe": [
             {
-                "run": f"{r['method']}-seed{r['seed']}",
-                "method": r["method"],
+                "run": f"{r.method}-seed{r.seed}",
+                "method": r.method,
                 "gflops_before": (e.get("matmul_probe") or {}).get("gflops"),
                 "gflops_after": (e.get("matmul_probe_after") or {}).get("gflops"),
                 "drift_percent": e.get("matmul_probe_drift_percent"),
@@ -389,6 +409,14 @@ def _warnings(c: dict[str, Any]) -> list[str]:
             f"between methods (median GFLOP/s: {', '.join(f'{n} {v:.1f}' for n, v in medians.items())}): the methods met the "
             "machine at different speeds (run at different times or beside different loads), so step-time and total-time "
             "differences of that size are not evidence."
+        )
+    shared = (c.get("execution") or {}).get("shared_node_runs") or []
+    if shared:
+        out.append(
+            f"{len(shared)} final run(s) trained beside other runs on the same machine (one overlapped up to "
+            f"{c['execution']['most_overlapped_runs']} others, executor {', '.join(c['execution']['executors'])}; "
+            f"{', '.join(shared)}): they shared its cores or GPUs, so their step times and total times are not speed "
+            "evidence; rerun with --parallel 1 (or the local executor) for timings."
         )
     for x in c["collapsed"]:
         out.append(f"{x['method']} seed {x['seed']} excluded from the means: {'; '.join(x['reasons'])}.")

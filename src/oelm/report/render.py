@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from oelm.matrix.store import RunRecord
 from oelm.report.compare import run_records
 from oelm.runs import format_rates
 
@@ -134,8 +135,8 @@ def curves_from_runs(out: Path, comparison: dict[str, Any]) -> dict[str, dict[st
         runs = {r["seed"]: r for r in m.get("runs", [])}
         for seed in m.get("included_seeds", m["seeds"]):
             run = runs.get(seed, {})
-            recs = run_records(out, {"method": method, "seed": seed, "run_name": run.get("run_name"),
-                                     "learning_rate": run.get("learning_rate", m.get("learning_rate"))})
+            recs = run_records(out, RunRecord({"method": method, "seed": seed, "run_name": run.get("run_name"),
+                                               "learning_rate": run.get("learning_rate", m.get("learning_rate"))}))
             for kind, key in (("train", "loss"), ("eval", metric)):
                 c = {
                     int(r["step"]): (float(r[key]), float(r.get("elapsed_seconds") or 0.0))

@@ -1,5 +1,5 @@
 """Statistics of a comparison: seed summaries, paired differences, step-time spread, collapse
-detection and time-to-target. Pure functions on plain numbers and result dicts (no plotting).
+detection and time-to-target. Pure functions on plain numbers and run records (no plotting).
 
 Methods (all over seeds, i.e. over independent runs of one method):
 
@@ -25,6 +25,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from scipy import stats as _st
 
+from oelm.matrix.store import RunRecord
 from oelm.metrics import METRICS, get_metric
 
 __all__ = [
@@ -117,7 +118,7 @@ def step_time_stats(step_ms: Sequence[float]) -> dict[str, Any]:
 
 
 def collapse_reasons(
-    result: dict[str, Any],
+    result: RunRecord | dict[str, Any],
     records: Sequence[dict[str, Any]] = (),
     *,
     num_labels: int | None = None,
@@ -139,21 +140,21 @@ def collapse_reasons(
        evaluation's (needs at least two evaluations in ``records``).
 
     Args:
-        result: a run's ``result.json`` content.
+        result: a run's record, or its ``result.json`` content.
         records: the run's ``metrics.jsonl`` records (may be empty for old outputs).
         num_labels: classes of the task (for the chance rule).
         majority_percent: the validation split's most frequent label, in % of its examples
-            (``result["data"]["validation"]["majority_class_percent"]``).
+            (``data.validation.majority_class_percent`` of the run's record).
         chance_margin: points above chance still counted as chance.
     """
+    record = result if isinstance(result, RunRecord) else RunRecord(result)
     reasons: list[str] = []
-    status = result.get("status", "finished")
-    if status != "finished":
-        failure = result.get("failure") or {}
+    if not record.finished:
+        failure = record.failure or {}
         detail = ", ".join(f"{k} {failure[k]}" for k in ("kind", "step") if failure.get(k) is not None)
-        reasons.append(f"{status}" + (f" ({detail})" if detail else ""))
+        reasons.append(f"{record.status}" + (f" ({detail})" if detail else ""))
         return reasons
-    perf = result.get("performance") or {}
+    perf = record.performance
     losses = [r.get("loss") for r in records if r.get("type") == "train"]
     bad_loss = [x for x in losses if not _finite([x])]
     final_loss = perf.get("final_train_loss")
@@ -164,7 +165,7 @@ def collapse_reasons(
             reasons.append(f"non-finite {key.replace('_', ' ')}")
     if reasons:
         return reasons
-    metric = get_metric(perf["metric"]) if perf.get("metric") in METRICS else None
+    metric = get_metric(record.metric) if record.metric in METRICS else None
     final = float(perf["final_validation"])
     majority = majority_percent if _finite([majority_percent]) else None
     chance = metric.chance_level(num_labels=num_labels, majority_percent=majority) if metric else None
