@@ -2,7 +2,7 @@
 # Copy a finished `oelm run` output directory into docs/results/NAME for committing: everything a run
 # writes except model weights (*.safetensors), resumable checkpoints, TensorBoard event files, the saved
 # tokenizer.json (derived from the data; each result records its sha256) and the locks (.oelm.lock, and
-# `--worker`'s .oelm.state.lock and .claims/); then rebuild its report with the project's oelm
+# the retired `--worker` scheme's .oelm.state.lock and .claims/); then rebuild its report with the project's oelm
 # (`oelm report`), so the committed comparison.json is what tests/test_committed_results.py recomputes
 # from the committed runs.
 #

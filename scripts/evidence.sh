@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Issue 10's real-scale runs, from an exported commit, in the background, resumable.
 #
-#   scripts/evidence.sh [--worker] [--allow-missing-weights] COMMIT CONFIG [CONFIG ...]
+#   scripts/evidence.sh [OELM RUN OPTIONS] COMMIT CONFIG [CONFIG ...]
 #
-# --worker: run each matrix as an `oelm run --worker`, so that another chain started with --worker on
-# the same CONFIG (e.g. a second CPU lane whose own matrices are done) trains its other runs.
+# Options before COMMIT go to every `oelm run`, written as one word each, e.g.
+# --executor=ray --parallel=auto (the runs of each matrix side by side, one thread each) or
 # --allow-missing-weights: passed to `oelm run`, to continue a matrix on a machine that did not hold it:
 # before a session stops, `scripts/collect_results.sh --partial $EVIDENCE_DIR/outputs/NAME
 # in-progress/evidence-NAME` copies its finished runs (without weights) into docs/results/ to commit;
@@ -26,8 +26,8 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 EVIDENCE_DIR="${EVIDENCE_DIR:-$(cd "$ROOT/.." && pwd)/evidence}"
 PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
 flags=()
-while [ "${1:-}" = "--worker" ] || [ "${1:-}" = "--allow-missing-weights" ]; do flags+=("$1"); shift; done
-[ $# -ge 2 ] || { echo "usage: $0 [--worker] [--allow-missing-weights] COMMIT CONFIG [CONFIG ...]" >&2; exit 2; }
+while [[ "${1:-}" == --* ]]; do flags+=("$1"); shift; done
+[ $# -ge 2 ] || { echo "usage: $0 [--executor=ray --parallel=auto --allow-missing-weights ...] COMMIT CONFIG [CONFIG ...]" >&2; exit 2; }
 sha="$(git -C "$ROOT" rev-parse --short=12 "$1^{commit}")"; shift
 src="$EVIDENCE_DIR/oelm-$sha"
 mkdir -p "$EVIDENCE_DIR/outputs" "$EVIDENCE_DIR/logs"

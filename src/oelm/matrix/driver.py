@@ -101,7 +101,11 @@ def _drive(config: ExperimentConfig, out: Path, log: Callable[[str], None], retr
     retry = {n for n, r in results.items() if r.failed} if retry_failed else set()
     _, selection = ready_runs(config, ctx.data.metric, results)
     _check_kept(ctx, results, {r.name for r in plan_runs(config, selection.selected)})
-    executor = make_executor(ctx, executor_config, runs=len(plan_runs(config, selection.selected)))
+    # runs left to train: planned now (finals of methods still sweeping included, one per seed) and without a result
+    left = [r for r in plan_runs(config, selection.selected) if r.name not in results]
+    left += [m for m in config.methods if len(config.learning_rate_candidates(m)) > 1 and m.name not in selection.complete
+             for s in config.seeds if s not in config.sweep_seed_list()]
+    executor = make_executor(ctx, executor_config, runs=len(left))
     busy: dict[str, RunTask] = {}
     announced: set[str] = set()
     written = None

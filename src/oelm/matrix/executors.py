@@ -244,9 +244,9 @@ class RayExecutor:
             self.lanes, self.cpus_per_run = 1, float(cores)
             return
         probe = self._ray.remote(probe_run_seconds)
-        self.ctx.log(f"parallel auto: timing {task.name}'s steps as {width} runs x 1 thread and 1 run x {cores} threads ...")
+        self.ctx.log(f"parallel auto: timing {task.name}'s steps as 1 run x {cores} threads and {width} runs x 1 thread ...")
         measured = {}
-        for lanes, threads in ((width, 1), (1, cores)):
+        for lanes, threads in ((1, cores), (width, 1)):
             refs = [probe.options(num_cpus=threads).remote(self._config, task.to_dict(), threads) for _ in range(lanes)]
             measured[lanes] = self._ray.get(refs)
         choice = choose_lanes(measured, self.runs or width, cores)

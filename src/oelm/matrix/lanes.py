@@ -7,7 +7,7 @@ a MiniLM step on the 2-core development machine runs 1.2-1.6x faster on two thre
 side by side slow each other down (shared caches and memory bandwidth), so one run at a time with
 every thread wins there (README, "The demo in lanes"). So the choice is measured, not assumed:
 
-1. ``cores`` probes at once, one thread each, then one probe with ``cores`` threads, each in a
+1. one probe with ``cores`` threads, then ``cores`` probes at once, one thread each, each in a
    Ray task on this machine: build the first planned run's model, time a few optimizer steps on
    its training batches and a few validation batches (the first step of each is not timed);
 2. per arrangement, the predicted matrix time: ``ceil(runs / lanes) x (steps x step time +
@@ -26,9 +26,11 @@ from typing import Any
 
 __all__ = ["LaneChoice", "probe_run_seconds", "choose_lanes"]
 
-#: Optimizer steps and validation batches timed per probe (after one untimed of each).
-PROBE_STEPS = 4
-PROBE_EVAL_BATCHES = 2
+#: Optimizer steps and validation batches timed per probe (after one untimed of each). The median of
+#: 12 steps: a fresh process's first few steps run slower (gpt-tiny on 2 threads: 0.49-0.62 s a
+#: step over 4 steps, 0.36 s over 16, 0.345 s in the real run), and that bias must not pick the lanes.
+PROBE_STEPS = 12
+PROBE_EVAL_BATCHES = 4
 
 
 @dataclass(frozen=True)
