@@ -149,3 +149,31 @@ def test_a_two_node_cluster_on_this_machine_runs_a_matrix_through_address(refere
     records = [json.loads(p.read_text()) for p in out.glob("runs/*/result.json")]
     assert len({r["executor"]["node_id"] for r in records}) == 2  # both nodes trained runs
     assert numbers(out) == numbers(ref)
+
+
+@needs_netns
+def test_sigterm_stops_a_ray_matrix_leaves_no_ray_process_and_a_rerun_continues(reference, tmp_path):
+    """SIGTERM to the driving `oelm run` (its pid from the output folder's lock): exit status 130,
+    the local Ray instance is stopped with it (no raylet left), and rerunning the same command
+    continues the interrupted run from its checkpoint and finishes the matrix."""
+    from oelm.lock import read_holder
+
+    cfg, _ = reference
+    out = tmp_path / "out"
+    longer = ["training.max_steps=240", "training.checkpoint_every=20", "training.eval_every=60"]
+    command = _oelm("run", cfg, "--output-dir", out, "--executor", "ray", "--parallel", "1", "--cpus-per-run", "1", *longer)
+    proc = _in_netns(command)
+    first = out / "runs" / "baseline-lr0.0001-seed0"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and not list((first / "checkpoints").glob("step-*")):
+        time.sleep(0.05)
+    os.kill(read_holder(out)["pid"], signal.SIGTERM)
+    log, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, log
+    time.sleep(2)
+    assert subprocess.run(["pgrep", "-f", "raylet"], capture_output=True).stdout == b"", "a Ray process outlived the driver"
+    again = _in_netns(command)
+    log, _ = again.communicate(timeout=600)
+    assert again.returncode == 0, log
+    assert "[baseline-lr0.0001-seed0] unfinished; continuing" in log
+    assert json.loads((first / "result.json").read_text())["status"] == "finished"

@@ -24,6 +24,8 @@ import contextlib
 import logging
 import os
 import platform
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -134,6 +136,10 @@ def _ray_train(config: dict, out: str, task: dict, retry_failed: bool, allow_mis
                           "signal_name": getattr(exc, "signal_name", None), "kind": getattr(exc, "kind", None)}}
 
 
+def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
 def _reraise(error: dict) -> None:
     """Raise the oelm error a Ray task reported (same class, message and fields)."""
     from oelm import errors
@@ -174,6 +180,7 @@ class RayExecutor:
         self._refs: dict[Any, RunTask] = {}
         self._started_instance = False
         self._ray = None
+        self._sigterm = None
         # The config as each task gets it: no progress bars from runs side by side (cosmetic keys only).
         cfg = ctx.config.model_dump(mode="json")
         cfg["training"]["progress_bar"] = False
@@ -209,6 +216,11 @@ class RayExecutor:
                          runtime_env={"env_vars": env}, **kwargs)
             self._started_instance = True
         self._remote = ray.remote(_ray_train)
+        # SIGTERM to the driver stops the matrix like Ctrl-C: __exit__ cancels the runs and stops
+        # the local instance (no Ray process is left behind); each run continues from its last
+        # checkpoint when the same command is rerun.
+        if threading.current_thread() is threading.main_thread():
+            self._sigterm = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         res = ray.cluster_resources()
         self.ctx.log(f"ray: {len(nodes)} node(s), {res.get('CPU', 0):g} CPU, {res.get('GPU', 0):g} GPU; "
@@ -219,6 +231,8 @@ class RayExecutor:
     def __exit__(self, *exc: Any) -> None:
         if self._ray is None:
             return
+        if self._sigterm is not None:
+            signal.signal(signal.SIGTERM, self._sigterm)
         for ref in list(self._refs):
             with contextlib.suppress(Exception):
                 self._ray.cancel(ref, force=True)
