@@ -516,7 +516,7 @@ def test_register_fused_custom_architecture_from_yaml(tmp_path, restore_registry
         after = model(ids)
     assert torch.allclose(before, after, atol=1e-6, rtol=0)  # split only, init "none"
     assert {p["shape"][0] for p in report.projections} == {32, 8}  # Q 4 heads x 8, K (MQA) 1 x 8
-    apply_oelm(model, "oelm_freeze")
+    apply_oelm(oelm.merge_and_unload(model), "oelm_freeze")  # a second application needs the plain model back
     for s in find_attention_projections(model):
         assert max_orthogonality_error(s.key.weight, 1) < 1e-5 and not s.key.weight.requires_grad
         assert s.fused == "qkv" and s.kind == "self"

@@ -5,10 +5,12 @@ sign-fixed QR per head) and are frozen, reservoir style, while everything else t
 
 Public API::
 
-    from oelm import apply_oelm, get_oelm_model, OELMConfig, head_wise_orthogonal_
+    from oelm import apply_oelm, get_oelm_model, merge_and_unload, OELMConfig, head_wise_orthogonal_
     report = apply_oelm(model, "oelm_freeze")
     print(report)  # trainable params: ... || all params: ... || trainable%: ...
-    model = get_oelm_model(model, "oelm_freeze")  # PEFT style: returns the model
+    # or, PEFT style (returns the model): model = get_oelm_model(model, "oelm_freeze")
+    ...  # train
+    model = merge_and_unload(model)  # a plain model again: stock save_pretrained/from_pretrained
 
 """
 
@@ -37,7 +39,8 @@ _LAZY = {
         (
             "ARCHITECTURES", "METHODS", "ArchitectureSpec", "OELMConfig", "ParameterReport", "apply_oelm",
             "architecture_from_dict", "find_attention_projections", "get_method", "get_oelm_model",
-            "load_architecture", "parameter_report", "print_trainable_parameters", "register_architecture",
+            "load_architecture", "merge_and_unload", "parameter_report", "print_trainable_parameters",
+            "register_architecture",
         ),
         "oelm.method",
     ),
@@ -59,6 +62,7 @@ if _TYPE_CHECKING:  # static analysers and IDEs see the eager imports
         get_method,
         get_oelm_model,
         load_architecture,
+        merge_and_unload,
         parameter_report,
         print_trainable_parameters,
         register_architecture,
@@ -110,6 +114,7 @@ __all__ = [
     "load_architecture",
     "matched_std",
     "max_orthogonality_error",
+    "merge_and_unload",
     "normal_",
     "parameter_report",
     "print_trainable_parameters",

@@ -7,7 +7,9 @@ hold the query and key projections, where the head counts live, and how fused pr
 laid out. :func:`find_attention_projections` turns a spec into one :class:`ProjectionSite` per
 (kind, layer); :func:`split_fused_projections` replaces fused Q/K/V modules by
 :class:`SplitQKV`, three ``nn.Linear`` whose concatenated output equals the fused output, so
-the model's own attention code runs unchanged and Q/K can be frozen as whole tensors.
+the model's own attention code runs unchanged and Q/K can be frozen as whole tensors;
+:func:`fuse_split_projections` puts the fused modules back (with the trained values) for a
+checkpoint that stock ``transformers`` loads (``oelm.merge_and_unload``).
 
 Families registered here (module names checked against transformers 5.x sources):
 
@@ -64,6 +66,7 @@ __all__ = [
     "find_attention_projections",
     "SplitQKV",
     "split_fused_projections",
+    "fuse_split_projections",
 ]
 
 PARAMETER_GROUPS = (
@@ -533,6 +536,52 @@ class SplitQKV(nn.Module):
             linears.append(lin)
         return cls(*linears, layout=layout, num_heads=num_heads, head_dim=head_dim)
 
+    def fuse(self) -> nn.Module:
+        """The fused module this stands in for, holding the current Q/K/V values: the inverse of
+        :meth:`from_fused`.
+
+        ``qkv_conv1d`` gives a transformers ``Conv1D`` (weight ``[hidden_size, 3*out]``, GPT-2's
+        ``c_attn``), ``qkv`` and ``qkv_per_head`` give an ``nn.Linear`` (weight ``[out_q + 2*out_kv,
+        hidden_size]``, rows per :data:`FUSED_LAYOUTS`), on the device and in the dtype of ``query``.
+        Its parameters are new tensors with ``requires_grad=True``; ``fuse()(x)`` equals
+        ``self(x)`` up to floating-point summation order. A Conv1D always has a bias: split
+        projections without biases give it zeros.
+
+        Raises:
+            ValueError: some of query/key/value have a bias and others not, or their input sizes
+                differ (they were not made by :meth:`from_fused`).
+        """
+        linears = (self.query, self.key, self.value)
+        with_bias = self.query.bias is not None
+        if any((lin.bias is not None) != with_bias for lin in linears) or len({lin.in_features for lin in linears}) != 1:
+            raise ValueError(
+                "SplitQKV.fuse: query/key/value must all have a bias or none, and the same input size; "
+                f"got {[(lin.in_features, lin.bias is not None) for lin in linears]}"
+            )
+        with torch.no_grad():
+            if self.layout == "qkv_per_head":  # rows [num_heads, 3, head_dim], as from_fused reads them
+                heads = (self.num_heads, self.head_dim)
+                weight = torch.stack([lin.weight.view(*heads, -1) for lin in linears], dim=1).flatten(0, 2)
+                bias = torch.stack([lin.bias.view(heads) for lin in linears], dim=1).flatten() if with_bias else None
+            else:  # rows [q; k; v]
+                weight = torch.cat([lin.weight for lin in linears], dim=0)
+                bias = torch.cat([lin.bias for lin in linears]) if with_bias else None
+        out_features, in_features = weight.shape
+        if self.layout == "qkv_conv1d":
+            from transformers.pytorch_utils import Conv1D
+
+            with torch.device("meta"):  # no throw-away random init; the parameters are set below
+                fused = Conv1D(out_features, in_features)
+            weight = weight.T  # nn.Linear [out, in] -> Conv1D [in, out]
+            if bias is None:
+                bias = weight.new_zeros(out_features)
+        else:
+            fused = nn.Linear(in_features, out_features, bias=bias is not None, device="meta")
+        fused.weight = nn.Parameter(weight.contiguous())
+        if bias is not None:
+            fused.bias = nn.Parameter(bias.contiguous())
+        return fused
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.query(x), self.key(x), self.value(x)
         if self.layout == "qkv_per_head":
@@ -566,6 +615,25 @@ def split_fused_projections(model: nn.Module) -> list[str]:
         setattr(parent, child_name, split)
         replaced.append(site.fused_name)
     return replaced
+
+
+def fuse_split_projections(model: nn.Module) -> list[str]:
+    """Replace every :class:`SplitQKV` of ``model`` by the fused module it stands in for (in place).
+
+    The inverse of :func:`split_fused_projections`, with the split modules' current values (see
+    :meth:`SplitQKV.fuse`): afterwards the model has the architecture's own module types and
+    parameter names again (GPT-2 ``c_attn.weight`` ``[in, 3*out]``, GPT-NeoX
+    ``query_key_value.weight`` ``[3*hidden, hidden]`` in per-head order), so a stock
+    ``from_pretrained`` reads what ``save_pretrained`` writes. The new fused parameters have
+    ``requires_grad=True``. Returns the names of the replaced modules; ``[]`` when there are none.
+    Works on any model (no registry look-up).
+    """
+    splits = [(name, m) for name, m in model.named_modules() if isinstance(m, SplitQKV)]
+    modules = dict(model.named_modules())
+    for name, split in splits:
+        parent_name, _, child_name = name.rpartition(".")
+        setattr(modules[parent_name] if parent_name else model, child_name, split.fuse().train(split.training))
+    return [name for name, _ in splits]
 
 
 # --------------------------------------------------------------------------------------------

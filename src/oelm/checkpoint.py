@@ -431,8 +431,9 @@ def _oelm_config_from(meta: dict[str, Any]):
 
 def _build_base(meta: dict[str, Any], directory: Path, allowed: tuple[str, ...] = TRUSTED_MODEL_CLASS_PREFIXES) -> nn.Module:
     """Rebuild the base model from the recorded source, offline only; else a clear error. The
-    recorded classes are imported only from module prefixes in ``allowed``."""
-    from oelm.models.pretrained import resolve_pretrained
+    recorded classes are imported only from module prefixes in ``allowed``, and no code shipped
+    with the source checkpoint runs (``trust_remote_code=False``)."""
+    from oelm.models.pretrained import _directory_problem, resolve_pretrained
 
     source = meta.get("source")
     ask = (
@@ -462,8 +463,15 @@ def _build_base(meta: dict[str, Any], directory: Path, allowed: tuple[str, ...] 
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # "newly initialized head" is expected: the head is in the checkpoint
     try:
-        return model_cls.from_pretrained(location, **kwargs)
+        # a concrete class runs no auto_map code, but its from_pretrained passes trust_remote_code on
+        # (e.g. to a custom generate function shipped with the checkpoint): never
+        return model_cls.from_pretrained(location, trust_remote_code=False, **kwargs)
     except (OSError, ValueError) as exc:
+        if Path(location).is_dir():
+            raise CheckpointError(
+                f"cannot rebuild the base model from the recorded source {source!r}: the directory {location} "
+                f"{_directory_problem(Path(location), exc)}. {ask}"
+            ) from None
         raise CheckpointError(
             f"cannot rebuild the base model from the recorded source {source!r} offline (not a local directory, not "
             f"an oelm packaged checkpoint, not in the Hugging Face cache: {type(exc).__name__}). {ask}"

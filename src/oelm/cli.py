@@ -177,9 +177,19 @@ def _checked_checkpoints(out: Path, results: dict[str, list[dict]]) -> tuple[lis
     return problems, absent
 
 
-def _inspect_model_source(name: str, config_only: bool):
-    """A Hugging Face model for ``oelm inspect MODEL``: its checkpoint class (``config.architectures``),
-    random weights from ``config.json`` when ``config_only``."""
+def _inspect_model_source(name: str, config_only: bool, trust_remote_code: bool = False):
+    """A Hugging Face model for ``oelm inspect MODEL``: its checkpoint class (``config.architectures``,
+    a transformers model class only), random weights from ``config.json`` when ``config_only``.
+
+    ``trust_remote_code`` reaches every transformers loader as given: with False (the default)
+    code shipped with the checkpoint (``auto_map`` in config.json) never runs, and transformers
+    never stops to ask ("Do you wish to run the custom code? [y/N]").
+
+    Raises:
+        DataNotFoundError: no local directory, packaged checkpoint or Hub copy of ``name``.
+        DataFormatError: a local directory transformers cannot load (says what is wrong with it,
+            e.g. config.json needs custom code).
+    """
     import transformers
     from transformers import AutoConfig, AutoModel
 
@@ -187,15 +197,17 @@ def _inspect_model_source(name: str, config_only: bool):
 
     source = resolve_pretrained(name)
     try:
-        hf_config = AutoConfig.from_pretrained(source)
+        hf_config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
         raise _not_found(name, exc) from None
-    cls = next((getattr(transformers, a) for a in (hf_config.architectures or []) if hasattr(transformers, a)), None)
+    # config.json is data: only a transformers model class it names is used, no other attribute
+    classes = (getattr(transformers, a, None) for a in (hf_config.architectures or []) if isinstance(a, str))
+    cls = next((c for c in classes if isinstance(c, type) and issubclass(c, transformers.PreTrainedModel)), None)
     try:
         if config_only:
-            return cls(hf_config) if cls is not None else AutoModel.from_config(hf_config)
-        return (cls or AutoModel).from_pretrained(source)
-    except OSError as exc:
+            return cls(hf_config) if cls is not None else AutoModel.from_config(hf_config, trust_remote_code=trust_remote_code)
+        return (cls or AutoModel).from_pretrained(source, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
         raise _not_found(name, exc) from None
 
 
@@ -336,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(each run a Ray task: a local Ray instance, or the cluster at --address)")
     p.add_argument("--address", help="ray: join the cluster at 'auto' or HOST:PORT instead of starting a local instance")
     p.add_argument("--parallel", metavar="N|auto",
-                   help="ray: at most N runs at once ('auto': one per CPU core, or per GPU); default as resources allow")
+                   help="ray: at most N runs at once; 'auto': lanes x threads measured on this machine with the matrix's model (one per GPU on CUDA); default as resources allow")
     p.add_argument("--cpus-per-run", type=float, help="CPU cores and torch threads per run (ray default 1)")
     p.add_argument("--gpus-per-run", type=float, help="ray: GPUs per run; fractions share a GPU (0.125: 8 runs per GPU)")
     p.add_argument("--only", metavar="RUN_NAME",

