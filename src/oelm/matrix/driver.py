@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from oelm.config import ExecutorConfig, ExperimentConfig
 from oelm.distributed import barrier, is_main_process
-from oelm.errors import ConfigError, OELMError, RecordedFileMissingError
+from oelm.errors import ConfigError, OELMError
 from oelm.lock import hold_output_lock, hold_shared_lock
 from oelm.models.build import check_sequence_length
 
