@@ -36,7 +36,7 @@ from typing import Any, Iterator
 
 from oelm.errors import OutputLockedError
 
-__all__ = ["LOCK_NAME", "hold_output_lock", "hold_shared_lock", "acquire", "release", "read_holder"]
+__all__ = ["LOCK_NAME", "hold_output_lock", "hold_shared_lock", "acquire", "release", "read_holder", "pid_alive"]
 
 LOCK_NAME = ".oelm.lock"
 
@@ -57,7 +57,8 @@ def _describe(holder: dict[str, Any] | None) -> str:
     return f"pid {holder.get('pid')} on host {holder.get('host')}, started {holder.get('started_at')}"
 
 
-def _pid_alive(pid: Any) -> bool:
+def pid_alive(pid: Any) -> bool:
+    """Whether process ``pid`` (of this host) exists; False for anything that is not a positive int."""
     if not isinstance(pid, int) or pid <= 0:
         return False
     try:
@@ -130,7 +131,7 @@ def _flock_current(path: Path, operation: int) -> int:
 def _fallback_free(path: Path, host: str) -> bool:
     """Without flock: free unless the file names a live process on this host."""
     holder = read_holder(path.parent)
-    return not (holder and holder.get("host") == host and holder.get("pid") != os.getpid() and _pid_alive(holder.get("pid")))
+    return not (holder and holder.get("host") == host and holder.get("pid") != os.getpid() and pid_alive(holder.get("pid")))
 
 
 def release(fd: int, out: str | os.PathLike, *, remove: bool = True) -> None:

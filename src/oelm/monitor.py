@@ -19,7 +19,6 @@ A run whose status says ``running`` but whose process (same host) no longer exis
 from __future__ import annotations
 
 import math
-import os
 import platform
 import time
 from datetime import datetime
@@ -28,6 +27,7 @@ from typing import Any
 
 from oelm.errors import OELMError
 from oelm.io import read_json, read_jsonl
+from oelm.lock import pid_alive
 from oelm.matrix.store import RunRecord
 
 __all__ = ["collect_runs", "snapshot_text", "build_table", "monitor"]
@@ -68,14 +68,6 @@ def _best(metric: str, values: list[Any]) -> float | None:
     except ValueError:  # an unknown metric name: no direction to pick the best by
         return None
     return max(finite) if higher else min(finite)
-
-
-def _alive(pid: Any) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except (OSError, TypeError, ValueError):
-        return False
-    return True
 
 
 def _parse_time(value: str | None) -> float | None:
@@ -151,7 +143,7 @@ def collect_runs(out: Path, now: float | None = None) -> list[dict[str, Any]]:
                 row["early_stopped"] = bool(record.performance.get("early_stopped"))
                 row["stage"] = record.stage or row["stage"]
                 row["executor"] = record.executor.get("name")
-        elif state == "running" and status.get("host") == platform.node() and status.get("pid") and not _alive(status["pid"]):
+        elif state == "running" and status.get("host") == platform.node() and status.get("pid") and not pid_alive(status["pid"]):
             state = "interrupted"
         row["state"] = state
         row["elapsed_seconds"] = _elapsed(status, result, train, state, now)

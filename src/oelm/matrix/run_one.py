@@ -24,6 +24,7 @@ from oelm.data.prepare import PreparedData, make_loaders
 from oelm.distributed import barrier, is_main_process, main_process_only
 from oelm.errors import OELMError, RecordedFileMissingError, RunFaultError, RunInterruptedError
 from oelm.io import read_json, write_json_atomic
+from oelm.lock import pid_alive
 from oelm.metrics import get_metric
 from oelm.models.build import build_run_model
 from oelm.runs import PlannedRun, checkpoint_record, read_status, verify_checkpoint
@@ -252,22 +253,12 @@ def _overlaps(out: Path, me: str, since: float, until: float) -> list[dict[str, 
         if not isinstance(start, (int, float)):
             continue
         if s.get("state") == "running":
-            if s.get("host") == platform.node() and not _alive(s.get("pid")):
+            if s.get("host") == platform.node() and not pid_alive(s.get("pid")):
                 continue
             end = until
         if isinstance(end, (int, float)) and start <= until and end >= since:
             found.append({"run": status_path.parent.name, "node": s.get("host")})
     return found
-
-
-def _alive(pid: Any) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except PermissionError:
-        return True
-    except (OSError, TypeError, ValueError):
-        return False
-    return True
 
 
 def _with_placement(ctx: RunContext, result: dict, run_dir: Path, started: float) -> dict:
