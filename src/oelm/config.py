@@ -12,20 +12,23 @@ An experiment is data (``configs/<name>.yaml``)::
     training: {epochs: 1, batch_size: 32}
 
 Unknown keys and wrong types are errors that name the key (with the closest valid key
-suggested). ``key=value`` overrides use dotted paths (``training.epochs=2``,
-``seeds=[0,1,2]``); values are parsed as YAML.
+suggested); inf/nan, booleans given for numbers, empty paths, seeds outside [0, 2**32) and
+Adam betas outside [0, 1) are refused. ``key=value`` overrides use dotted paths
+(``training.epochs=2``, ``seeds=[0,1,2]``, ``methods.0.learning_rate=1e-3``); values are parsed
+as YAML (:mod:`oelm.config_io`).
 """
 
 from __future__ import annotations
 
-import difflib
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 
+from oelm.config_io import format_validation_error, parse_overrides
+from oelm.config_io import merge as _merge
 from oelm.errors import ConfigError
 from oelm.method import METHODS, OELMConfig, get_method
 
@@ -40,30 +43,78 @@ __all__ = [
 ]
 
 
+def _not_bool(value: Any) -> Any:
+    # YAML's true/false would otherwise pass as 1/0 (`max_steps: true` trained one step).
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, not the boolean {str(value).lower()}")
+    return value
+
+
+# Integers: a boolean, a float or a string is an error, never silently 1 / truncated.
+Int = Annotated[int, BeforeValidator(_not_bool), Strict()]
+# Floats: a boolean is an error; inf / nan are refused by every model (allow_inf_nan=False).
+Float = Annotated[float, BeforeValidator(_not_bool)]
+# Seeds feed numpy / torch generators, which take 0 <= seed < 2**32.
+Seed = Annotated[int, BeforeValidator(_not_bool), Strict(), Field(ge=0, lt=2**32)]
+Beta = Annotated[float, BeforeValidator(_not_bool), Field(ge=0, lt=1)]
+
+
+def _not_blank(value: Any) -> Any:
+    # An empty path or name would silently mean "here" or "the default" (`output_dir: ''` wrote to ./).
+    if isinstance(value, str) and not value.strip():
+        raise ValueError("is empty; give a value or leave the key out for its default")
+    return value
+
+
+Text = Annotated[str, BeforeValidator(_not_blank)]
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why ``path`` is not a safetensors file (a phrase), or None when its header reads as one.
+
+    A safetensors file starts with an 8-byte little-endian header length N, then N bytes of JSON
+    (an object); only that header is read."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            size = path.stat().st_size
+            if len(head) < 8:
+                return f"is {size} bytes, too short for a safetensors header"
+            n = int.from_bytes(head, "little")
+            if n < 2 or 8 + n > size or n > 100_000_000:
+                return "does not start with a safetensors header (the first 8 bytes give no valid header length)"
+            header = f.read(n)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    if not header.lstrip().startswith(b"{"):
+        return "does not start with a safetensors header (no JSON object after the first 8 bytes)"
+    return None
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class TaskConfig(_Strict):
     """Which data, how much of it, and how it is tokenized."""
 
     dataset: str = Field(description="Registered dataset name (oelm.data.DATASETS), e.g. sst2, tinystories.")
-    data_dir: str | None = Field(None, description="Folder laid out like shared/data; default: $OELM_DATA_DIR.")
+    data_dir: Text | None = Field(None, description="Folder laid out like shared/data; default: $OELM_DATA_DIR.")
     train_split: str = "train"
     validation_split: str = "validation"
     test_split: str | None = Field(
         None, description="Evaluated once at the end with the best checkpoint; never used for selection. May name "
         "validation_split itself: the test set is then the rest of that split, disjoint from the validation_samples "
         "subset (for data with one held-out split, such as the local TinyStories sample).")
-    train_samples: int | None = Field(None, gt=0, description="Random training subset (documents for LM); None = all.")
-    validation_samples: int | None = Field(None, gt=0, description="Random validation subset; None = all.")
-    test_samples: int | None = Field(
+    train_samples: Int | None = Field(None, gt=0, description="Random training subset (documents for LM); None = all.")
+    validation_samples: Int | None = Field(None, gt=0, description="Random validation subset; None = all.")
+    test_samples: Int | None = Field(
         None, gt=0, description="Random subset of test_split (the same for every run); None = all. For test sets too large to "
         "evaluate on CPU (IMDB: 25,000 reviews).")
-    subset_seed: int = Field(0, description="Seed of the subsets; fixed across methods and seeds so all runs see the same data.")
-    max_length: int = Field(128, gt=0, description="Classification: truncation length in tokens.")
-    block_size: int = Field(256, gt=1, description="Language modelling: tokens per packed block.")
-    tokenizer: str | None = Field(
+    subset_seed: Seed = Field(0, description="Seed of the subsets; fixed across methods and seeds so all runs see the same data.")
+    max_length: Int = Field(128, gt=0, description="Classification: truncation length in tokens.")
+    block_size: Int = Field(256, gt=1, description="Language modelling: tokens per packed block.")
+    tokenizer: Text | None = Field(
         None,
         description="Language modelling / oelm GPT: 'gpt2' (local files under <data_dir>/tokenizers/gpt2), "
         "'bpe-<vocab_size>' trained on the training split, or the path of a tokenizer.json (e.g. the one a "
@@ -85,8 +136,8 @@ class TaskConfig(_Strict):
 class ModelConfig(_Strict):
     """Exactly one of ``pretrained`` (a Hugging Face id or local dir) and ``gpt`` (an oelm GPT preset)."""
 
-    pretrained: str | None = Field(None, description="Hugging Face model id or local directory.")
-    gpt: str | None = Field(None, description="oelm GPT preset: gpt-tiny, gpt-medium-512.")
+    pretrained: Text | None = Field(None, description="Hugging Face model id or local directory.")
+    gpt: Text | None = Field(None, description="oelm GPT preset: gpt-tiny, gpt-medium-512.")
     gpt_overrides: dict[str, Any] = Field(default_factory=dict, description="GPTConfig fields to override.")
     trust_remote_code: bool = False
     architecture: dict[str, Any] | None = Field(
@@ -119,8 +170,8 @@ class MethodEntry(_Strict):
 
     name: str = Field(description="Run name; a named method (oelm.METHODS) unless `base` is given.")
     base: str | None = Field(None, description="Named method this one starts from (default: `name`).")
-    learning_rate: float | None = Field(None, gt=0, description="Overrides training.learning_rate for this method.")
-    learning_rates: list[float] | None = Field(
+    learning_rate: Float | None = Field(None, gt=0, description="Overrides training.learning_rate for this method.")
+    learning_rates: list[Float] | None = Field(
         None,
         min_length=1,
         description="Learning-rate candidates swept for this method (selected on validation only); "
@@ -132,7 +183,7 @@ class MethodEntry(_Strict):
         "empty = the experiment's training settings, the same for every method.",
     )
     init: Literal["none", "orthogonalize", "random_orthogonal", "global_orthogonal", "normal"] | None = None
-    normal_std: float | Literal["matched"] | None = None
+    normal_std: Float | Literal["matched"] | None = None
     targets: list[Literal["query", "key"]] | None = None
     freeze: bool | None = None
     freeze_bias: bool | None = None
@@ -162,6 +213,13 @@ class MethodEntry(_Strict):
             raise ValueError(
                 f"method {self.name!r}: training has unknown key(s) {unknown}; valid keys: {', '.join(TrainingConfig.model_fields)}"
             )
+        self.oelm_config()  # init / normal_std / groups checked now, not when the first run builds its model
+        if "learning_rate" in self.training and (self.learning_rate is not None or self.learning_rates is not None):
+            given = "learning_rate" if self.learning_rate is not None else "learning_rates"
+            raise ValueError(
+                f"method {self.name!r} sets both {given} and training.learning_rate; keep one (they mean the same: "
+                "this method's rate)"
+            )
         return self
 
     def oelm_config(self) -> OELMConfig:
@@ -180,35 +238,36 @@ class MethodEntry(_Strict):
 class TrainingConfig(_Strict):
     """Optimization, evaluation cadence and timing knobs (same for every method unless overridden)."""
 
-    epochs: float = Field(1.0, gt=0, description="Passes over the training data (fractions allowed).")
-    max_steps: int | None = Field(None, gt=0, description="Optimizer steps; overrides epochs when set.")
-    batch_size: int = Field(32, gt=0)
-    eval_batch_size: int = Field(128, gt=0)
-    learning_rate: float = Field(1e-4, gt=0)
-    weight_decay: float = Field(0.01, ge=0, description="AdamW decoupled decay on 2-D+ trainable weights only.")
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    adam_eps: float = Field(1e-8, gt=0)
-    warmup_ratio: float = Field(0.1, ge=0, lt=1, description="Linear warmup as a fraction of the steps.")
-    warmup_steps: int | None = Field(None, ge=0, description="Overrides warmup_ratio.")
+    epochs: Float = Field(1.0, gt=0, description="Passes over the training data (fractions allowed).")
+    max_steps: Int | None = Field(None, gt=0, description="Optimizer steps; overrides epochs when set.")
+    batch_size: Int = Field(32, gt=0)
+    eval_batch_size: Int = Field(128, gt=0)
+    learning_rate: Float = Field(1e-4, gt=0)
+    weight_decay: Float = Field(0.01, ge=0, description="AdamW decoupled decay on 2-D+ trainable weights only.")
+    adam_betas: tuple[Beta, Beta] = Field((0.9, 0.999), description="AdamW (beta1, beta2), each in [0, 1).")
+    adam_eps: Float = Field(1e-8, gt=0)
+    warmup_ratio: Float = Field(0.1, ge=0, lt=1, description="Linear warmup as a fraction of the steps.")
+    warmup_steps: Int | None = Field(None, ge=0, description="Overrides warmup_ratio.")
     schedule: Literal["linear", "cosine", "constant", "wsd"] = Field(
         "linear",
         description="Learning rate after warmup: linear or cosine decay to 0, constant, or wsd "
         "(warmup-stable-decay: constant, then a cosine decay over the last decay_ratio of the steps).",
     )
-    decay_ratio: float = Field(0.2, gt=0, le=1, description="wsd: fraction of the optimizer steps in the final decay.")
-    gradient_accumulation_steps: int = Field(
+    decay_ratio: Float = Field(0.2, gt=0, le=1, description="wsd: fraction of the optimizer steps in the final decay.")
+    gradient_accumulation_steps: Int = Field(
         1, ge=1,
         description="Micro-batches per optimizer step; global batch = batch_size x gradient_accumulation_steps x "
         "number of processes (recorded in result.json budget.global_batch_size).",
     )
-    max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping; None disables it.")
+    max_grad_norm: Float | None = Field(1.0, gt=0, description="Gradient clipping; None disables it.")
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
-    compile: bool = Field(
+    compile: bool | Literal["default", "reduce-overhead", "max-autotune"] = Field(
         False,
-        description="torch.compile the model; compile time is measured during the warm-up pass and reported as "
+        description="torch.compile the model: false (eager), true or \"default\", \"reduce-overhead\" (CUDA graphs) or "
+        "\"max-autotune\" (torch.compile modes); compile time is measured during the warm-up pass and reported as "
         "timing.compile_seconds, outside every step time and total_seconds.",
     )
-    timing_warmup_passes: int = Field(
+    timing_warmup_passes: Int = Field(
         1, ge=0,
         description="Forward+backward passes on a fixed training batch before the run's clock starts, then undone "
         "(gradients cleared, no optimizer step, RNG restored): every method starts timed runs equally warm "
@@ -219,36 +278,36 @@ class TrainingConfig(_Strict):
         description="Strategy when launched on several processes (accelerate launch / torchrun): DistributedDataParallel, "
         "or FSDP through Accelerate's plugin (use_orig_params, so frozen Q/K stay frozen).",
     )
-    eval_every: int | None = Field(None, gt=0, description="Validate every N optimizer steps (and at the end).")
-    evals_per_epoch: int = Field(2, gt=0, description="Used when eval_every is not set.")
+    eval_every: Int | None = Field(None, gt=0, description="Validate every N optimizer steps (and at the end).")
+    evals_per_epoch: Int = Field(2, gt=0, description="Used when eval_every is not set.")
     eval_at_start: bool = Field(False, description="Also validate the untrained model at step 0 (learning curves start there).")
-    early_stopping_patience: int | None = Field(
+    early_stopping_patience: Int | None = Field(
         None, gt=0,
         description="Stop after this many consecutive validations without an improvement of the validation metric "
         "(accuracy: higher, perplexity: lower); the test split is then evaluated with the best weights as at a normal "
         "end. The learning-rate schedule keeps its planned length (it is not shortened). None = never stop early.",
     )
-    early_stopping_min_delta: float = Field(
+    early_stopping_min_delta: Float = Field(
         0.0, ge=0,
         description="Early stopping: a validation counts as an improvement only when it beats the last counted one by "
         "more than this, in the metric's unit (accuracy points %, perplexity). The best weights are still the "
         "strictly best validation.",
     )
-    log_every: int = Field(10, gt=0, description="Steps between metric log lines and timer flushes.")
-    timing_warmup_steps: int = Field(5, ge=0, description="First steps excluded from per-step statistics.")
-    num_workers: int = Field(0, ge=0)
+    log_every: Int = Field(10, gt=0, description="Steps between metric log lines and timer flushes.")
+    timing_warmup_steps: Int = Field(5, ge=0, description="First steps excluded from per-step statistics.")
+    num_workers: Int = Field(0, ge=0)
     group_by_length: bool = Field(
         False,
         description="Classification: batch examples of similar length together (transformers' LengthGroupedSampler, "
         "as Trainer(group_by_length=True)); less padding, same examples per epoch.",
     )
     save_best_checkpoint: bool = Field(True, description="Keep the best-on-validation weights (safetensors).")
-    checkpoint_every: int | None = Field(
+    checkpoint_every: Int | None = Field(
         None, gt=0,
         description="Save a resumable checkpoint (run_dir/checkpoints/step-<N>/) every N optimizer steps; "
         "None = after every validation. A checkpoint is also saved on SIGTERM/SIGINT.",
     )
-    keep_checkpoints: int = Field(2, ge=1, description="Resumable checkpoints kept (the newest K); removed when the run finishes.")
+    keep_checkpoints: Int = Field(2, ge=1, description="Resumable checkpoints kept (the newest K); removed when the run finishes.")
     resume: bool = Field(
         True, description="Resume from the newest intact checkpoint in run_dir; False starts over (old checkpoints are removed)."
     )
@@ -271,15 +330,15 @@ class ExecutorConfig(_Strict):
         "ray: each run a Ray task, on a local Ray instance or the cluster at `address`.")
     address: str | None = Field(
         None, description="ray: 'auto' or HOST:PORT of a running cluster to join; default: start a local instance.")
-    parallel: int | Literal["auto"] | None = Field(
+    parallel: Int | Literal["auto"] | None = Field(
         None, description="Runs training at once. local: 1. ray: default as many as the resources allow; "
         "'auto': one per GPU on a CUDA machine, else lanes x threads measured on this machine with the "
         "matrix's own model (oelm.matrix.lanes).")
-    cpus_per_run: float | None = Field(
+    cpus_per_run: Float | None = Field(
         None, gt=0, description="CPU cores (and torch threads) per run. ray: default 1; local: default the "
         "process's own thread setting.")
-    gpus_per_run: float = Field(0.0, ge=0, description="ray: GPUs per run, fractions share one GPU (0.125 = 8 runs per GPU).")
-    max_retries: int = Field(2, ge=0, description="ray: times a run whose process or node died is started again "
+    gpus_per_run: Float = Field(0.0, ge=0, description="ray: GPUs per run, fractions share one GPU (0.125 = 8 runs per GPU).")
+    max_retries: Int = Field(2, ge=0, description="ray: times a run whose process or node died is started again "
                              "(it resumes from its own checkpoint).")
 
     @model_validator(mode="after")
@@ -311,17 +370,17 @@ class ExperimentConfig(_Strict):
     task: TaskConfig
     model: ModelConfig
     methods: list[MethodEntry] = Field(min_length=1)
-    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
-    learning_rates: list[float] | None = Field(
+    seeds: list[Seed] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
+    learning_rates: list[Float] | None = Field(
         None,
         min_length=1,
         description="Learning-rate candidates for every method without its own learning_rate(s); "
         "None = training.learning_rate only (no sweep).",
     )
-    sweep_seeds: list[int] | None = Field(
+    sweep_seeds: list[Seed] | None = Field(
         None, min_length=1, description="Seeds the learning-rate sweep runs on (a subset of seeds); default: the first seed."
     )
-    init_from: str | None = Field(
+    init_from: Text | None = Field(
         None,
         description="Start every run from saved weights (pretrain-then-fine-tune): a safetensors file, or an "
         "`oelm run` output directory whose selected final run of the same method and seed is used. "
@@ -329,8 +388,8 @@ class ExperimentConfig(_Strict):
     )
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig, description="Where the runs train (local or Ray).")
-    output_dir: str | None = Field(None, description="Default: outputs/<name>.")
-    reference: dict[str, float] = Field(
+    output_dir: Text | None = Field(None, description="Default: outputs/<name>.")
+    reference: dict[str, Float] = Field(
         default_factory=dict, description="Published numbers to show beside ours (method -> metric)."
     )
     reference_source: str = ""
@@ -368,8 +427,19 @@ class ExperimentConfig(_Strict):
             except ValidationError as err:
                 first = err.errors()[0]
                 raise ValueError(
-                    f"methods[{m.name}].training.{'.'.join(map(str, first['loc']))}: {first['msg']}"
+                    f"methods[{m.name}].training.{'.'.join(map(str, first['loc']))}: "
+                    f"{first['msg'].removeprefix('Value error, ')} (got {first.get('input')!r})"
                 ) from None
+        if self.init_from:
+            for m in self.methods:
+                for seed in self.seeds:
+                    path = Path(self.init_from.replace("{method}", m.name).replace("{seed}", str(seed))).expanduser()
+                    problem = safetensors_problem(path) if path.is_file() else None
+                    if problem:
+                        raise ValueError(
+                            f"init_from: the file {path} {problem}; give a model.safetensors (e.g. <output_dir>/runs/"
+                            "<run>/checkpoint/model.safetensors) or an `oelm run` output directory"
+                        )
         if self.task.test_split and not self.training.save_best_checkpoint and any(
             len(self.learning_rate_candidates(m)) > 1 for m in self.methods
         ):
@@ -385,12 +455,14 @@ class ExperimentConfig(_Strict):
 
     def learning_rate_candidates(self, method: MethodEntry) -> list[float]:
         """Candidates swept for ``method``, in config order: ``method.learning_rates``, else
-        ``method.learning_rate``, else the experiment's ``learning_rates``, else
-        ``training.learning_rate``. One candidate = no sweep."""
+        ``method.learning_rate`` (or, the same, ``method.training.learning_rate``), else the
+        experiment's ``learning_rates``, else ``training.learning_rate``. One candidate = no sweep."""
         if method.learning_rates:
             return list(method.learning_rates)
         if method.learning_rate is not None:
             return [method.learning_rate]
+        if "learning_rate" in method.training:
+            return [float(method.training["learning_rate"])]
         if self.learning_rates:
             return list(self.learning_rates)
         return [self.training.learning_rate]
@@ -408,77 +480,12 @@ class ExperimentConfig(_Strict):
 
 
 # --------------------------------------------------------------------------------------------
-# Loading, overrides and error messages
+# Loading (overrides and error messages: oelm.config_io)
 # --------------------------------------------------------------------------------------------
 
 
-def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    """The Pydantic model class holding the field at ``loc`` (for suggestions)."""
-    model: type[BaseModel] | None = ExperimentConfig
-    for part in loc[:-1]:
-        if model is None or isinstance(part, int):
-            continue
-        field = model.model_fields.get(part)
-        if field is None:
-            return None
-        ann = field.annotation
-        args = getattr(ann, "__args__", ()) or ()
-        candidates = [ann, *args]
-        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
-    return model
-
-
 def _format_validation_error(err: ValidationError, source: str) -> ConfigError:
-    lines = [f"invalid experiment config {source}:"]
-    for e in err.errors():
-        loc = tuple(e["loc"])
-        path = ".".join(str(p) for p in loc) or "(top level)"
-        if e["type"] == "extra_forbidden":
-            hint = ""
-            model = _model_at(loc)
-            if model is not None:
-                close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(model.model_fields)}"
-            lines.append(f"  - {path}: unknown key{hint}")
-        elif e["type"] == "missing":
-            lines.append(f"  - {path}: required key is missing")
-        else:
-            got = e.get("input")
-            got_s = repr(got) if not isinstance(got, dict) else "a mapping"
-            lines.append(f"  - {path}: {e['msg']} (got {got_s})")
-    return ConfigError("\n".join(lines))
-
-
-def parse_overrides(overrides: list[str]) -> dict[str, Any]:
-    """Turn ``["training.epochs=2", "seeds=[0,1]"]`` into a nested dict (values parsed as YAML).
-
-    Raises:
-        ConfigError: an override without ``=`` or with an empty key.
-    """
-    nested: dict[str, Any] = {}
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. training.epochs=2)")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from None
-        node = nested
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {item!r} conflicts with an earlier override of {part!r}")
-        node[parts[-1]] = value
-    return nested
-
-
-def _merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in changes.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
+    return format_validation_error(err, source, ExperimentConfig)
 
 
 def config_from_dict(data: dict[str, Any], source: str = "(dict)") -> ExperimentConfig:

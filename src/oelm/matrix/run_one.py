@@ -124,6 +124,11 @@ def _train(ctx: RunContext, run: PlannedRun, run_dir: Path, *, evaluate_test: bo
     environment["load_average_after"] = env_after.get("load_average")
     environment["matmul_probe_drift_percent"] = probe_drift_percent(before, after) if before and after else None
     processes = result.timing.get("num_processes", 1)
+    # A batch larger than the training set is one batch of the whole set: record what ran.
+    batch_size = min(training.batch_size, math.ceil(len(data.train) / processes))
+    if batch_size < training.batch_size:
+        log(f"[{run_dir.name}] training.batch_size={training.batch_size} is larger than the training set "
+            f"({len(data.train)} examples): every step used all {batch_size}; result.json records batch_size={batch_size}")
     return {
         **_run_identity(config, run),
         "status": "finished",
@@ -138,11 +143,12 @@ def _train(ctx: RunContext, run: PlannedRun, run_dir: Path, *, evaluate_test: bo
             "steps_run": result.steps,  # optimizer steps taken: fewer than planned_steps after an early stop
             "samples": result.timing.get("samples"),
             "tokens": result.timing.get("tokens"),
-            "batch_size": training.batch_size,
+            "batch_size": batch_size,  # examples per micro-batch as run (the configured one, capped at the training set)
+            "batch_size_configured": training.batch_size,
             "gradient_accumulation_steps": training.gradient_accumulation_steps,
             "num_processes": processes,
             # examples per optimizer step over all processes (the batch the learning rate sees)
-            "global_batch_size": training.batch_size * training.gradient_accumulation_steps * processes,
+            "global_batch_size": batch_size * training.gradient_accumulation_steps * processes,
             "epochs": training.epochs,
             "max_steps": training.max_steps,
         },

@@ -1,0 +1,246 @@
+"""Config values that used to pass validation and then train something else than asked (issue 26,
+item 4): a method's own training.learning_rate, non-finite floats, booleans taken for numbers,
+seeds numpy cannot take, Adam betas outside [0, 1), an init_from that is not safetensors, empty
+paths, list-index overrides. Each is used as written or refused with one line naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import save_file
+
+from oelm.config import config_from_dict, load_config
+from oelm.errors import ConfigError
+
+TINY_GPT = {"gpt": "gpt-tiny", "gpt_overrides": {"num_layers": 1, "hidden_size": 32, "num_heads": 2}}
+
+
+def _config(**changes) -> dict:
+    base = {
+        "name": "bad-values",
+        "task": {"dataset": "sst2", "train_samples": 64, "validation_samples": 32, "max_length": 32},
+        "model": dict(TINY_GPT),
+        "methods": [{"name": "baseline"}, {"name": "oelm_freeze"}],
+        "training": {"max_steps": 2, "batch_size": 8},
+    }
+    base.update(changes)
+    return base
+
+
+def _yaml_file(tmp_path: Path, text: str) -> Path:
+    """A config file whose ``training``/top-level lines come from ``text`` (YAML, so `.inf`,
+    `true` and friends are read exactly as a user's file would be)."""
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(_config(), sort_keys=False) + text)
+    return path
+
+
+def _refused(data: dict) -> str:
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(data)
+    lines = str(info.value).splitlines()
+    assert len(lines) == 2, lines  # "invalid experiment config ...:" and one line for the one bad value
+    return lines[1]
+
+
+# --- a method's own learning rate ---------------------------------------------------------------
+
+
+def test_method_training_learning_rate_is_its_candidate():
+    config = config_from_dict(_config(
+        methods=[{"name": "baseline", "training": {"learning_rate": 5e-3}}, {"name": "oelm_freeze"}],
+        learning_rates=[1e-4, 3e-4]))
+    rates = {m.name: config.learning_rate_candidates(m) for m in config.methods}
+    assert rates == {"baseline": [5e-3], "oelm_freeze": [1e-4, 3e-4]}
+    assert config.training_for(config.methods[0]).learning_rate == 5e-3
+
+
+def test_method_rate_given_twice_is_refused():
+    line = _refused(_config(methods=[{"name": "baseline", "learning_rate": 1e-3, "training": {"learning_rate": 5e-3}}]))
+    assert "methods.0" in line and "learning_rate and training.learning_rate" in line and "keep one" in line
+
+
+def test_run_trains_at_the_methods_rate_and_records_the_batch_it_ran(tmp_path, data_dir):
+    """End to end on real SST-2: the method's training.learning_rate is the rate result.json and
+    every metrics.jsonl line show (constant schedule, no warmup), and a batch_size above the 12
+    training examples is recorded as the 12 that ran."""
+    from oelm.cli import main
+
+    cfg = tmp_path / "lr.yaml"
+    cfg.write_text(yaml.safe_dump(_config(
+        name="method-lr",
+        task={"dataset": "sst2", "tokenizer": "bpe-300", "train_samples": 12, "validation_samples": 16, "max_length": 24},
+        methods=[{"name": "baseline", "training": {"learning_rate": 5e-3}}],
+        seeds=[0],
+        training={"max_steps": 2, "batch_size": 64, "schedule": "constant", "warmup_steps": 0, "eval_every": 2,
+                  "log_every": 1, "timing_warmup_passes": 0, "progress_bar": False, "tensorboard": False},
+    ), sort_keys=False))
+    out = tmp_path / "out"
+    assert main(["run", str(cfg), "--output-dir", str(out)]) == 0
+    run = out / "runs" / "baseline-seed0"
+    result = json.loads((run / "result.json").read_text())
+    assert result["learning_rate"] == 5e-3 and result["method_config"]["learning_rate"] == 5e-3
+    logged = {json.loads(line).get("learning_rate") for line in (run / "metrics.jsonl").read_text().splitlines()}
+    assert logged - {None} == {5e-3}
+    assert result["budget"]["batch_size"] == 12 and result["budget"]["batch_size_configured"] == 64
+    assert result["budget"]["global_batch_size"] == 12
+
+
+# --- non-finite floats, booleans, ranges -------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, field", [
+    ("learning_rates: [1.0e-3, .inf]\n", "learning_rates.1"),
+    ("reference: {baseline: .nan}\n", "reference.baseline"),
+])
+def test_non_finite_top_level_values_are_refused(tmp_path, text, field):
+    with pytest.raises(ConfigError) as info:
+        load_config(_yaml_file(tmp_path, text))
+    assert f"{field}: Input should be a finite number" in str(info.value)
+
+
+@pytest.mark.parametrize("override, field", [
+    ("training.learning_rate=.inf", "training.learning_rate"),
+    ("training.learning_rate=.nan", "training.learning_rate"),
+    ("training.weight_decay=.inf", "training.weight_decay"),
+    ("training.epochs=.inf", "training.epochs"),
+    ("training.max_grad_norm=.inf", "training.max_grad_norm"),
+    ("training.early_stopping_min_delta=.inf", "training.early_stopping_min_delta"),
+    ("methods.0.learning_rate=.inf", "methods.0.learning_rate"),
+    ("methods.1.learning_rates=[.inf, 1.0e-3]", "methods.1.learning_rates.0"),
+    ("methods.1.normal_std=.inf", "methods.1.normal_std"),
+])
+def test_non_finite_rates_and_ratios_are_refused(tmp_path, override, field):
+    with pytest.raises(ConfigError) as info:
+        load_config(_yaml_file(tmp_path, ""), [override])
+    lines = str(info.value).splitlines()
+    assert len(lines) == 2 and lines[1].startswith(f"  - {field}: ") and "finite number" in lines[1]
+
+
+def test_a_methods_training_rate_must_be_finite_too():
+    line = _refused(_config(methods=[{"name": "baseline", "training": {"learning_rate": float("inf")}}]))
+    assert "methods[baseline].training.learning_rate" in line and "finite" in line
+
+
+@pytest.mark.parametrize("override, field", [
+    ("seeds=[true]", "seeds.0"),
+    ("training.max_steps=true", "training.max_steps"),
+    ("training.batch_size=true", "training.batch_size"),
+    ("training.epochs=true", "training.epochs"),
+    ("training.eval_every=false", "training.eval_every"),
+    ("task.max_length=true", "task.max_length"),
+    ("training.adam_betas=[0.9, true]", "training.adam_betas.1"),
+])
+def test_booleans_are_not_numbers(tmp_path, override, field):
+    with pytest.raises(ConfigError) as info:
+        load_config(_yaml_file(tmp_path, ""), [override])
+    lines = str(info.value).splitlines()
+    assert len(lines) == 2 and lines[1].startswith(f"  - {field}: expected a number, not the boolean")
+
+
+@pytest.mark.parametrize("override", ["seeds=[1.5]", "seeds=['1']", "training.max_steps=2.5"])
+def test_integers_are_not_floats_or_strings(tmp_path, override):
+    with pytest.raises(ConfigError, match="Input should be a valid integer"):
+        load_config(_yaml_file(tmp_path, ""), [override])
+
+
+@pytest.mark.parametrize("override, bound", [
+    ("seeds=[-1]", "greater than or equal to 0"),
+    (f"seeds=[{2**32}]", f"less than {2**32}"),
+    ("task.subset_seed=-3", "greater than or equal to 0"),
+    ("sweep_seeds=[-1]", "greater than or equal to 0"),
+])
+def test_seeds_numpy_cannot_take_are_refused(tmp_path, override, bound):
+    with pytest.raises(ConfigError) as info:
+        load_config(_yaml_file(tmp_path, ""), [override])
+    assert bound in str(info.value)
+
+
+def test_largest_seed_numpy_takes_is_accepted():
+    assert config_from_dict(_config(seeds=[0, 2**32 - 1])).seeds == [0, 2**32 - 1]
+
+
+@pytest.mark.parametrize("betas, index, bound", [
+    ([1.5, 0.999], 0, "less than 1"), ([0.9, 1.0], 1, "less than 1"), ([0.9, -0.1], 1, "greater than or equal to 0"),
+])
+def test_adam_betas_outside_zero_one_are_refused(betas, index, bound):
+    line = _refused(_config(training={"max_steps": 2, "adam_betas": betas}))
+    assert line.startswith(f"  - training.adam_betas.{index}: ") and bound in line
+
+
+def test_adam_beta_zero_is_accepted():
+    assert config_from_dict(_config(training={"adam_betas": [0.0, 0.99]})).training.adam_betas == (0.0, 0.99)
+
+
+# --- paths ------------------------------------------------------------------------------------------
+
+
+def test_init_from_a_file_that_is_not_safetensors_is_refused(tmp_path):
+    notes = tmp_path / "weights.txt"
+    notes.write_text("not weights, but long enough to have eight bytes\n")
+    line = _refused(_config(init_from=str(notes)))
+    assert str(notes) in line and "safetensors header" in line
+
+
+def test_init_from_template_names_the_bad_file_of_one_method(tmp_path):
+    good = {"w": torch.zeros(2)}
+    save_file(good, str(tmp_path / "baseline.safetensors"))
+    (tmp_path / "oelm_freeze.safetensors").write_bytes(b"\x00" * 64)  # truncated / zeroed download
+    line = _refused(_config(init_from=str(tmp_path / "{method}.safetensors")))
+    assert str(tmp_path / "oelm_freeze.safetensors") in line
+
+
+def test_init_from_a_real_safetensors_file_is_accepted(tmp_path):
+    path = tmp_path / "model.safetensors"
+    save_file({"w": torch.ones(3, 3)}, str(path))
+    assert config_from_dict(_config(init_from=str(path))).init_from == str(path)
+
+
+@pytest.mark.parametrize("changes, field", [
+    ({"output_dir": ""}, "output_dir"),
+    ({"init_from": "  "}, "init_from"),
+    ({"model": {"pretrained": ""}}, "model.pretrained"),
+    ({"task": {"dataset": "sst2", "tokenizer": ""}}, "task.tokenizer"),
+    ({"task": {"dataset": "sst2", "data_dir": ""}}, "task.data_dir"),
+])
+def test_empty_paths_are_refused_not_taken_for_here(changes, field):
+    line = _refused(_config(**changes))
+    assert line.startswith(f"  - {field}: is empty")
+
+
+# --- overrides of list entries -----------------------------------------------------------------------
+
+
+def test_list_index_override_sets_that_entry(tmp_path):
+    path = _yaml_file(tmp_path, "")
+    config = load_config(path, ["methods.1.learning_rate=2.0e-3", "methods.baseline.freeze=false"])
+    assert [config.learning_rate_candidates(m) for m in config.methods] == [[1e-4], [2e-3]]
+    assert config.methods[0].freeze is False
+
+
+def test_list_index_override_gets_the_fields_own_message(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        load_config(_yaml_file(tmp_path, ""), ["methods.0.learning_rate=-1"])
+    assert "methods.0.learning_rate: Input should be greater than 0 (got -1)" in str(info.value)
+    assert "should be a valid list" not in str(info.value)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("methods.2.learning_rate=1", "override methods.2: methods has 2 entries, so the index must be 0 to 1"),
+    ("methods.adam.learning_rate=1", "give an index 0 to 1 or a name (baseline, oelm_freeze)"),
+    ("seeds.0=4", "override seeds.0: seeds is not a list in the config file"),
+])
+def test_bad_list_index_override_says_what_exists(tmp_path, override, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(_yaml_file(tmp_path, ""), [override])
+    assert message in str(info.value) and len(str(info.value).splitlines()) == 1
+
+
+def test_union_field_errors_are_one_line_without_pydantic_branch_names():
+    line = _refused(_config(methods=[{"name": "baseline", "normal_std": "wide"}]))
+    assert line.startswith("  - methods.0.normal_std: ") and "'matched'" in line and "function-" not in line
