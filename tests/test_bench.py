@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from oelm import cli
 from oelm.bench import BENCH_SHAPES, BenchConfig, run_bench
 
 TINY_ARGS = [
-    "bench", "--model", "gpt-tiny", "--set", "num_layers=2", "hidden_size=32", "num_heads=4", "intermediate_size=64",
+    "bench", "--model", "gpt-tiny", "num_layers=2", "model.gpt_overrides.hidden_size=32", "--set", "num_heads=4", "intermediate_size=64",
     "--vocab-size", "128", "--seq-len", "16", "--batch-size", "2", "--steps", "6", "--warmup-steps", "1",
     "--device", "cpu", "--data", "random", "--no-progress",
 ]
@@ -47,6 +48,74 @@ def test_bench_json_has_sane_figures(bench_json):
     assert 0.9 < ratio["theory"] < 1.0  # frozen Q/K skip their weight gradients
     assert isinstance(r["engine_overhead_percent"], float)
     assert r["data"] == "random token ids"
+    ep = r["engine_plain"]  # engine baseline / plain loop, step by step
+    per_step = sorted(a / b for a, b in zip(r["runners"]["baseline"]["step_times_ms"], r["runners"]["plain"]["step_times_ms"]))
+    assert ep["median"] == pytest.approx((per_step[2] + per_step[3]) / 2)
+    assert ep["best"] == pytest.approx(min(r["runners"]["baseline"]["step_times_ms"]) / min(r["runners"]["plain"]["step_times_ms"]))
+    assert r["engine_overhead_percent"] == pytest.approx((ep["median"] - 1) * 100)
+
+
+def test_operators_per_step_are_counted_and_diffed(bench_json):
+    ops = bench_json["operators"]
+    # a forward + backward + AdamW of a 2-layer GPT: hundreds of aten calls on each side
+    assert ops["engine"] > 300 and ops["plain"] > 300
+    assert ops["engine"] - ops["plain"] == sum(ops["extra"].values()) + sum(ops["fewer"].values())
+    assert all(k.startswith("aten::") and v > 0 for k, v in ops["extra"].items())
+
+
+def test_operator_diff_names_the_extra_calls():
+    from collections import Counter
+
+    from oelm.bench.operators import count_operators, operator_diff
+
+    x = torch.ones(4)
+    plain = count_operators(lambda: x + 1)
+    engine = count_operators(lambda: (x + 1).neg())  # one more operator
+    d = operator_diff(engine, plain)
+    assert d["extra"] == {"aten::neg": 1} and d["fewer"] == {} and d["engine"] == d["plain"] + 1
+    assert operator_diff(Counter({"aten::add": 1}), Counter({"aten::add": 3}))["fewer"] == {"aten::add": -2}
+
+
+def test_plain_loop_does_the_engines_math():
+    """Same batches, same initial weights: the plain loop (clipping, schedule, weight decay, the
+    engine's AdamW) ends with the engine baseline's weights; it would not without clipping."""
+    from oelm.bench import runners as R, shapes as S
+    from oelm.train import autocast_context
+
+    cfg = BenchConfig(model="dispatch-proxy", device="cpu", learning_rate=1e-2)
+    gpt, batch_size, seq_len = S.model_config(cfg)
+    template = S.build_model(gpt, 0)
+    engine, plain = R.make_runners(template, ["baseline", "plain"], device=torch.device("cpu"), steps=6, warmup_steps=1,
+                                   precision="fp32", learning_rate=1e-2, seed=0, compile_mode=None)
+    assert plain.max_grad_norm == engine.engine.config.max_grad_norm == 1.0
+    batches = S.make_batches(torch.randint(0, 256, (12, seq_len), generator=torch.Generator().manual_seed(1)), batch_size, 6, 0)
+    autocast = autocast_context(torch.device("cpu"), "no")
+    for b in batches:
+        R.engine_step(engine, b)
+        R.plain_step(plain, b, torch.device("cpu"), autocast)
+    assert plain.scheduler.get_last_lr() == engine.scheduler.get_last_lr()
+    for (name, a), b in zip(engine.base.named_parameters(), plain.base.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+    torch.testing.assert_close(plain.running_loss, engine.engine.running_loss)
+    assert not bool(plain.grad_nonfinite)
+
+
+def test_auto_batch_size_halves_until_it_fits():
+    from oelm.bench.runners import find_batch_size
+    from oelm.errors import RunFaultError
+
+    tried = []
+
+    def fits(b):
+        tried.append(b)
+        if b > 24:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        if b > 12:  # the engine's own OOM error counts too
+            raise RunFaultError("out of memory during training", kind="oom")
+
+    assert find_batch_size(fits, 64) == 8 and tried == [64, 32, 16, 8]
+    with pytest.raises(ValueError):  # other errors are not swallowed
+        find_batch_size(lambda b: (_ for _ in ()).throw(ValueError("bad")), 8)
 
 
 def test_frozen_qk_are_bit_identical_after_the_bench(bench_json):
@@ -58,22 +127,23 @@ def test_frozen_qk_are_bit_identical_after_the_bench(bench_json):
 
 def test_frozen_check_can_fail(monkeypatch):
     # If a "frozen" tensor moved during the steps, the record must say so.
-    import oelm.bench as bench
+    import oelm.bench.runners as bench
 
     calls = {"n": 0}
-    real = bench._frozen_bytes
+    real = bench.frozen_bytes
 
     def moving(model):
         calls["n"] += 1
         out = real(model)
         return {k: v + b"x" for k, v in out.items()} if calls["n"] > 3 else out  # after the steps: different
 
-    monkeypatch.setattr(bench, "_frozen_bytes", moving)
+    monkeypatch.setattr(bench, "frozen_bytes", moving)
     cfg = BenchConfig(model="gpt-tiny", overrides={"num_layers": 1, "hidden_size": 16, "num_heads": 2, "intermediate_size": 32},
                       vocab_size=64, seq_len=8, batch_size=2, steps=2, warmup_steps=1, device="cpu", data="random", plain=False)
     result = run_bench(cfg, progress=False)
     assert result["runners"]["oelm_freeze"]["frozen_bit_identical"] is False
     assert result["engine_overhead_percent"] is None and "plain" not in result["runners"]
+    assert result["engine_plain"] is None and result["operators"] is None
 
 
 def test_cpu_bench_shape_is_issue_12s():
@@ -85,11 +155,14 @@ def test_cpu_bench_shape_is_issue_12s():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["bench", "--model", "gpt-huge"], "unknown bench model 'gpt-huge'; valid: cpu-bench, gpt-medium-512, gpt-tiny"),
+        (["bench", "--model", "gpt-huge"],
+         "unknown bench model 'gpt-huge'; valid: cpu-bench, dispatch-proxy, gpt2-124m, bert-base-cls, gpt-medium-512, gpt-tiny"),
         (["bench", "--methods", "oelm_freeze"], "must include baseline"),
         (["bench", "--methods", "baseline,frozen_everything"], "unknown method(s) frozen_everything"),
-        (["bench", "--set", "num_layers"], "--set expects key=value"),
-        (["bench", "--set", "layers=2"], "unknown GPTConfig override key(s) 'layers'"),
+        (["bench", "--set", "num_layers"], "expect key=value, got 'num_layers'"),
+        (["bench", "layers=2"], "unknown GPTConfig override key(s) 'layers'"),
+        (["bench", "training.epochs=2"], "dotted keys must be model.gpt_overrides.<field>"),
+        (["bench", "--model", "bert-base-cls", "hidden=2"], "unknown BertConfig override key(s) 'hidden'"),
         (["bench", "--data", "imagenet"], "unknown --data 'imagenet'"),
         (["bench", "--steps", "0"], "--steps must be >= 1"),
     ],
@@ -98,3 +171,34 @@ def test_bad_input_is_one_line_error(args, message, capsys):
     assert cli.main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("oelm: error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_unknown_compile_mode_is_refused():
+    from oelm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown --compile-mode 'fastest'; use default, reduce-overhead"):
+        run_bench(BenchConfig(compile_mode="fastest", device="cpu"), progress=False)
+
+
+def test_real_model_shapes_are_gpt2_small_and_bert_base():
+    from oelm.bench.shapes import model_config
+
+    gpt, batch, seq_len = model_config(BenchConfig(model="gpt2-124m"))
+    assert (gpt.num_layers, gpt.hidden_size, gpt.num_heads, gpt.intermediate_size, gpt.vocab_size, seq_len, batch) == (
+        12, 768, 12, 3072, 50304, 1024, None)  # batch None: found automatically
+    assert gpt.tie_word_embeddings
+    bert, batch, seq_len = model_config(BenchConfig(model="bert-base-cls"))
+    assert (bert.num_hidden_layers, bert.hidden_size, bert.num_attention_heads, bert.intermediate_size, seq_len, batch) == (
+        12, 768, 12, 3072, 128, None)
+
+
+def test_bert_shape_runs_reduced_on_cpu():
+    """The BERT-base-sized classifier shape, with its sizes overridden down, runs every figure;
+    the batch is found automatically (1 on a CPU)."""
+    cfg = BenchConfig(model="bert-base-cls", overrides={"num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 2,
+                                                         "intermediate_size": 64}, seq_len=16, steps=2, warmup_steps=1,
+                      device="cpu", data="random", profile=False)
+    r = run_bench(cfg, progress=False)
+    assert r["model"]["family"] == "bert" and r["model"]["batch_size"] == 1 and r["model"]["auto_batch_size"] is True
+    assert r["runners"]["oelm_freeze"]["frozen_tensors"] == 4 and r["runners"]["oelm_freeze"]["frozen_bit_identical"]
+    assert r["runners"]["plain"]["final_loss"] > 0 and r["engine_plain"]["n"] == 2

@@ -299,32 +299,29 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def _parse_set(items: list[str]) -> dict:
-    """``["num_layers=4", "dropout=0.1"]`` -> ``{"num_layers": 4, "dropout": 0.1}`` (values read as YAML)."""
-    import yaml
+    """Bench overrides, ``oelm run``'s syntax: ``["num_layers=4", "model.gpt_overrides.dropout=0.1"]``
+    -> ``{"num_layers": 4, "dropout": 0.1}`` (values read as YAML; see :func:`oelm.bench.parse_overrides`)."""
+    from oelm.bench import parse_overrides
 
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise OELMError(f"--set expects key=value, got {item!r}")
-        out[key] = yaml.safe_load(value)
-    return out
+    return parse_overrides(items)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from oelm.bench import BenchConfig, format_bench, run_bench
 
     config = BenchConfig(
-        model=args.model, overrides=_parse_set(args.set), batch_size=args.batch_size, seq_len=args.seq_len,
-        vocab_size=args.vocab_size, steps=args.steps, warmup_steps=args.warmup_steps,
+        model=args.model, overrides=_parse_set([*args.overrides, *args.set]), batch_size=args.batch_size,
+        seq_len=args.seq_len, vocab_size=args.vocab_size, steps=args.steps, warmup_steps=args.warmup_steps,
         methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), device=args.device,
-        precision=args.precision, compile=args.compile, data=args.data, seed=args.seed, plain=not args.no_plain,
+        precision=args.precision, compile=args.compile, compile_mode=args.compile_mode, data=args.data, seed=args.seed,
+        plain=not args.no_plain, profile=not args.no_profile,
     )
     result = run_bench(config, progress=not args.no_progress)
     header, rows, lines = format_bench(result)
     m = result["model"]
+    compiled = f", compiled ({config.compile_mode or 'default'})" if config.compile or config.compile_mode else ""
     _print_table(f"oelm bench: {config.model} (batch {m['batch_size']} x {m['seq_len']} tokens, {config.precision}"
-                 f"{', compiled' if config.compile else ''})", header, rows)
+                 f"{compiled})", header, rows)
     for line in lines:
         print(line)
     if args.json:
@@ -392,9 +389,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("bench", help="interleaved step timing of methods vs baseline vs a plain PyTorch loop: ms/step, tokens/s, MFU, ratio")
-    p.add_argument("--model", default="cpu-bench", help="cpu-bench (issue 12's CPU shape) or an oelm GPT preset: gpt-tiny, gpt-medium-512")
-    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="GPTConfig overrides, e.g. --set num_layers=4 hidden_size=256")
-    p.add_argument("--batch-size", type=int, help="sequences per step (default: the shape's, else 8)")
+    p.add_argument("--model", default="cpu-bench", help="a shape: cpu-bench (issue 12's), dispatch-proxy (a dispatch-bound "
+                   "tiny step), gpt2-124m, bert-base-cls; or an oelm GPT preset: gpt-tiny, gpt-medium-512")
+    p.add_argument("overrides", nargs="*", help="model config overrides as for `oelm run`, e.g. num_layers=4 "
+                   "(or model.gpt_overrides.num_layers=4)")
+    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="the same overrides (an alias)")
+    p.add_argument("--batch-size", type=int, help="sequences per step (default: the shape's; gpt2-124m and bert-base-cls: "
+                   "the largest power of two that fits on the GPU, 1 on a CPU; else 8)")
     p.add_argument("--seq-len", type=int, help="tokens per sequence / block (default: the shape's, else the context length)")
     p.add_argument("--vocab-size", type=int, help="vocabulary size (default: the shape's / preset's)")
     p.add_argument("--steps", type=int, default=50, help="timed steps per runner (default 50)")
@@ -403,9 +404,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="fp32 (default) or bf16 autocast")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False, help="torch.compile each model copy (compile time reported apart)")
+    p.add_argument("--compile-mode", choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+                   help="torch.compile mode for every model copy (implies --compile; reduce-overhead = CUDA graphs)")
     p.add_argument("--data", default="auto", help="auto (TinyStories when available), tinystories or random")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the model init and the data order (default 0)")
     p.add_argument("--no-plain", action="store_true", help="skip the plain PyTorch reference loop")
+    p.add_argument("--no-profile", action="store_true", help="skip the torch.profiler operator count of one engine and one plain step")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", metavar="PATH", help="write every figure (and per-step times) as JSON")
     p.set_defaults(func=cmd_bench)
@@ -422,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     # stops filling a positional list at the first option, so collect the rest here.
     args, extra = parser.parse_known_args(argv)
     if extra:
-        if getattr(args, "command", None) in ("run", "plan") and all("=" in e and not e.startswith("-") for e in extra):
+        if getattr(args, "command", None) in ("run", "plan", "bench") and all("=" in e and not e.startswith("-") for e in extra):
             args.overrides = list(args.overrides) + extra
         else:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
