@@ -113,3 +113,19 @@ def test_only_the_main_process_takes_the_lock(tmp_path, monkeypatch):
     monkeypatch.setattr(driver, "_drive", lambda c, o, l, r, a, e: seen.setdefault("exists", (o / LOCK_NAME).exists()))
     experiment.run_experiment(load_config(QUICKSTART), tmp_path)
     assert seen["exists"] is False
+
+
+def test_lock_path_that_is_a_directory_is_one_line_naming_it(tmp_path, capsys):
+    """A `.oelm.lock` directory (made by hand or a sync tool) was an IsADirectoryError traceback."""
+    from oelm.lock import hold_shared_lock
+
+    out = tmp_path / "out"
+    (out / LOCK_NAME).mkdir(parents=True)
+    assert main(["run", str(QUICKSTART), "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"oelm: error: {out / LOCK_NAME} is a directory, not oelm's lock file; remove it (rm -r {out / LOCK_NAME})" in err
+    with pytest.raises(OutputLockedError, match="is a directory, not oelm's lock file"):
+        with hold_shared_lock(out):
+            pass
+    assert (out / LOCK_NAME).is_dir()  # left for the user to look at

@@ -75,9 +75,10 @@ def acquire(out: str | os.PathLike) -> int:
     descriptor that holds it (pass it to :func:`release`).
 
     Raises:
-        OutputLockedError: another live process holds it (named: pid, host, start time), or the
+        OutputLockedError: another live process holds it (named: pid, host, start time), the
             file names another host (whose process cannot be checked from here; the message says
-            to delete the file if that run is gone).
+            to delete the file if that run is gone), or ``.oelm.lock`` cannot be opened (a
+            directory, not writable: named, with the fix).
     """
     path = Path(out) / LOCK_NAME
     host = socket.gethostname()
@@ -92,7 +93,7 @@ def acquire(out: str | os.PathLike) -> int:
             raise busy from None
         if not _fallback_free(path, host):  # no flock on this file system (ENOLCK): trust the pid
             raise busy from None
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock_file(path)
     previous = read_holder(out)
     if previous and previous.get("host") not in (None, host):
         release(fd, out, remove=False)
@@ -107,6 +108,20 @@ def acquire(out: str | os.PathLike) -> int:
     return fd
 
 
+def _open_lock_file(path: Path) -> int:
+    """``os.open`` of the lock file (created if missing); a path that cannot be oelm's lock file (a
+    directory, a file this user may not write) is an :class:`OutputLockedError` naming it."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except IsADirectoryError:
+        raise OutputLockedError(f"{path} is a directory, not oelm's lock file; remove it (rm -r {path}) and rerun") from None
+    except OSError as exc:
+        raise OutputLockedError(
+            f"cannot open the lock file {path} ({exc.strerror or exc}); the output directory must exist and be writable "
+            f"by you (remove {path} if it is a leftover of another user's run)"
+        ) from None
+
+
 def _flock_current(path: Path, operation: int) -> int:
     """Open ``path`` (created if missing) and flock it with ``operation`` (``LOCK_EX`` /
     ``LOCK_SH``, not waiting); returns the descriptor once the lock is on the file that is at
@@ -114,7 +129,7 @@ def _flock_current(path: Path, operation: int) -> int:
     between our open and our lock, we would hold a lock on a removed file while a third process
     locks a new one, so we start over. Raises the ``OSError`` of a refused flock."""
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock_file(path)
         try:
             fcntl.flock(fd, operation | fcntl.LOCK_NB)
         except OSError:
