@@ -1,19 +1,95 @@
-"""Command line: ``oelm run | plan | monitor | inspect | report | bench | env``.
+"""Command line: ``oelm run | plan | stop | monitor | inspect | report | configs | init | bench | env``.
 
 Every deliberate error (bad config, missing data, unsupported model) is printed as one line
 ``oelm: error: ...`` with exit status 2; anything else is a bug and keeps its traceback.
+
+The Hugging Face Hub is off unless asked for (``--online``, or ``HF_HUB_OFFLINE`` set in the
+environment): a missing dataset or model then fails at once with one line instead of retrying
+the network. ``--data-dir DIR`` sets ``OELM_DATA_DIR`` for the process (and the runs it starts).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
+from oelm.configs import resolve_config
 from oelm.errors import OELMError  # importing oelm sets OMP_WAIT_POLICY before torch loads
 
 EXIT_INTERRUPTED = 130  # `oelm run` stopped by SIGTERM/SIGINT; rerunning continues the matrix
+_YAML = (".yaml", ".yml")
+
+
+def version() -> str:
+    """oelm's version from the installed package's metadata (``pip install`` / ``pip install -e``)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as _version
+
+    try:
+        return _version("oelm")
+    except PackageNotFoundError:
+        return "unknown (oelm is not installed: pip install -e .)"
+
+
+def _output_dir(args: argparse.Namespace, config) -> Path:
+    """``--output-dir``, else the config's ``output_dir``, else ``outputs/<name>``.
+
+    Raises:
+        OELMError: ``--output-dir ''`` (an empty value is refused, not read as the default).
+    """
+    if args.output_dir is not None and not args.output_dir.strip():
+        raise OELMError("--output-dir is empty; give a directory, or leave the option out for the config's "
+                        f"output_dir (else outputs/{config.name})")
+    return Path(args.output_dir or config.output_dir or Path("outputs") / config.name)
+
+
+def _apply_environment(args: argparse.Namespace) -> None:
+    """``--data-dir`` -> ``OELM_DATA_DIR``; the Hub offline (``HF_HUB_OFFLINE=1``) unless
+    ``--online`` or the environment already says. Done before anything imports
+    huggingface_hub, which reads these once; Ray workers and launched processes inherit them.
+
+    Raises:
+        OELMError: ``--data-dir`` is not an existing directory.
+    """
+    data_dir = getattr(args, "data_dir", None)
+    if data_dir is not None:
+        path = Path(data_dir).expanduser()
+        if not path.is_dir():
+            raise OELMError(f"--data-dir {data_dir}: no such directory; give a folder laid out like shared/data "
+                            "(see its MANIFEST.md)")
+        os.environ["OELM_DATA_DIR"] = str(path.resolve())
+    if getattr(args, "online", False):
+        os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "0"
+    else:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _launch_line() -> str:
+    """``"2 processes on cpu (MULTI_CPU)"``: what Accelerate's state says this job runs on."""
+    from accelerate import PartialState
+
+    from oelm.distributed import cpu_only
+
+    state = PartialState(cpu=cpu_only())
+    n = state.num_processes
+    kind = str(getattr(state.distributed_type, "value", state.distributed_type))
+    line = f"{n} process{'es' if n != 1 else ''} on {state.device.type}" + (f" ({kind})" if n > 1 else "")
+    if n == 1 and os.environ.get("ACCELERATE_USE_CPU", "").lower() == "true":
+        # accelerate launch --cpu uses its simple launcher: one process, whatever --num_processes says
+        line += "; for N CPU processes: torchrun --nproc_per_node=N -m oelm run ..."
+    return line
+
+
+def _comparison_warnings(comparison: dict) -> list[str]:
+    """The comparison's warnings (machine-speed drift, devices, collapses, ...), as `oelm report`
+    prints them."""
+    import oelm.report
+
+    fn = getattr(oelm.report, "comparison_warnings", None)
+    return list(fn(comparison) if fn is not None else comparison.get("warnings", []))
 
 
 def _print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
@@ -65,8 +141,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from oelm.matrix import collect, run_matrix, run_only
 
     started = time.perf_counter()
-    config = load_config(args.config, args.overrides)
-    out = Path(args.output_dir or config.output_dir or Path("outputs") / config.name)
+    config = load_config(resolve_config(args.config), args.overrides)
+    out = _output_dir(args, config)
     if args.only and args.collect:
         raise OELMError("--only and --collect are two steps: train runs with --only, then collect once with --collect")
     main = is_main_process()  # launched on several processes, rank 0 alone prints
@@ -84,7 +160,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             executor = _executor_config(config, args)
             if main:
-                print(f"oelm run: {config.name} -> {out} (executor {executor.name})")
+                print(f"oelm run: {config.name} -> {out} (executor {executor.name}; {_launch_line()})")
             comparison = run_matrix(config, out, retry_failed=args.retry_failed, executor=executor,
                                     allow_missing_weights=args.allow_missing_weights)
             missing = []
@@ -101,7 +177,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     _print_table(f"{config.name}: {comparison['task']} / {comparison['model']}", header, rows)
     if missing:
         print(f"not finished yet (left out): {', '.join(missing)}")
-    print(f"results: {out / 'comparison.json'}  report: {out / 'report.md'}")
+    for w in _comparison_warnings(comparison):
+        print(f"warning: {w}")
+    print(f"report: {out / 'report.html'} (also report.md)  numbers: {out / 'comparison.json'}  "
+          f"curves: tensorboard --logdir {out / 'runs'}")
     minutes, seconds = divmod(time.perf_counter() - started, 60)
     print(f"oelm run took {int(minutes)} min {seconds:.0f} s (this process, start-up and report included)")
     return 0
@@ -111,8 +190,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from oelm.config import load_config
     from oelm.matrix import plan_matrix
 
-    config = load_config(args.config, args.overrides)
-    out = Path(args.output_dir or config.output_dir or Path("outputs") / config.name)
+    config = load_config(resolve_config(args.config), args.overrides)
+    out = _output_dir(args, config)
     for task in plan_matrix(config, out, log=lambda m: print(m, file=sys.stderr)):
         print(json.dumps(task.to_dict()))
     return 0
@@ -228,7 +307,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from oelm.method import METHODS, apply_oelm, find_attention_projections
 
     target = args.target
-    is_config = target is not None and Path(target).is_file() and Path(target).suffix in (".yaml", ".yml")
+    if target is not None and Path(target).suffix in _YAML:
+        target = str(resolve_config(target))  # a YAML path that is not there is "no such file", not a Hub id
+    elif target is not None and target.startswith(("/", "./", "../", "~")) and not Path(target).expanduser().exists():
+        raise OELMError(f"{target}: no such file or directory (give a model directory, a Hub id or an experiment YAML)")
+    is_config = target is not None and Path(target).is_file() and Path(target).suffix in _YAML
     if target is not None and not is_config or (target is None and args.model and args.config_only):
         name = target or args.model
         set_seed(0)
@@ -288,6 +371,99 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stop(args: argparse.Namespace) -> int:
+    """Stop the `oelm run` that holds ``args.dir``: SIGTERM to the pid its ``.oelm.lock`` records
+    (read with :mod:`oelm.lock`), then wait up to ``args.wait`` seconds for the lock to be given
+    back. Never by name or pattern: only that process. Exit 0 when it stopped (or nothing held
+    the directory), 1 when it is still running after the wait.
+
+    Raises:
+        OELMError: no such directory, a lock of another host or of a user we may not signal.
+    """
+    import signal
+    import socket
+    import time
+
+    from oelm.errors import OutputLockedError
+    from oelm.lock import LOCK_NAME, hold_shared_lock, pid_alive, read_holder
+
+    out = Path(args.dir)
+    if not out.is_dir():
+        raise OELMError(f"{out}: no such directory; pass the --output-dir of the `oelm run` to stop")
+    holder = read_holder(out) if (out / LOCK_NAME).is_file() else None
+    pid = holder.get("pid") if holder else None
+    held = False
+    if holder is not None:
+        try:  # a driver's exclusive lock refuses this shared probe; a left-over file does not
+            with hold_shared_lock(out):
+                pass
+        except OutputLockedError:
+            held = True  # (or no flock on this file system: the pid check below decides)
+    if not held or not pid_alive(pid):
+        what = f"its lock file names pid {pid}, which is gone" if holder else f"no {LOCK_NAME} there"
+        print(f"oelm stop: no run holds {out} ({what}); nothing to stop")
+        return 0
+    if holder.get("host") != socket.gethostname():
+        raise OELMError(f"the run holding {out} is on host {holder.get('host')} (pid {pid}); run `oelm stop` there")
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except PermissionError:
+        raise OELMError(f"pid {pid} holds {out} but belongs to another user; ask them to stop it") from None
+    print(f"oelm stop: sent SIGTERM to pid {pid} (the oelm run holding {out}, started {holder.get('started_at')})")
+    deadline = time.monotonic() + args.wait
+    while time.monotonic() < deadline:
+        now = read_holder(out)
+        if not pid_alive(pid) or not now or now.get("pid") != pid:
+            print(f"oelm stop: it stopped; rerun the same `oelm run` command to continue from its checkpoints")
+            return 0
+        time.sleep(0.2)
+    print(f"oelm stop: pid {pid} still holds {out} after {args.wait:g} s (it saves a checkpoint first); "
+          f"wait, or `kill -KILL {pid}` as a last resort")
+    return 1
+
+
+def cmd_configs(args: argparse.Namespace) -> int:
+    """List the shipped experiment configs (name, description) that `oelm run NAME` accepts."""
+    import yaml
+
+    from oelm.configs import shipped_configs
+
+    shipped = shipped_configs()
+    width = max(map(len, shipped))
+    print("shipped experiment configs (oelm run NAME, oelm init --template NAME):")
+    for name, path in shipped.items():
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            data = None
+        print(f"  {name:<{width}}  {data.get('description', '') if isinstance(data, dict) else ''}")
+    return 0
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    """Write a starter experiment config to edit (:func:`oelm.configs.starter_config`).
+
+    Raises:
+        ConfigError: an unknown template. OELMError: PATH exists (without ``--force``), is not
+            ``.yaml``, or cannot be written.
+    """
+    from oelm.configs import starter_config
+
+    dest = Path(args.path)
+    if dest.suffix not in _YAML:
+        raise OELMError(f"{dest}: give a path ending in .yaml")
+    if dest.exists() and not args.force:
+        raise OELMError(f"{dest} exists; give another PATH, or --force to overwrite it")
+    text = starter_config(args.template, dest.stem, version())
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise OELMError(f"cannot write {dest}: {exc.strerror or exc}") from None
+    print(f"wrote {dest} (from {args.template}); edit it, then: oelm run {dest}")
+    return 0
+
+
 def cmd_env(args: argparse.Namespace) -> int:
     from oelm.environment import capture_environment
 
@@ -333,11 +509,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="oelm", description="Orthogonal ELM transformer training and comparisons.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="oelm", description="Orthogonal ELM transformer training and comparisons.",
+        epilog="The Hugging Face Hub is off unless --online is given (or HF_HUB_OFFLINE is set): data and models "
+               "come from --data-dir / OELM_DATA_DIR and local directories.")
+    parser.add_argument("--version", action="version", version=f"oelm {version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("run", help="run every method x seed of an experiment config, then compare")
-    p.add_argument("config", help="experiment YAML, e.g. configs/quickstart.yaml")
+    env = argparse.ArgumentParser(add_help=False)  # run, plan, report, inspect
+    env.add_argument("--data-dir", metavar="DIR",
+                     help="folder of local data laid out like shared/data (sets OELM_DATA_DIR for this command and its runs)")
+    env.add_argument("--online", action="store_true",
+                     help="allow downloads from the Hugging Face Hub (default: offline unless HF_HUB_OFFLINE is set)")
+
+    p = sub.add_parser("run", parents=[env], help="run every method x seed of an experiment config, then compare")
+    p.add_argument("config", help="experiment YAML, or a shipped config's name (quickstart; `oelm configs` lists them)")
     p.add_argument("--output-dir", help="default: the config's output_dir, else outputs/<name>")
     p.add_argument("--retry-failed", action="store_true", help="rerun runs that failed earlier (NaN, OOM, ...) instead of keeping their failure")
     p.add_argument("--executor", choices=["local", "ray"],
@@ -356,14 +542,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-missing-weights", action="store_true",
                    help="keep finished runs whose best weights are missing (an output directory restored from a copy "
                         "without weights): their numbers count; a selected sweep run without them is retrained for its test split")
-    p.add_argument("overrides", nargs="*", help="key=value overrides with dotted keys, e.g. training.epochs=2 seeds=[0,1,2]")
+    p.add_argument("overrides", nargs="*", default=[],
+                   help="optional key=value overrides with dotted keys, e.g. training.epochs=2 seeds=[0,1,2]")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("plan", help="the runs of a matrix that are ready to train now, one JSON object a line (for batch systems)")
-    p.add_argument("config", help="experiment YAML")
+    p = sub.add_parser("plan", parents=[env],
+                       help="the runs of a matrix that are ready to train now, one JSON object a line (for batch systems)")
+    p.add_argument("config", help="experiment YAML, or a shipped config's name")
     p.add_argument("--output-dir", help="default: the config's output_dir, else outputs/<name>")
-    p.add_argument("overrides", nargs="*", help="key=value overrides, as for `oelm run`")
+    p.add_argument("overrides", nargs="*", default=[], help="optional key=value overrides, as for `oelm run`")
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("stop", help="stop the `oelm run` holding an output directory (SIGTERM to the pid in its .oelm.lock)")
+    p.add_argument("dir", help="the run's output directory")
+    p.add_argument("--wait", type=float, default=60.0,
+                   help="seconds to wait for it to save and exit (default 60; 0: send the signal and return)")
+    p.set_defaults(func=cmd_stop)
 
     p = sub.add_parser("monitor", help="live view of a running or finished `oelm run` output directory")
     p.add_argument("dir", help="an `oelm run` output directory")
@@ -371,11 +565,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
     p.set_defaults(func=cmd_monitor)
 
-    p = sub.add_parser("report", help="write comparison.json, original_layout.json, report.md and a self-contained report.html from the runs")
+    p = sub.add_parser("report", parents=[env], help="write comparison.json, original_layout.json, report.md and a self-contained report.html from the runs")
     p.add_argument("dir", help="an `oelm run` output directory")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("inspect", help="show where Q/K projections are and the parameter table per method")
+    p = sub.add_parser("inspect", parents=[env], help="show where Q/K projections are and the parameter table per method")
     p.add_argument(
         "target", nargs="?", metavar="MODEL_OR_CONFIG",
         help="a Hugging Face model (Hub id, local dir, or sentence-transformers/all-MiniLM-L6-v2), "
@@ -385,8 +579,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="Hugging Face id or local dir, built as a sequence classifier")
     p.add_argument("--gpt", help="oelm GPT preset (gpt-tiny, gpt-medium-512)")
     p.add_argument("--method", action="append", help="method name (repeatable); default: every named method (MODEL) or the config's methods")
-    p.add_argument("--num-labels", type=int, default=2)
+    p.add_argument("--num-labels", type=int, default=2, help="classifier labels of the built model (default 2)")
     p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("configs", help="list the shipped experiment configs (for `oelm run NAME`, `oelm init --template NAME`)")
+    p.set_defaults(func=cmd_configs)
+
+    p = sub.add_parser("init", help="write a starter experiment config to edit, from a shipped one")
+    p.add_argument("path", nargs="?", default="experiment.yaml", help="file to write (default experiment.yaml)")
+    p.add_argument("--template", default="quickstart", help="shipped config to start from (default quickstart)")
+    p.add_argument("--force", action="store_true", help="overwrite PATH if it exists")
+    p.set_defaults(func=cmd_init)
 
     p = sub.add_parser("bench", help="interleaved step timing of methods vs baseline vs a plain PyTorch loop: ms/step, tokens/s, MFU, ratio")
     p.add_argument("--model", default="cpu-bench", help="a shape: cpu-bench (issue 12's), dispatch-proxy (a dispatch-bound "
@@ -415,7 +618,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("env", help="print the environment record (versions, device, matmul speed probe)")
-    p.add_argument("--no-probe", action="store_true")
+    p.add_argument("--no-probe", action="store_true", help="skip the matrix-multiply speed probe (a few seconds)")
     p.set_defaults(func=cmd_env)
     return parser
 
@@ -431,6 +634,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
+        _apply_environment(args)
         return args.func(args)
     except OELMError as exc:
         print(f"oelm: error: {exc}", file=sys.stderr)
@@ -438,6 +642,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("oelm: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `oelm configs | head`: the reader left; no traceback, no second error at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -275,20 +275,23 @@ def _not_found(
 ) -> DataNotFoundError:
     root = resolve_data_dir(data_dir)
     rel = spec.local_files.get(split, ())
+    hub = f"Hub {spec.hub_id}" + (f" (config {spec.hub_config})" if spec.hub_config else "") if spec.hub_id else "no Hub copy"
+    if root is None and rel:  # the usual first miss (a plain shell): a short line, no notes
+        return DataNotFoundError(
+            f"{_label(spec, split, requested)}: no data dir is set; {hub}: {why_not_hub}. Fix: set OELM_DATA_DIR or "
+            f"pass --data-dir DIR (oelm run/plan/inspect/report), a folder laid out like shared/data with <dir>/{rel[0]}."
+        )
     if root is None:
         local = "no data dir is set (data_dir=None and $OELM_DATA_DIR is unset)"
-        if rel:
-            local += f"; the split's files would be <dir>/{', <dir>/'.join(rel)}"
     elif rel:
         local = f"not found under the data dir: {', '.join(str(root / p) for p in rel)}"
     else:
         local = f"this split is not stored locally in oelm's layout (data dir {root})"
-    hub = f"Hub {spec.hub_id}" + (f" (config {spec.hub_config})" if spec.hub_config else "") if spec.hub_id else "no Hub copy"
     on_hub = bool(spec.hub_id) and split in spec.hub_splits
     if rel:
-        fix = _layout_hint(spec, split) + (", or allow Hub access (unset HF_HUB_OFFLINE, with network)" if on_hub else "")
+        fix = _layout_hint(spec, split) + (", or allow Hub access (oelm --online, or unset HF_HUB_OFFLINE; with network)" if on_hub else "")
     else:
-        fix = "allow Hub access (unset HF_HUB_OFFLINE, with network)" if on_hub else "use another split"
+        fix = "allow Hub access (oelm --online, or unset HF_HUB_OFFLINE; with network)" if on_hub else "use another split"
     note = f" Note: {spec.notes}" if spec.notes else ""
     return DataNotFoundError(f"{_label(spec, split, requested)}: {local}; {hub}: {why_not_hub}. Fix: {fix}.{note}")
 

@@ -1,0 +1,208 @@
+"""The command line a newcomer meets: --version, help on every option, no-argument usage,
+shipped configs by name, `oelm init`, `--data-dir` and the offline Hub, refused empty
+--output-dir, `oelm inspect` on a missing YAML, the run's closing lines (processes, warnings,
+report.html) and `oelm stop` on a real run, by the pid in its lock file.
+
+Subprocess tests run the installed `oelm` entry point from a plain environment (no
+OELM_DATA_DIR, no HF_HUB_OFFLINE), as a shell would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+from oelm.cli import build_parser, main
+from oelm.config import load_config
+from oelm.configs import resolve_config, shipped_configs
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = [  # seconds-long tinystories-tiny: 2-layer, 32-wide GPT, BPE-512, one seed
+    "task.train_samples=40", "task.validation_samples=12", "task.tokenizer=bpe-512", "task.block_size=32",
+    "training.eval_every=2", "training.log_every=2", "training.timing_warmup_steps=1", "training.progress_bar=false",
+    "training.tensorboard=false", "training.save_best_checkpoint=false", "seeds=[0]",
+    "model.gpt_overrides={dropout: 0.0, hidden_size: 32, num_layers: 2, num_heads: 2}",
+]
+
+
+def _plain_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("OELM_DATA_DIR", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    return env | {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"} | extra
+
+
+def _oelm(*args: str, cwd: Path, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "oelm", *args], cwd=cwd, env=_plain_env(**env), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_version_comes_from_the_package_metadata(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"oelm {version('oelm')}"
+
+
+def test_every_option_of_every_sub_command_has_help():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [f"{name} {a.option_strings or a.dest}" for name, p in sub.choices.items() for a in p._actions if not a.help]
+    assert set(sub.choices) >= {"run", "plan", "stop", "report", "inspect", "configs", "init", "monitor", "bench", "env"}
+    assert missing == []
+
+
+def test_run_without_arguments_asks_for_the_config_only(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["run"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert "config [overrides ...]" in err  # overrides shown as optional in the usage
+    assert err.strip().endswith("the following arguments are required: config")
+
+
+@pytest.mark.parametrize("command", ["run", "plan"])
+def test_an_empty_output_dir_is_refused_in_one_line(command, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main([command, "quickstart", "--output-dir", ""]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("oelm: error: --output-dir is empty")
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_inspect_of_a_missing_yaml_is_no_such_file_not_a_hub_id(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["inspect", "missing.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "config missing.yaml: no such file" in err and "Hub" not in err
+    assert main(["inspect", "./no-model-dir"]) == 2
+    assert "./no-model-dir: no such file or directory" in capsys.readouterr().err
+
+
+def test_shipped_configs_resolve_by_name_from_anywhere(tmp_path, monkeypatch):
+    shipped = shipped_configs()
+    package_dir = Path(__import__("oelm").__file__).parent / "configs"
+    assert {"quickstart", "tinystories-tiny", "evidence/sst2_minilm", "cpu/phase1_bert/sst2"} <= set(shipped)
+    assert all(p.is_relative_to(package_dir) and p.is_file() for p in shipped.values())
+    assert (ROOT / "configs").resolve() == package_dir.resolve()  # the repository's configs/ is the package's
+    monkeypatch.chdir(tmp_path)  # no configs/ here
+    for arg in ("quickstart", "quickstart.yaml", "configs/quickstart.yaml"):
+        assert resolve_config(arg) == shipped["quickstart"]
+    assert load_config(resolve_config("cpu/phase1_bert/sst2")).name == load_config(shipped["cpu/phase1_bert/sst2"]).name
+    (tmp_path / "quickstart").write_text("a local file wins")
+    assert resolve_config("quickstart") == Path("quickstart")
+
+
+def test_oelm_configs_lists_every_shipped_config(capsys):
+    assert main(["configs"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]]
+    assert listed == list(shipped_configs())
+
+
+def test_init_writes_a_commented_starter_that_validates(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["init", "my-lm.yaml", "--template", "tinystories-tiny"]) == 0
+    text = (tmp_path / "my-lm.yaml").read_text()
+    assert text.startswith("# Starter experiment written by `oelm init`") and "oelm run THIS_FILE" in text
+    config = load_config(tmp_path / "my-lm.yaml")
+    template = load_config(shipped_configs()["tinystories-tiny"])
+    assert config.name == "my-lm"  # its outputs do not mix with the template's
+    assert config.model_dump(exclude={"name"}) == template.model_dump(exclude={"name"})
+    assert main(["init"]) == 0 and load_config(tmp_path / "experiment.yaml").name == "experiment"
+    capsys.readouterr()
+    assert main(["init", "my-lm.yaml"]) == 2
+    assert "my-lm.yaml exists" in capsys.readouterr().err
+    assert main(["init", "x.yaml", "--template", "nope"]) == 2
+    assert "--template nope: no shipped config" in capsys.readouterr().err
+    assert not (tmp_path / "x.yaml").exists()
+
+
+def test_data_dir_option_sets_the_environment_and_a_bad_one_is_refused(tmp_path, monkeypatch, capsys):
+    from oelm.cli import _apply_environment
+
+    monkeypatch.delenv("OELM_DATA_DIR", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    _apply_environment(argparse.Namespace(data_dir=str(tmp_path), online=False))
+    assert os.environ["OELM_DATA_DIR"] == str(tmp_path.resolve()) and os.environ["HF_HUB_OFFLINE"] == "1"
+    _apply_environment(argparse.Namespace(data_dir=None, online=True))
+    assert os.environ["HF_HUB_OFFLINE"] == "0"
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", "quickstart", "--data-dir", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert "oelm: error: --data-dir" in err and "no such directory" in err
+
+
+def test_plain_shell_run_without_data_fails_fast_in_one_short_line(tmp_path):
+    started = time.monotonic()
+    proc = _oelm("run", "tinystories-tiny", "--output-dir", str(tmp_path / "out"), *TINY, "training.max_steps=2",
+                 cwd=tmp_path, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("oelm: error:") and len(lines[0]) < 400, lines
+    assert "OELM_DATA_DIR" in lines[0] and "--data-dir" in lines[0]
+    assert time.monotonic() - started < 60  # no Hub retries (they took 44 s)
+
+
+def test_plain_shell_run_with_data_dir_prints_processes_warnings_and_report_html(tmp_path, data_dir):
+    out = tmp_path / "out"
+    proc = _oelm("run", "tinystories-tiny", "--data-dir", str(data_dir), "--output-dir", str(out), *TINY,
+                 "training.max_steps=4", "methods=[{name: baseline, learning_rate: 3.0e-3}]", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"-> {out} (executor local; 1 process on cpu)" in proc.stdout
+    warnings = json.loads((out / "comparison.json").read_text())["warnings"]
+    for w in warnings:
+        assert f"warning: {w}" in proc.stdout
+    assert f"report: {out / 'report.html'}" in proc.stdout and (out / "report.html").is_file()
+
+
+def test_stop_sends_sigterm_to_the_pid_in_the_lock_and_nothing_else(tmp_path, data_dir):
+    from oelm.lock import LOCK_NAME, read_holder
+
+    out = tmp_path / "out"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "oelm", "run", "tinystories-tiny", "--data-dir", str(data_dir), "--output-dir", str(out),
+         *TINY, "training.max_steps=100000", "training.eval_every=50000"],
+        cwd=tmp_path, env=_plain_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not list(out.glob("runs/*/metrics.jsonl")):  # training has started
+            assert run.poll() is None and time.monotonic() < deadline, run.communicate()[1][-2000:]
+            time.sleep(0.2)
+        assert read_holder(out)["pid"] == run.pid
+        stop = _oelm("stop", str(out), cwd=tmp_path, timeout=120)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert f"sent SIGTERM to pid {run.pid}" in stop.stdout and "it stopped" in stop.stdout
+        assert run.wait(timeout=60) == 130
+        assert not (out / LOCK_NAME).exists()
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    # nothing holds it now: a second stop signals nobody
+    again = _oelm("stop", str(out), cwd=tmp_path)
+    assert again.returncode == 0 and "nothing to stop" in again.stdout
+
+
+def test_stop_never_signals_a_pid_from_a_left_over_lock_file(tmp_path):
+    """A lock file left by a killed run names a pid that may now be another process: no flock is
+    held on it, so `oelm stop` sends nothing."""
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / ".oelm.lock").write_text(json.dumps({"pid": bystander.pid, "host": socket.gethostname(),
+                                                          "started_at": "2026-01-01T00:00:00+00:00"}))
+        stop = _oelm("stop", str(tmp_path), cwd=tmp_path)
+        assert stop.returncode == 0 and "nothing to stop" in stop.stdout
+        time.sleep(0.5)
+        assert bystander.poll() is None  # still alive: never signalled
+    finally:
+        bystander.send_signal(signal.SIGKILL)
+        bystander.wait()
+    assert _oelm("stop", str(tmp_path / "missing"), cwd=tmp_path).returncode == 2
