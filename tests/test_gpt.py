@@ -331,6 +331,69 @@ def test_causal_lm_loss_never_materializes_shifted_logits():
     assert [B, T - 1, V] in [shape for e in prof.events() for shape in e.input_shapes]
 
 
+@pytest.mark.parametrize("rows", [None, 5])  # one chunk; several, the last one short (34 rows)
+def test_chunked_cross_entropy_equals_fp32_cross_entropy(rows):
+    from oelm.models.loss import chunked_cross_entropy
+
+    g = torch.Generator().manual_seed(4)
+    N, V = 34, 97
+    logits = (4 * torch.randn(N, V, generator=g)).requires_grad_()
+    target = torch.randint(0, V, (N,), generator=g)
+    target[::3] = -100
+    ref = F.cross_entropy(logits, target, ignore_index=-100)
+    (ref_grad,) = torch.autograd.grad(ref, logits)
+    new = chunked_cross_entropy(logits, target, rows=rows)
+    (new_grad,) = torch.autograd.grad(2.5 * new, logits)  # an upstream gradient other than 1 is applied
+    torch.testing.assert_close(new, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(new_grad, 2.5 * ref_grad, rtol=1e-5, atol=1e-7)
+    assert new_grad[::3].abs().max() == 0  # ignored rows get no gradient
+    all_ignored = chunked_cross_entropy(logits, torch.full((N,), -100), rows=rows)
+    assert torch.isnan(all_ignored) and torch.isnan(F.cross_entropy(logits, torch.full((N,), -100)))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_lm_loss_equals_the_fp32_upcast(dtype):
+    """bf16/fp16 logits: the loss equals F.cross_entropy(logits.float()) to 1e-6 (the same fp32 math
+    on the same values), the gradient to one rounding of the logits' dtype."""
+    from oelm.models.loss import chunked_cross_entropy
+
+    g = torch.Generator().manual_seed(5)
+    B, T, V = 3, 11, 101
+    logits = (3 * torch.randn(B, T, V, generator=g)).to(dtype).requires_grad_()
+    labels = torch.randint(0, V, (B, T), generator=g)
+    labels[0, :4] = -100
+    target = F.pad(labels[:, 1:], (0, 1), value=-100).reshape(-1)
+    ref = F.cross_entropy(logits.float().reshape(-1, V), target, ignore_index=-100)
+    (ref_grad,) = torch.autograd.grad(ref, logits)
+    new = causal_lm_loss(logits, labels)
+    (new_grad,) = torch.autograd.grad(new, logits)
+    assert new.dtype == torch.float32 and new_grad.dtype == dtype
+    torch.testing.assert_close(new, ref, rtol=1e-6, atol=1e-6)
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(new_grad.float(), ref_grad.float(), rtol=eps, atol=eps * ref_grad.float().abs().max().item())
+    chunked = chunked_cross_entropy(logits.reshape(-1, V), target, rows=4)  # several chunks: the same loss
+    torch.testing.assert_close(chunked, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_bf16_lm_loss_never_copies_the_whole_logits_to_fp32():
+    from torch.profiler import ProfilerActivity, profile
+
+    from oelm.models.loss import chunked_cross_entropy
+
+    N, V = 12, 29
+    logits = torch.randn(N, V).to(torch.bfloat16).requires_grad_()
+    target = torch.randint(0, V, (N,))
+
+    def upcast_shapes(fn) -> list:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            fn().backward()
+        return [e.input_shapes[0] for e in prof.events() if e.name == "aten::_to_copy"]
+
+    chunked = upcast_shapes(lambda: chunked_cross_entropy(logits, target, rows=4))
+    assert [4, V] in chunked and [N, V] not in chunked  # fp32 a chunk of rows at a time
+    assert [N, V] in upcast_shapes(lambda: F.cross_entropy(logits.float(), target))  # the check can fail
+
+
 def test_classification_loss_is_cross_entropy():
     model = make(GPTForSequenceClassification, num_labels=3)
     ids = random_ids(4, 9)

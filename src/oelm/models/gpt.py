@@ -42,6 +42,7 @@ from transformers.modeling_outputs import CausalLMOutput, SequenceClassifierOutp
 
 from oelm.errors import ConfigError
 from oelm.flops import model_flops_per_token
+from oelm.models.loss import chunked_cross_entropy
 
 __all__ = [
     "GPTConfig",
@@ -432,7 +433,9 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy: ``logits[:, t]`` predicts ``labels[:, t+1]``, ``-100`` ignored.
 
     Args:
-        logits: ``[B, T, V]`` (any float dtype; the loss is computed in float32).
+        logits: ``[B, T, V]`` (any float dtype; the loss is computed in float32: fp32 logits
+            through ``F.cross_entropy``, bf16/fp16 ones by :func:`oelm.models.loss.chunked_cross_entropy`,
+            which upcasts a chunk of rows at a time instead of copying all ``B x T x V`` to fp32).
         labels: ``[B, T]`` long, usually the input ids (Hugging Face convention).
 
     Returns:
@@ -447,7 +450,9 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """
     V = logits.size(-1)
     target = F.pad(labels[:, 1:], (0, 1), value=-100)  # (B, T): target of position t is labels[t+1]
-    return F.cross_entropy(logits.float().reshape(-1, V), target.reshape(-1), ignore_index=-100)
+    if logits.dtype == torch.float32:
+        return F.cross_entropy(logits.reshape(-1, V), target.reshape(-1), ignore_index=-100)
+    return chunked_cross_entropy(logits.reshape(-1, V), target.reshape(-1), ignore_index=-100)
 
 
 class GPTForCausalLM(_GPTBase):
