@@ -1,4 +1,4 @@
-"""Engine features of oelm.train: gradient accumulation, the WSD schedule, torch.compile, the
+"""Engine features of oelm.training: gradient accumulation, the WSD schedule, torch.compile, the
 undone timing warm-up, TrainState round trips, the Metric notion and early stopping, on the tiny
 real TinyStories run of _train_driver (oelm GPT, BPE-384, 40 stories) and a tiny real SST-2
 `oelm run` (oelm GPT, BPE-512)."""
@@ -15,13 +15,13 @@ import torch
 
 from _reliability import in_process, in_process_summary, metrics_records, sigterm_at
 
-import oelm.train
+import oelm.training.evaluation
 from oelm.cli import main
 from oelm.config import TrainingConfig
 from oelm.errors import ConfigError, RunInterruptedError
 from oelm.metrics import ACCURACY, PERPLEXITY, get_metric
 from oelm.monitor import snapshot_text
-from oelm.train import TrainState, make_scheduler, optimizer_steps_per_epoch
+from oelm.training import TrainState, make_scheduler, optimizer_steps_per_epoch
 
 NO_DROPOUT = "model.gpt_overrides={hidden_size: 32, num_layers: 2, num_heads: 2, intermediate_size: 64, dropout: 0.0}"
 SHORT = ["training.max_steps=12", "training.eval_every=6", "training.checkpoint_every=null", NO_DROPOUT]
@@ -169,13 +169,13 @@ def test_early_stopping_stops_patience_validations_after_the_best_and_tests_the_
     """Patience 3 on a flat validation accuracy: validations at 2 (the best), 4, 6, 8, then the
     run ends as a finished one, reports where and why, and tests the step-2 weights."""
     evaluated = []  # sha256 of the weights of every evaluate() call: the validations, then the test
-    real_evaluate = oelm.train.evaluate
+    real_evaluate = oelm.training.evaluation.evaluate
 
     def recording_evaluate(model, *args, **kwargs):
         evaluated.append(_weights_digest(model))
         return real_evaluate(model, *args, **kwargs)
 
-    monkeypatch.setattr(oelm.train, "evaluate", recording_evaluate)
+    monkeypatch.setattr(oelm.training.evaluation, "evaluate", recording_evaluate)
     result, records, out = _flat_sst2_run(tmp_path, "training.early_stopping_patience=3")
     perf, budget = result["performance"], result["budget"]
     evals = [r["step"] for r in records if r["type"] == "eval"]

@@ -10,11 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_model
 
-import oelm.train
+import oelm.training.checkpoint
 from _reliability import _train_driver, in_process
 from oelm.errors import RunFaultError
 from oelm.io import verify_dir
-from oelm.train import TrainingDivergedError
+from oelm.training import TrainingDivergedError
 
 
 def _training_call_counter(step: int, action):
@@ -97,7 +97,7 @@ def test_out_of_memory_names_the_batch_size(tmp_path, data_dir, error):
 
 
 def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, data_dir, monkeypatch):
-    real_save_model = oelm.train.save_model
+    real_save_model = oelm.training.checkpoint.save_model
     calls = {"n": 0}
 
     def save_model_disk_full(model, filename, *a, **k):
@@ -108,7 +108,7 @@ def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, d
             raise OSError(errno.ENOSPC, "No space left on device", filename)
         return real_save_model(model, filename, *a, **k)
 
-    monkeypatch.setattr(oelm.train, "save_model", save_model_disk_full)
+    monkeypatch.setattr(oelm.training.checkpoint, "save_model", save_model_disk_full)
     run_dir = tmp_path / "run"
     with pytest.raises(RunFaultError) as info:
         in_process(run_dir)
@@ -118,7 +118,7 @@ def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, d
     assert left == ["step-7"]  # the partial step-14 temp dir was removed; step-7 intact
     _assert_loadable_and_finite(run_dir / "checkpoints" / "step-7")
 
-    monkeypatch.setattr(oelm.train, "save_model", real_save_model)  # space freed: the rerun resumes
+    monkeypatch.setattr(oelm.training.checkpoint, "save_model", real_save_model)  # space freed: the rerun resumes
     result, _, _ = in_process(run_dir)
     assert result.timing["process_start_steps"] == [0, 7] and result.steps == 90
     assert math.isfinite(result.final_train_loss)
@@ -134,7 +134,9 @@ def test_saving_the_best_weights_is_atomic_a_failed_rename_keeps_the_previous_fi
     from safetensors.torch import load_file
 
     from oelm.config import TrainingConfig
-    from oelm.train import TrainState, _save_best_and_test, build_engine
+    from oelm.training import TrainState, build_engine
+    from oelm.training.loop import finish
+    from oelm.training.metrics_log import MetricsLog
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
@@ -151,13 +153,13 @@ def test_saving_the_best_weights_is_atomic_a_failed_rename_keeps_the_previous_fi
 
     monkeypatch.setattr(os, "replace", failing_replace)
     with pytest.raises(OSError, match="Input/output error"):
-        _save_best_and_test(engine, TrainState(), None)
+        finish(engine, TrainState(), None)
     assert (ckpt / "model.safetensors").read_bytes() == b"the previous best weights"
     assert sorted(p.name for p in ckpt.iterdir()) == ["model.safetensors"]
 
     monkeypatch.setattr(os, "replace", real_replace)
-    engine.log = oelm.train._MetricsLog(tmp_path, False, enabled=False)  # the failed call closed it
-    _save_best_and_test(engine, TrainState(), None)
+    engine.log = MetricsLog(tmp_path, False, enabled=False)  # the failed call closed it
+    finish(engine, TrainState(), None)
     saved = load_file(str(ckpt / "model.safetensors"))
     assert sorted(p.name for p in ckpt.iterdir()) == ["model.safetensors"]
     assert all(torch.equal(saved[k], v.cpu()) for k, v in model.state_dict().items()) and len(saved) == 2  # the engine may have moved the model to a GPU

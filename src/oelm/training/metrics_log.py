@@ -1,0 +1,94 @@
+"""``metrics.jsonl`` (one JSON object per line) mirrored to TensorBoard, and the train log line."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from oelm.training.faults import DISK_FULL, check_finite, disk_full_error
+
+if TYPE_CHECKING:
+    from oelm.training.engine import Engine
+    from oelm.training.state import TrainState
+
+__all__ = ["MetricsLog", "log_train"]
+
+
+class MetricsLog:
+    """Appends JSON lines to ``metrics.jsonl`` and mirrors scalars to TensorBoard.
+
+    ``offset`` (bytes) is where a resumed run cuts the file, so no record is lost or repeated;
+    TensorBoard events at or after ``purge_step`` are hidden for the same reason.
+    """
+
+    def __init__(self, run_dir: Path, tensorboard: bool, offset: int = 0, purge_step: int | None = None,
+                 enabled: bool = True) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        self.enabled = enabled  # False on every process but rank 0: nothing is written
+        self._offset = offset
+        self._tb = None
+        if not enabled:
+            return
+        self._fh = self.path.open("a+b")
+        self._fh.truncate(offset)
+        self._fh.seek(offset)
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge_step)
+
+    @property
+    def offset(self) -> int:
+        return self._fh.tell() if self.enabled else self._offset
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Append one record. Raises RunFaultError(kind="disk_full") when the disk is full."""
+        if not self.enabled:
+            return
+        try:
+            self._fh.write((json.dumps(record) + "\n").encode("utf-8"))
+            self._fh.flush()
+        except OSError as exc:
+            if exc.errno in DISK_FULL:
+                raise disk_full_error(exc, "metrics.jsonl", record.get("step", 0)) from exc
+            raise
+        if self._tb is not None:
+            kind, step = record["type"], record["step"]
+            for k, v in record.items():
+                if k not in ("type", "step") and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._tb.add_scalar(f"{kind}/{k}", v, step)
+
+    def sync(self) -> None:
+        """Make the records written so far durable (called before a checkpoint refers to them)."""
+        if not self.enabled:
+            return
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        if self._tb is not None:
+            self._tb.flush()
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self._fh.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def log_train(engine: "Engine", state: "TrainState") -> None:
+    """Flush the timer, check for NaN/Inf and write the mean training loss since the last line
+    (averaged over processes). The one place the step's device accumulators are read (a sync)."""
+    engine.timer.flush()
+    check_finite(engine, state.step)
+    loss_sum = engine.running_loss if engine.world_size == 1 else engine.accelerator.reduce(engine.running_loss.clone(), "mean")
+    state.last_loss = float(loss_sum) / state.running_n
+    engine.running_loss.zero_()
+    state.running_n = 0
+    record = {"type": "train", "step": state.step, "epoch": state.epoch, "loss": state.last_loss,
+              "learning_rate": engine.scheduler.get_last_lr()[0],
+              "step_ms": engine.timer.last_step_ms, "elapsed_seconds": time.perf_counter() - engine.t_start}
+    engine.log.write(record)
+    state.history.append(record)

@@ -1,0 +1,90 @@
+"""Timing and MFU glue of a run: the epoch clock and ``TrainResult.timing`` (the step timer
+itself is :class:`oelm.timing.StepTimer`)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from oelm.timing import PhaseTimer
+from oelm.training.engine import compile_mode
+
+if TYPE_CHECKING:
+    from oelm.training.engine import Engine
+    from oelm.training.state import TrainState
+
+__all__ = ["EpochClock", "run_timing"]
+
+
+class EpochClock:
+    """Seconds of training steps and data waits in the current epoch (validation and
+    checkpointing excluded), carried over a resume."""
+
+    _EXCLUDED = ("validation", "checkpoint")
+
+    def __init__(self, phases: PhaseTimer, carried: float) -> None:
+        self.phases = phases
+        self.start = time.perf_counter() - carried
+        self.excluded_before = self._excluded()
+
+    def _excluded(self) -> float:
+        return sum(self.phases.seconds.get(k, 0.0) for k in self._EXCLUDED)
+
+    def seconds(self) -> float:
+        return time.perf_counter() - self.start - (self._excluded() - self.excluded_before)
+
+
+def run_timing(engine: "Engine", state: "TrainState", warmup_seconds: float,
+               telemetry: dict[str, Any] | None) -> dict[str, Any]:
+    """``TrainResult.timing`` (see :func:`oelm.training.train`)."""
+    e = engine
+    summary = e.timer.summary()
+    timing = {
+        "total_seconds": time.perf_counter() - e.t_start,
+        "train_seconds": summary["train_step_seconds"],
+        "validation_seconds": e.phases.seconds.get("validation", 0.0),
+        "checkpoint_seconds": e.phases.seconds.get("checkpoint", 0.0),
+        "test_seconds": e.phases.seconds.get("test", 0.0),
+        "data_seconds": summary["data_seconds"],
+        "data_stall_seconds": summary.get("data_stall_seconds"),
+        "measured_seconds": summary.get("measured_seconds"),
+        "per_epoch_seconds": state.per_epoch_seconds,
+        "per_step_ms": summary["per_step_ms"],
+        "step_ms": [round(ms, 3) for ms in e.timer.measured_step_times_ms],
+        "process_start_steps": state.process_start_steps,
+        "tokens_per_second": summary["tokens_per_second"],
+        "samples_per_second": summary["samples_per_second"],
+        "tokens": summary["tokens"],
+        "samples": summary["samples"],
+        "timing_warmup_steps_excluded": summary["warmup_steps_excluded"],
+        "device": str(e.device),
+        "mixed_precision": e.precision.mode,
+        "warmup_seconds": warmup_seconds,
+        "compile": compile_mode(e.config) is not None,
+        "compile_mode": compile_mode(e.config),
+        "compile_seconds": warmup_seconds if compile_mode(e.config) is not None else None,
+        "num_processes": e.world_size,
+        "gradient_accumulation_steps": e.accumulation,
+    }
+    if e.world_size > 1:  # this process's tokens; the whole job's throughput is world_size times as many
+        timing["tokens_per_second_all_processes"] = (summary["tokens_per_second"] or 0.0) * e.world_size or None
+    timing["mfu"] = _mfu(e, summary)
+    timing["gpu_telemetry"] = telemetry
+    return timing
+
+
+def _mfu(engine: "Engine", summary: dict[str, Any]) -> dict[str, Any] | None:
+    """Model FLOPs utilization of the measured steps (:func:`oelm.environment.mfu_record`), or
+    None when the model's FLOPs per token cannot be derived from its config."""
+    from oelm.environment import mfu_record
+    from oelm.flops import model_flops_per_token
+
+    tokens, samples = summary["tokens"], summary["samples"]
+    if not tokens or not samples or summary["tokens_per_second"] is None:
+        return None
+    seq_len = max(1, round(tokens / samples))  # mean tokens per sequence (block size for LM)
+    try:
+        flops = model_flops_per_token(engine.unwrapped, seq_len)
+    except (ValueError, AttributeError, TypeError):
+        return None
+    return mfu_record(flops, summary["tokens_per_second"], engine.device, engine.precision.mode)
