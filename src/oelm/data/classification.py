@@ -10,6 +10,8 @@
 
 Padding is per batch (to the longest example in it), never to ``max_length``: on SST-2 the
 median sentence is ~10 tokens, so padding everything to 128 would waste most of the compute.
+``classification_collator(tok, buckets=length_buckets(128))`` pads to one of a few lengths
+instead (16, 32, 64, 128), so compiled code and CUDA graphs see few shapes.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ __all__ = [
     "check_texts",
     "classification_collator",
     "encode_classification",
+    "length_buckets",
     "load_classification",
     "held_out_rest",
     "subsample",
@@ -306,14 +309,54 @@ def encode_classification(df: pd.DataFrame, tokenizer, text_columns: Sequence[st
     return ClassificationDataset(dict(encodings), df["label"].astype("int64").tolist())
 
 
-def classification_collator(tokenizer, pad_to_multiple_of: int | None = None) -> Callable[[list[dict]], dict[str, torch.Tensor]]:
-    """A ``collate_fn`` that pads each batch to its longest example (``DataCollatorWithPadding``).
+def length_buckets(max_length: int, smallest: int = 16) -> tuple[int, ...]:
+    """Padded lengths for :func:`classification_collator`: powers of two from ``smallest`` below
+    ``max_length``, then ``max_length`` itself, e.g. ``128 -> (16, 32, 64, 128)``,
+    ``100 -> (16, 32, 64, 100)``. A handful of shapes, so compiled code and CUDA graphs are reused.
+
+    Raises:
+        ConfigError: ``max_length`` or ``smallest`` below 1.
+    """
+    if max_length < 1 or smallest < 1:
+        raise ConfigError(f"length buckets need max_length >= 1 and smallest >= 1, got {max_length} and {smallest}")
+    sizes, size = [], smallest
+    while size < max_length:
+        sizes.append(size)
+        size *= 2
+    return (*sizes, max_length)
+
+
+class _BucketedPadding:
+    """Pad each batch to the smallest bucket that holds its longest example (longer: to that example)."""
+
+    def __init__(self, tokenizer, buckets: Sequence[int]):
+        from transformers import DataCollatorWithPadding
+
+        self.buckets = tuple(sorted(set(int(b) for b in buckets)))
+        self.longest = DataCollatorWithPadding(tokenizer=tokenizer, padding="longest", return_tensors="pt")
+        self.fixed = {b: DataCollatorWithPadding(tokenizer=tokenizer, padding="max_length", max_length=b, return_tensors="pt")
+                      for b in self.buckets}
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        longest = max(len(f["input_ids"]) for f in features)
+        bucket = next((b for b in self.buckets if b >= longest), None)
+        return (self.fixed[bucket] if bucket is not None else self.longest)(features)
+
+
+def classification_collator(tokenizer, pad_to_multiple_of: int | None = None,
+                            buckets: Sequence[int] | None = None) -> Callable[[list[dict]], dict[str, torch.Tensor]]:
+    """A ``collate_fn`` that pads each batch to its longest example (``DataCollatorWithPadding``),
+    or, with ``buckets``, to the smallest of those lengths that holds it (e.g.
+    :func:`length_buckets`: every batch then has one of a few shapes, which compiled code and CUDA
+    graphs reuse; the attention mask keeps the extra padding inert). ``buckets=None`` (default):
+    per-batch longest, the fewest padded tokens (best for eager CPU runs).
 
     Output: ``input_ids`` / ``attention_mask`` (/ ``token_type_ids``) LongTensor ``[B, T_batch]``,
     ``labels`` LongTensor ``[B]``. Padding follows ``tokenizer.padding_side``.
 
     Raises:
         DataFormatError: the tokenizer has no pad token.
+        ConfigError: both ``pad_to_multiple_of`` and ``buckets``, or a bucket below 1.
     """
     from transformers import DataCollatorWithPadding
 
@@ -323,4 +366,10 @@ def classification_collator(tokenizer, pad_to_multiple_of: int | None = None) ->
             "tokenizer.pad_token = tokenizer.eos_token (GPT-2 style; the attention mask hides the padding), or "
             "tokenizer.add_special_tokens({'pad_token': '[PAD]'}) and resize the model's embeddings."
         )
+    if buckets is not None:
+        if pad_to_multiple_of is not None:
+            raise ConfigError("classification_collator: give pad_to_multiple_of or buckets, not both")
+        if not buckets or min(buckets) < 1:
+            raise ConfigError(f"classification_collator: buckets must be lengths >= 1, got {list(buckets)}")
+        return _BucketedPadding(tokenizer, buckets)
     return DataCollatorWithPadding(tokenizer=tokenizer, padding="longest", pad_to_multiple_of=pad_to_multiple_of, return_tensors="pt")
