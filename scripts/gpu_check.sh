@@ -9,8 +9,18 @@
 #   nvidia-smi.txt                `nvidia-smi` and `nvidia-smi -q` at the start
 #   pytest-cuda.log               the test suite with OELM_TEST_DEVICE=cuda (see the note in the log)
 #   bench-gpt-medium-512-bf16-compile.json / -nocompile.json   `oelm bench`, torch.compile on / off
+#   bench-dispatch-proxy-fp32-nocompile.json / -reduce-overhead.json
+#                                 the dispatch-bound proxy (tiny model, tiny batch): engine / plain
+#                                 per step and operators per step, eager and with CUDA graphs
+#   bench-gpt2-124m-bf16-nocompile.json / -compile.json / -reduce-overhead.json
+#                                 GPT-2 124M (12 x 768, 1,024 tokens, V 50,304), batch found
+#                                 automatically: MFU, tokens/s, memory, Freeze/baseline, engine/plain
+#   bench-bert-base-cls-bf16-nocompile.json / -compile.json
+#                                 a BERT-base-sized classifier (12 x 768, 128 tokens), batch automatic
 #   tinystories/                  `oelm run configs/tinystories-tiny.yaml`, 200 steps, bf16, seed 0
 #   sst2/                         `oelm run configs/quickstart.yaml` (MiniLM on SST-2), bf16, seed 0
+#   tinystories-reduce-overhead/, sst2-reduce-overhead/
+#                                 the same single runs with training.compile=reduce-overhead
 #   logs/<step>.log, steps.tsv    each step's output; name, exit status, seconds per step
 #   SUMMARY.md                    scripts/gpu_summary.py: every step's status and the numbers
 # A failing step is recorded in steps.tsv and SUMMARY.md and does not stop the next ones; the
@@ -95,26 +105,41 @@ pytest_cuda() {
   OELM_TEST_DEVICE=cuda "$PY" -m pytest "${args[@]}" >> "$OUT/pytest-cuda.log" 2>&1
 }
 
-bench() {  # bench compile|nocompile
-  local flag="--compile" extra
-  if [ "$1" = nocompile ]; then flag="--no-compile"; fi
-  read -r -a extra <<< "${BENCH_ARGS:-}"
-  "${OELM[@]}" bench --model gpt-medium-512 --precision bf16 --device cuda "$flag" \
-    --json "$OUT/bench-gpt-medium-512-bf16-$1.json" ${extra[@]+"${extra[@]}"}
+bench() {  # bench compile|nocompile  (gpt-medium-512, bf16: the first GPU check's shape)
+  bench_shape gpt-medium-512 bf16 "$1"
 }
 
-run_tinystories() {
+bench_shape() {  # bench_shape MODEL fp32|bf16 nocompile|compile|reduce-overhead|max-autotune
+  local model="$1" precision="$2" how="$3" extra flags=()
+  case "$how" in
+    nocompile) flags=(--no-compile) ;;
+    compile) flags=(--compile) ;;
+    *) flags=(--compile-mode "$how") ;;
+  esac
+  read -r -a extra <<< "${BENCH_ARGS:-}"
+  "${OELM[@]}" bench --model "$model" --precision "$precision" --device cuda "${flags[@]}" \
+    --json "$OUT/bench-$model-$precision-$how.json" ${extra[@]+"${extra[@]}"}
+}
+
+run_tinystories() { run_tinystories_to tinystories; }
+run_sst2() { run_sst2_to sst2; }  # 12,000 sentences, 1 epoch = 375 steps per method: a minute or two on an H100
+
+# The same single runs with CUDA graphs (torch.compile mode reduce-overhead), beside the eager ones.
+run_tinystories_ro() { TINYSTORIES_ARGS="training.compile=reduce-overhead ${TINYSTORIES_ARGS:-}" run_tinystories_to tinystories-reduce-overhead; }
+run_sst2_ro() { SST2_ARGS="training.compile=reduce-overhead ${SST2_ARGS:-}" run_sst2_to sst2-reduce-overhead; }
+
+run_tinystories_to() {  # run_tinystories_to SUBDIR
   local extra
   read -r -a extra <<< "${TINYSTORIES_ARGS:-}"
-  "${OELM[@]}" run configs/tinystories-tiny.yaml --output-dir "$OUT/tinystories" \
+  "${OELM[@]}" run configs/tinystories-tiny.yaml --output-dir "$OUT/$1" \
     training.max_steps=200 training.eval_every=50 training.mixed_precision=bf16 'seeds=[0]' \
     training.progress_bar=false ${extra[@]+"${extra[@]}"}
 }
 
-run_sst2() {  # 12,000 sentences, 1 epoch = 375 steps per method: a minute or two on an H100
+run_sst2_to() {  # run_sst2_to SUBDIR
   local extra
   read -r -a extra <<< "${SST2_ARGS:-}"
-  "${OELM[@]}" run configs/quickstart.yaml --output-dir "$OUT/sst2" \
+  "${OELM[@]}" run configs/quickstart.yaml --output-dir "$OUT/$1" \
     training.mixed_precision=bf16 'seeds=[0]' training.progress_bar=false ${extra[@]+"${extra[@]}"}
 }
 
@@ -123,8 +148,17 @@ step nvidia-smi smi
 step pytest-cuda pytest_cuda
 step bench-compile bench compile
 step bench-nocompile bench nocompile
+step bench-proxy bench_shape dispatch-proxy fp32 nocompile
+step bench-proxy-reduce-overhead bench_shape dispatch-proxy fp32 reduce-overhead
+step bench-gpt2-124m bench_shape gpt2-124m bf16 nocompile
+step bench-gpt2-124m-compile bench_shape gpt2-124m bf16 compile
+step bench-gpt2-124m-reduce-overhead bench_shape gpt2-124m bf16 reduce-overhead
+step bench-bert-base bench_shape bert-base-cls bf16 nocompile
+step bench-bert-base-compile bench_shape bert-base-cls bf16 compile
 step tinystories run_tinystories
 step sst2 run_sst2
+step tinystories-reduce-overhead run_tinystories_ro
+step sst2-reduce-overhead run_sst2_ro
 
 if ! "$PY" scripts/gpu_summary.py "$OUT" > "$OUT/logs/summary.log" 2>&1; then
   echo "gpu-check: writing SUMMARY.md failed, see $OUT/logs/summary.log" >&2

@@ -18,7 +18,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
-STEPS = ["env", "nvidia-smi", "pytest-cuda", "bench-compile", "bench-nocompile", "tinystories", "sst2"]
+STEPS = ["env", "nvidia-smi", "pytest-cuda", "bench-compile", "bench-nocompile", "bench-proxy", "bench-proxy-reduce-overhead",
+         "bench-gpt2-124m", "bench-gpt2-124m-compile", "bench-gpt2-124m-reduce-overhead", "bench-bert-base",
+         "bench-bert-base-compile", "tinystories", "sst2", "tinystories-reduce-overhead", "sst2-reduce-overhead"]
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
@@ -82,10 +84,20 @@ exit 7
     assert f"{out_dir}/bench-gpt-medium-512-bf16-nocompile.json" in logs["bench-nocompile"] and "--no-compile" in logs["bench-nocompile"]
     assert "run configs/tinystories-tiny.yaml" in logs["tinystories"] and "training.max_steps=200" in logs["tinystories"]
     assert "run configs/quickstart.yaml" in logs["sst2"] and "training.mixed_precision=bf16" in logs["sst2"]
+    assert "bench --model dispatch-proxy --precision fp32 --device cuda --no-compile --json" in logs["bench-proxy"]
+    assert "--compile-mode reduce-overhead" in logs["bench-proxy-reduce-overhead"]
+    assert f"{out_dir}/bench-gpt2-124m-bf16-reduce-overhead.json" in logs["bench-gpt2-124m-reduce-overhead"]
+    assert "--model gpt2-124m --precision bf16 --device cuda --compile --json" in logs["bench-gpt2-124m-compile"]
+    assert "--model bert-base-cls --precision bf16 --device cuda --no-compile" in logs["bench-bert-base"]
+    for name, config in (("tinystories", "tinystories-tiny"), ("sst2", "quickstart")):
+        log = logs[f"{name}-reduce-overhead"]
+        assert f"run configs/{config}.yaml --output-dir {out_dir}/{name}-reduce-overhead" in log
+        assert "training.compile=reduce-overhead" in log and "seeds=[0]" in log
+        assert "reduce-overhead" not in logs[name]  # the eager single run stays eager
     pytest_log = (out_dir / "pytest-cuda.log").read_text()
     assert "-m pytest -q -m not slow (OELM_TEST_DEVICE=cuda)" in pytest_log
     summary = (out_dir / "SUMMARY.md").read_text()
-    assert summary.count("**FAILED** (exit 7)") == 6 and "| nvidia-smi | ok |" in summary
+    assert summary.count("**FAILED** (exit 7)") == len(STEPS) - 1 and "| nvidia-smi | ok |" in summary
 
 
 def _write(path: Path, data) -> None:
