@@ -9,10 +9,27 @@ included: ``aten::linear`` calling ``aten::addmm`` is two calls, as the dispatch
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 from collections import Counter
 from typing import Callable
 
 __all__ = ["count_operators", "operator_diff"]
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """File descriptor 2 to /dev/null for the block (C++ logging bypasses sys.stderr)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def count_operators(step: Callable[[], object]) -> Counter:
@@ -24,8 +41,14 @@ def count_operators(step: Callable[[], object]) -> Counter:
     """
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=False) as prof:
+    prof = profile(activities=[ProfilerActivity.CPU], record_shapes=False)
+    with _quiet_stderr():  # some torch builds log "profiler_start" lines to fd 2 here
+        prof.start()
+    try:
         step()
+    finally:
+        with _quiet_stderr():
+            prof.stop()
     counts = Counter()
     for event in prof.events():
         if event.name.startswith("aten::"):
