@@ -64,8 +64,10 @@ def _step(r: _runners.Runner, batch: dict[str, torch.Tensor], device: torch.devi
 def _auto_batch_size(config: BenchConfig, template, names: list[str], device: torch.device, seq_len: int,
                      vocab_size: int, num_labels: int | None, autocast, mode: str | None) -> int:
     """The largest power-of-two batch at which one step of every runner fits (all resident at
-    once, as in the bench); probed eagerly, from ``2**19 / seq_len`` sequences down. On a CPU: 1
-    (host memory does not run out before the machine swaps, so there is nothing to probe)."""
+    once, as in the bench); probed eagerly, from ``2**19 / seq_len`` sequences down. With CUDA
+    graphs (``reduce-overhead``, ``max-autotune``) each runner's graph keeps its activations
+    resident, so the eager batch is divided by the number of runners (down to a power of two).
+    On a CPU: 1 (host memory does not run out before the machine swaps: nothing to probe)."""
     if device.type != "cuda":
         return 1
 
@@ -79,6 +81,8 @@ def _auto_batch_size(config: BenchConfig, template, names: list[str], device: to
         torch.cuda.synchronize(device)
 
     found = _runners.find_batch_size(fits, max(1, 2**19 // seq_len))
+    if mode in ("reduce-overhead", "max-autotune"):
+        found = 1 << max(0, (found // len(names)).bit_length() - 1) if found >= len(names) else 1
     gc.collect()
     torch.cuda.empty_cache()
     return found
