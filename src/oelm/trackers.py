@@ -1,0 +1,173 @@
+"""Experiment trackers — TensorBoard, Weights & Biases, MLflow — through Accelerate's tracking API.
+
+``report_to`` names them as Hugging Face ``Trainer`` and Accelerate do: ``["tensorboard"]`` (the
+default), ``["tensorboard", "wandb", "mlflow"]``, or ``[]`` / ``"none"`` for none. A training loop
+makes three calls on a :class:`Trackers` (rank 0 logs; the other processes' calls do nothing)::
+
+    trackers = Trackers(["tensorboard", "wandb"], project="quickstart", output_dir=out)
+    trackers.start(run_dir, "baseline-seed0", config_dict)   # once, before the first step
+    trackers.log({"train/loss": 0.69, "train/lr": 1e-4}, step=10)  # any number of times
+    trackers.finish()                                         # once, after the last record
+
+(:meth:`Trackers.log_record` takes a ``metrics.jsonl`` record as it is: ``{"type": "train",
+"step": 10, "loss": 0.69}`` -> ``train/loss`` at step 10, the names TensorBoard shows today.)
+
+Offline by default, as the rest of oelm: W&B runs in ``offline`` mode unless ``WANDB_MODE`` is set
+(``wandb sync OUT/wandb/offline-run-*`` uploads them later) and writes under the output
+directory (its service completes the run's file moments after :meth:`Trackers.finish`); MLflow writes a file store at ``OUT/mlruns`` unless ``MLFLOW_TRACKING_URI`` is set
+(``mlflow ui --backend-store-uri OUT/mlruns`` shows it; MLflow 3 wants ``MLFLOW_ALLOW_FILE_STORE=true``
+for a file store, which is set then unless already set). TensorBoard events go to
+``RUN_DIR/tensorboard/<project>``. W&B and MLflow are optional: ``pip install "oelm[wandb]"`` /
+``"oelm[mlflow]"``; asking for one that is not installed fails at :class:`Trackers` creation with
+that command, before any training.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+from oelm.errors import ConfigError
+
+__all__ = ["TRACKERS", "validate_report_to", "check_installed", "flatten_config", "Trackers"]
+
+TRACKERS = ("tensorboard", "wandb", "mlflow")
+# tracker -> (module to import, how to install it)
+_PACKAGES = {
+    "tensorboard": ("tensorboard", "pip install tensorboard"),
+    "wandb": ("wandb", 'pip install "oelm[wandb]"'),
+    "mlflow": ("mlflow", 'pip install "oelm[mlflow]"'),
+}
+
+
+def validate_report_to(value: str | Iterable[str] | None) -> list[str]:
+    """``report_to`` as a list of known tracker names, in order, without repeats.
+
+    ``None``, ``"none"`` and ``[]`` mean no tracker; a single name may be given as a string.
+
+    Raises:
+        ConfigError: an unknown name (the message lists the valid ones), or not a string/list.
+    """
+    if value is None or value == "none":
+        return []
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise ConfigError(f"report_to must be a list of tracker names ({', '.join(TRACKERS)}), got {value!r}")
+    out: list[str] = []
+    for name in names:
+        key = name.strip().lower()
+        if key not in TRACKERS:
+            raise ConfigError(f"report_to: unknown tracker {name!r}; valid: {', '.join(TRACKERS)} (or [] for none)")
+        if key not in out:
+            out.append(key)
+    return out
+
+
+def check_installed(names: Iterable[str]) -> None:
+    """Fail early, with the install command, when a tracker's package is missing.
+
+    Raises:
+        ConfigError: e.g. ``report_to: wandb needs the wandb package, which is not installed: pip install "oelm[wandb]"``.
+    """
+    for name in names:
+        module, install = _PACKAGES[name]
+        if importlib.util.find_spec(module) is None:
+            raise ConfigError(f"report_to: {name} needs the {module} package, which is not installed: {install}")
+
+
+def flatten_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested ``config`` as ``{"training.learning_rate": 1e-4, ...}`` with scalar values (lists,
+    None and other objects as strings): what TensorBoard's hparams and MLflow's params accept."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten_config(value, f"{name}."))
+        elif isinstance(value, (bool, int, float, str)):
+            flat[name] = value
+        else:
+            flat[name] = str(value)
+    return flat
+
+
+class Trackers:
+    """The trackers of one run, through an ``accelerate.Accelerator`` built with ``log_with``.
+
+    Args:
+        report_to: tracker names (see :func:`validate_report_to`); default ``["tensorboard"]``.
+        project: the project / experiment name the trackers group runs under (the config's
+            ``name``): W&B project, MLflow experiment, TensorBoard sub-folder.
+        output_dir: the matrix's output directory: W&B's files and the MLflow file store go
+            there. Default: the ``run_dir`` given to :meth:`start`.
+
+    Raises:
+        ConfigError: unknown tracker name, or its package is not installed.
+    """
+
+    def __init__(self, report_to: str | Iterable[str] | None = ("tensorboard",), *, project: str = "oelm",
+                 output_dir: str | os.PathLike | None = None) -> None:
+        self.names = validate_report_to(report_to)
+        check_installed(self.names)
+        self.project = project
+        self.output_dir = Path(output_dir) if output_dir is not None else None
+        self.accelerator = None
+
+    def start(self, run_dir: str | os.PathLike, run_name: str, config: dict[str, Any] | None = None) -> None:
+        """Start the trackers for one run and record its ``config`` (flattened) as hyperparameters.
+
+        ``run_dir``: the run's folder (TensorBoard writes ``run_dir/tensorboard/<project>``);
+        ``run_name``: its name in W&B and MLflow (``baseline-seed0``). A no-op without trackers.
+        """
+        if not self.names:
+            return
+        from accelerate import Accelerator
+        from accelerate.utils import ProjectConfiguration
+
+        from oelm.distributed import cpu_only
+
+        run_dir = Path(run_dir)
+        out = self.output_dir or run_dir
+        kwargs: dict[str, dict[str, Any]] = {}
+        if "wandb" in self.names:
+            out.mkdir(parents=True, exist_ok=True)
+            kwargs["wandb"] = {"name": run_name, "dir": str(out)}
+            if not os.environ.get("WANDB_MODE"):
+                kwargs["wandb"]["mode"] = "offline"
+        if "mlflow" in self.names:
+            kwargs["mlflow"] = {"run_name": run_name}
+            if not os.environ.get("MLFLOW_TRACKING_URI"):
+                import mlflow
+
+                # MLflow 3 keeps its file store in maintenance mode behind this opt-in; a database or
+                # server needs more than mlflow-skinny, and a file store is what offline means here
+                os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+                mlflow.set_tracking_uri((out / "mlruns").resolve().as_uri())
+        project_config = ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "tensorboard"))
+        self.accelerator = Accelerator(log_with=self.names, project_config=project_config, cpu=cpu_only())
+        self.accelerator.init_trackers(self.project, config=flatten_config(config or {}), init_kwargs=kwargs)
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        """Log scalar ``metrics`` (name -> number; other values are dropped) at optimizer step ``step``."""
+        if self.accelerator is None:
+            return
+        values = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if values:
+            self.accelerator.log(values, step=step)
+
+    def log_record(self, record: dict[str, Any]) -> None:
+        """Log one ``metrics.jsonl`` record: ``{"type": "eval", "step": 40, "accuracy": 0.81}`` ->
+        ``eval/accuracy`` at step 40."""
+        kind, step = record["type"], record["step"]
+        self.log({f"{kind}/{k}": v for k, v in record.items() if k not in ("type", "step")}, step)
+
+    def finish(self) -> None:
+        """End every tracker (flushes TensorBoard, closes the W&B and MLflow runs). Safe to call twice.
+
+        This is ``Accelerator.end_training`` without its last step: that also destroys the torch
+        process group, which a multi-process matrix still needs for its next run."""
+        if self.accelerator is not None:
+            for tracker in self.accelerator.trackers:
+                tracker.finish()
+            self.accelerator = None
