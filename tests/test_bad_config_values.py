@@ -244,3 +244,16 @@ def test_bad_list_index_override_says_what_exists(tmp_path, override, message):
 def test_union_field_errors_are_one_line_without_pydantic_branch_names():
     line = _refused(_config(methods=[{"name": "baseline", "normal_std": "wide"}]))
     assert line.startswith("  - methods.0.normal_std: ") and "'matched'" in line and "function-" not in line
+
+
+def test_init_from_file_damaged_after_validation_is_refused_when_the_run_starts(tmp_path):
+    from oelm.models.build import resolve_init_from
+
+    path = tmp_path / "model.safetensors"
+    save_file({"w": torch.ones(64, 64)}, str(path))
+    config = config_from_dict(_config(init_from=str(path)))
+    assert resolve_init_from(config, "baseline", 0) == path
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size - 100)  # e.g. a copy still being written
+    with pytest.raises(ConfigError, match=r"init_from: the file .*model\.safetensors is damaged: its header describes"):
+        resolve_init_from(config, "baseline", 0)

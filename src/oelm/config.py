@@ -20,6 +20,7 @@ as YAML (:mod:`oelm.config_io`).
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -70,10 +71,11 @@ Text = Annotated[str, BeforeValidator(_not_blank)]
 
 
 def safetensors_problem(path: Path) -> str | None:
-    """Why ``path`` is not a safetensors file (a phrase), or None when its header reads as one.
+    """Why ``path`` is not a whole safetensors file (a phrase), or None when it reads as one.
 
-    A safetensors file starts with an 8-byte little-endian header length N, then N bytes of JSON
-    (an object); only that header is read."""
+    A safetensors file is an 8-byte little-endian header length N, N bytes of JSON (tensor name ->
+    dtype, shape, data_offsets), then the tensor bytes; only the header is read, and the file's
+    size must be the one the header's offsets give (a truncated copy is caught)."""
     try:
         with open(path, "rb") as f:
             head = f.read(8)
@@ -86,8 +88,14 @@ def safetensors_problem(path: Path) -> str | None:
             header = f.read(n)
     except OSError as exc:
         return f"cannot be read ({exc.strerror or exc})"
-    if not header.lstrip().startswith(b"{"):
-        return "does not start with a safetensors header (no JSON object after the first 8 bytes)"
+    try:
+        entries = json.loads(header)
+        ends = [int(v["data_offsets"][1]) for k, v in entries.items() if k != "__metadata__"]
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return "does not start with a safetensors header (no JSON table of tensors after the first 8 bytes)"
+    if 8 + n + max(ends, default=0) != size:
+        return (f"is damaged: its header describes {8 + n + max(ends, default=0):,} bytes, the file has {size:,} "
+                "(truncated copy or download?)")
     return None
 
 

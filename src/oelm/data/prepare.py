@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 from oelm.config import ExperimentConfig, TrainingConfig
 from oelm.data.lm import tokenizer_record
-from oelm.errors import ConfigError
+from oelm.errors import ConfigError, DataFormatError
 
 __all__ = ["PreparedData", "prepare_data", "make_loaders", "cache_dir", "label_summary"]
 
@@ -133,6 +133,12 @@ def prepare_data(config: ExperimentConfig, tokenizer=None) -> PreparedData:
         tokenizer = _gpt_tokenizer(config, docs["train"])
     blocks = {k: pack_documents(d, tokenizer, task.block_size, cache_dir=cache_dir() / "tokens") for k, d in docs.items()}
     for k, b in blocks.items():
+        sample_doc = next((d for d in docs[k] if d.strip()), None)
+        if len(b) == 0 and sample_doc is not None and not tokenizer(sample_doc[:200])["input_ids"]:
+            raise DataFormatError(
+                f"the tokenizer of {tokenizer_spec} turns text into no tokens at all ({sample_doc[:40]!r} -> []): it has no "
+                "vocabulary; give a complete tokenizer (tokenizer.json, or vocab.json and merges.txt)"
+            )
         if len(b) == 0:
             raise ConfigError(
                 f"the {k} split of {task.dataset} has fewer tokens than one block (task.block_size={task.block_size}); "

@@ -143,6 +143,11 @@ def resolve_init_from(config: ExperimentConfig, method: str, seed: int) -> Path 
         return None
     path = Path(config.init_from.replace("{method}", method).replace("{seed}", str(seed))).expanduser()
     if path.is_file():
+        from oelm.config import safetensors_problem
+
+        problem = safetensors_problem(path)  # a file written (or cut short) after the config was read
+        if problem:
+            raise ConfigError(f"init_from: the file {path} {problem}; give a model.safetensors or an `oelm run` output directory")
         return path
     if path.is_dir() and (path / "runs").is_dir():
         for run_dir, r in run_results(path):

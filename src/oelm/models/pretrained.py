@@ -31,7 +31,8 @@ from pathlib import Path
 
 from oelm.errors import ConfigError, DataFormatError, DataNotFoundError, OELMError
 
-__all__ = ["PACKAGED_CHECKPOINTS", "resolve_pretrained", "load_pretrained", "load_tokenizer"]
+__all__ = ["PACKAGED_CHECKPOINTS", "TOKENIZER_FILES", "WEIGHT_FILES", "check_local_checkpoint", "resolve_pretrained",
+           "load_pretrained", "load_tokenizer"]
 
 # Hub id -> (python package, function returning the directory, pip package name)
 PACKAGED_CHECKPOINTS: dict[str, tuple[str, str, str]] = {
@@ -52,6 +53,82 @@ def resolve_pretrained(name: str) -> str:
         except ImportError:
             pass
     return name
+
+
+#: Files of which a saved tokenizer has at least one (fast: tokenizer.json; slow: a vocab).
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt", "spiece.model", "tokenizer.model", "sentencepiece.bpe.model")
+#: Weight files transformers loads (single file or the index of a sharded checkpoint).
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def _listing(path: Path) -> str:
+    entries = sorted(p.name for p in path.iterdir())
+    return ", ".join(entries[:8]) + (" ..." if len(entries) > 8 else "") if entries else "nothing"
+
+
+def _check_config_json(config: Path, where: str) -> None:
+    """``config.json`` is a JSON object whose model_type this transformers knows (a checkpoint
+    asking for custom code, ``auto_map``, is described by :func:`_directory_problem` instead)."""
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise DataFormatError(f"{where} has a config.json that is not valid JSON ({err}); fix or re-create it with "
+                              "save_pretrained()") from None
+    if not isinstance(data, dict):
+        raise DataFormatError(f"{where} has a config.json that is a JSON {type(data).__name__}, not an object; re-create it "
+                              "with save_pretrained()")
+    from transformers import CONFIG_MAPPING
+
+    model_type = data.get("model_type")
+    if "auto_map" not in data and model_type not in CONFIG_MAPPING:
+        import transformers
+
+        said = ("has no model_type" if model_type is None
+                else f"has model_type {model_type!r}, which transformers {transformers.__version__} does not know")
+        raise DataFormatError(f"{where} {said} (config.json); give a checkpoint of an architecture transformers has "
+                              "(oelm.ARCHITECTURES lists those oelm knows; others can be added with model.architecture)")
+
+
+def check_local_checkpoint(name: str, *, tokenizer: bool = True, weights: bool = True) -> None:
+    """Check that ``name``, when it resolves to a local directory, holds what loading needs, before
+    transformers is asked (whose errors for a wrong directory are about sentencepiece or the
+    model_type key, or a tokenizer with no vocabulary that tokenizes every text to nothing).
+
+    Checked: ``config.json`` (a JSON object whose ``model_type`` this transformers knows, unless
+    it names custom code; not required of a folder of tokenizer files when only the tokenizer is
+    loaded), a tokenizer file (:data:`TOKENIZER_FILES`) when ``tokenizer``, a weight
+    file (:data:`WEIGHT_FILES`) when ``weights``, and each ``*.safetensors`` file's header and size.
+    A Hub id (not a directory) is left to transformers.
+
+    Raises:
+        DataFormatError: one line naming the directory, what is missing or damaged, what the
+            directory holds, and the fix.
+    """
+    path = Path(resolve_pretrained(name))
+    if not path.is_dir():
+        return
+    where = f"pretrained model {name!r}: the directory {path}"
+    config = path / "config.json"
+    has_tokenizer = any((path / f).is_file() for f in TOKENIZER_FILES)
+    if not config.is_file():
+        if weights or not has_tokenizer:  # a tokenizer alone may be a folder of tokenizer files only
+            raise DataFormatError(f"{where} holds no model: it has no config.json (it holds {_listing(path)}); give a "
+                                  "directory written by save_pretrained() (config.json, weights and tokenizer files)")
+    else:
+        _check_config_json(config, where)
+    if tokenizer and not has_tokenizer:
+        raise DataFormatError(f"{where} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}; it holds "
+                              f"{_listing(path)}); save the model's tokenizer there with tokenizer.save_pretrained('{path}')")
+    if weights and not any((path / f).is_file() for f in WEIGHT_FILES):
+        raise DataFormatError(f"{where} holds no weights (none of {', '.join(WEIGHT_FILES)}; it holds {_listing(path)}); "
+                              "write them with model.save_pretrained() or copy them there")
+    if weights:
+        from oelm.config import safetensors_problem
+
+        for file in sorted(path.glob("*.safetensors")):
+            problem = safetensors_problem(file)
+            if problem:
+                raise DataFormatError(f"{where}: the weights file {file} {problem}; copy or save it again")
 
 
 def _directory_problem(path: Path, exc: Exception) -> str:
@@ -106,11 +183,13 @@ def load_tokenizer(name: str, *, trust_remote_code: bool = False):
 
     Raises:
         DataNotFoundError: no local copy and the Hub cannot provide it.
-        DataFormatError: the local files cannot be turned into a tokenizer (says what is wrong
-            with the directory).
+        DataFormatError: a local directory without config.json or tokenizer files
+            (:func:`check_local_checkpoint`), or files that cannot be turned into a tokenizer (says
+            what is wrong with the directory).
     """
     from transformers import AutoTokenizer
 
+    check_local_checkpoint(name, weights=False)
     source = resolve_pretrained(name)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
@@ -136,8 +215,9 @@ def load_pretrained(
     Raises:
         DataNotFoundError: neither a local copy nor the Hub could provide the checkpoint; the
             message lists the places tried and how to fix it.
-        DataFormatError: a local directory that exists but cannot be loaded; the message says
-            what is wrong with it.
+        DataFormatError: a local directory that exists but cannot be loaded (no config.json, no
+            weights, a truncated safetensors file, a model_type transformers does not know); the
+            message says what is wrong with it.
         ConfigError: an unknown ``task``, or a checkpoint whose config transformers rejects
             (e.g. ``hidden_size`` not a multiple of ``num_attention_heads``).
     """
@@ -146,6 +226,7 @@ def load_pretrained(
 
     if tokenizer is None:
         tokenizer = load_tokenizer(name, trust_remote_code=trust_remote_code)
+    check_local_checkpoint(name, tokenizer=False)
     source = resolve_pretrained(name)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the "classifier weights newly initialized" report is expected
