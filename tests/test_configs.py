@@ -139,3 +139,17 @@ def test_evidence_configs_are_issue_10s_matrices():
                                              "oelm_random_orthogonal"]
     orthogonal = sst2.methods[-1].oelm_config()  # issue 10's five, plus orthogonal Q/K without the pretrained ones
     assert orthogonal.init == "random_orthogonal" and orthogonal.freeze and orthogonal.targets == ("query", "key")
+
+
+def test_every_shipped_config_is_package_data_and_configs_is_its_link():
+    """configs/ is a link to src/oelm/configs, and pyproject's package-data globs take every YAML
+    there into the wheel (so `oelm run NAME` works after `pip install`)."""
+    import tomllib
+    from fnmatch import fnmatch
+
+    package = ROOT.parent / "src" / "oelm"
+    assert ROOT.is_symlink() and ROOT.resolve() == (package / "configs").resolve()
+    globs = tomllib.loads((ROOT.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["oelm"]
+    shipped = [p.relative_to(package).as_posix() for p in (package / "configs").rglob("*.yaml")]
+    assert len(shipped) == len(ORIGINAL) + len(CPU) + len(EVIDENCE) + 2  # + quickstart, tinystories-tiny
+    assert [p for p in shipped if not any(fnmatch(p, g) for g in globs)] == []
