@@ -42,6 +42,7 @@ from oelm.data.registry import (
     resolve_data_dir,
     resolve_split,
 )
+from oelm.data.cache import drop_damaged_cache, load_token_cache
 from oelm.data.classification import check_texts
 from oelm.errors import ConfigError, DataFormatError, DataNotFoundError
 
@@ -404,7 +405,8 @@ def train_bpe_tokenizer(documents: Sequence[str], vocab_size: int, cache_dir: st
 
     Cached under ``cache_dir/bpe-<vocab_size>-<key>/tokenizer.json``, ``key`` = hash of (recipe,
     ``vocab_size``, :func:`documents_digest`); a second call with the same inputs loads it
-    (``cache_dir`` None: no cache).
+    (``cache_dir`` None: no cache). A cached tokenizer.json that cannot be read is deleted, with a
+    warning, and the tokenizer trained again.
 
     Raises:
         ConfigError: ``vocab_size`` < 257 or no documents.
@@ -420,7 +422,14 @@ def train_bpe_tokenizer(documents: Sequence[str], vocab_size: int, cache_dir: st
     key = hashlib.sha256(f"{_BPE_RECIPE}|{vocab_size}|{documents_digest(documents)}".encode()).hexdigest()[:16]
     target = Path(cache_dir) / f"bpe-{vocab_size}-{key}" / "tokenizer.json" if cache_dir is not None else None
     if target is not None and target.is_file():
-        return _wrap_bpe(target)
+        try:
+            cached = _wrap_bpe(target)
+        except Exception as exc:  # tokenizers raises a bare Exception for a malformed tokenizer.json
+            drop_damaged_cache(target.parent, f"{target.name}: {' '.join(str(exc).split())[:200]}")
+        else:
+            if cached.eos_token_id == 0 and len(cached) > 256:  # the recipe's layout: <|endoftext|> is id 0
+                return cached
+            drop_damaged_cache(target.parent, f"{target.name} has {len(cached)} ids and {EOS_TOKEN} at id {cached.eos_token_id}")
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -524,7 +533,8 @@ def pack_documents(
     The concatenated stream is cached as ``cache_dir/tokens-<key>.npy`` (uint16 for vocabularies
     of <= 65,536 ids, else int32), ``key`` = hash of the tokenizer (its full serialized state:
     vocab, merges, normalizer) and :func:`documents_digest`; the cache is independent of
-    ``block_size``.
+    ``block_size``. A damaged cache file (truncated, wrong dtype, ids outside the vocabulary) is
+    deleted, with a warning, and the stream encoded again.
 
     Raises:
         DataFormatError: the tokenizer has no eos token, or a document is not a ``str`` or not
@@ -543,9 +553,8 @@ def pack_documents(
     if cache_dir is not None:
         key = hashlib.sha256(f"{_tokenizer_fingerprint(tokenizer)}|{documents_digest(documents)}".encode()).hexdigest()[:24]
         path = Path(cache_dir) / f"tokens-{key}.npy"
-    if path is not None and path.is_file():
-        stream = np.load(path)
-    else:
+    stream = load_token_cache(path, dtype, len(tokenizer)) if path is not None and path.is_file() else None
+    if stream is None:
         stream = _encode_stream(documents, tokenizer, dtype)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)

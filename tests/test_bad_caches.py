@@ -1,0 +1,81 @@
+"""Damaged caches (issue 26, item 4): a truncated token-cache ``.npy`` or a corrupt cached BPE
+``tokenizer.json`` was a traceback naming no cache. Now the damaged file is named in a warning,
+deleted and rebuilt, and the result equals the one built from scratch.
+
+The caches are built in a temporary folder from real TinyStories documents, then damaged there.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from oelm.data import load_documents
+from oelm.data.lm import pack_documents, train_bpe_tokenizer
+
+
+@pytest.fixture(scope="module")
+def docs(data_dir) -> list[str]:
+    return load_documents("tinystories", "train", data_dir)[:40]
+
+
+def _only(folder, pattern):
+    found = sorted(folder.glob(pattern))
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_truncated_token_cache_is_named_deleted_and_rebuilt(docs, tmp_path):
+    tokenizer = train_bpe_tokenizer(docs, 400, tmp_path / "tok")
+    fresh = pack_documents(docs, tokenizer, 32, cache_dir=tmp_path / "tokens")
+    cache = _only(tmp_path / "tokens", "tokens-*.npy")
+    size = cache.stat().st_size
+    with open(cache, "r+b") as f:
+        f.truncate(size // 2)  # a copy cut short, a full disk
+    with pytest.warns(UserWarning, match=rf"oelm cache {cache} is damaged \(ValueError: .*\); deleting it and building it again"):
+        again = pack_documents(docs, tokenizer, 32, cache_dir=tmp_path / "tokens")
+    assert again.equal(fresh)
+    assert cache.stat().st_size == size  # rebuilt whole
+
+
+def test_token_cache_with_ids_outside_the_vocabulary_is_rebuilt(docs, tmp_path):
+    tokenizer = train_bpe_tokenizer(docs, 400, tmp_path / "tok")
+    fresh = pack_documents(docs, tokenizer, 32, cache_dir=tmp_path / "tokens")
+    cache = _only(tmp_path / "tokens", "tokens-*.npy")
+    stream = np.load(cache)
+    stream[5] = len(tokenizer) + 7  # bytes flipped on disk: still a valid .npy
+    np.save(cache, stream)
+    with pytest.warns(UserWarning, match=rf"holds id {len(tokenizer) + 7}, outside the tokenizer's {len(tokenizer)} ids"):
+        again = pack_documents(docs, tokenizer, 32, cache_dir=tmp_path / "tokens")
+    assert again.equal(fresh)
+
+
+def test_token_cache_of_another_dtype_is_rebuilt(docs, tmp_path):
+    tokenizer = train_bpe_tokenizer(docs, 400, tmp_path / "tok")
+    fresh = pack_documents(docs, tokenizer, 32, cache_dir=tmp_path / "tokens")
+    cache = _only(tmp_path / "tokens", "tokens-*.npy")
+    np.save(cache, np.load(cache).astype(np.float32))
+    with pytest.warns(UserWarning, match="holds a float32 array .* expected 1-D uint16"):
+        assert pack_documents(docs, tokenizer, 32, cache_dir=tmp_path / "tokens").equal(fresh)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "empty-vocab"])
+def test_corrupt_cached_tokenizer_is_named_deleted_and_trained_again(docs, tmp_path, damage):
+    first = train_bpe_tokenizer(docs, 400, tmp_path / "tok")
+    cached = _only(tmp_path / "tok", "bpe-400-*/tokenizer.json")
+    text = cached.read_text()
+    if damage == "truncate":
+        cached.write_text(text[: len(text) // 3])
+        expected = r"tokenizer\.json: "
+    else:  # valid JSON, but not the recipe's tokenizer any more
+        import json
+
+        data = json.loads(text)
+        data["model"]["vocab"], data["model"]["merges"], data["added_tokens"] = {}, [], []
+        cached.write_text(json.dumps(data))
+        expected = r"tokenizer\.json has \d+ ids"
+    with pytest.warns(UserWarning, match=rf"oelm cache {cached.parent} is damaged \({expected}"):
+        again = train_bpe_tokenizer(docs, 400, tmp_path / "tok")
+    sample = docs[0][:200]
+    assert again(sample)["input_ids"] == first(sample)["input_ids"] and len(again) == len(first)
+    assert cached.read_text() == text  # the same recipe on the same documents: the same file again
