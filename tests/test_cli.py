@@ -206,3 +206,16 @@ def test_stop_never_signals_a_pid_from_a_left_over_lock_file(tmp_path):
         bystander.send_signal(signal.SIGKILL)
         bystander.wait()
     assert _oelm("stop", str(tmp_path / "missing"), cwd=tmp_path).returncode == 2
+
+
+def test_stop_refuses_a_lock_of_another_host_or_one_without_a_pid(tmp_path, capsys):
+    lock = tmp_path / ".oelm.lock"
+    lock.write_text(json.dumps({"pid": 1, "host": "elsewhere", "started_at": "2026-01-01T00:00:00+00:00"}))
+    assert main(["stop", str(tmp_path)]) == 2
+    assert "is on host elsewhere (pid 1); run `oelm stop` there" in capsys.readouterr().err
+    lock.write_text("")  # a run that has not written its record yet
+    assert main(["stop", str(tmp_path)]) == 2
+    assert ".oelm.lock names no pid" in capsys.readouterr().err
+    lock.unlink()
+    assert main(["stop", str(tmp_path)]) == 0
+    assert "nothing to stop" in capsys.readouterr().out

@@ -390,21 +390,24 @@ def cmd_stop(args: argparse.Namespace) -> int:
     out = Path(args.dir)
     if not out.is_dir():
         raise OELMError(f"{out}: no such directory; pass the --output-dir of the `oelm run` to stop")
-    holder = read_holder(out) if (out / LOCK_NAME).is_file() else None
-    pid = holder.get("pid") if holder else None
-    held = False
-    if holder is not None:
-        try:  # a driver's exclusive lock refuses this shared probe; a left-over file does not
-            with hold_shared_lock(out):
-                pass
-        except OutputLockedError:
-            held = True  # (or no flock on this file system: the pid check below decides)
-    if not held or not pid_alive(pid):
-        what = f"its lock file names pid {pid}, which is gone" if holder else f"no {LOCK_NAME} there"
-        print(f"oelm stop: no run holds {out} ({what}); nothing to stop")
+    if not (out / LOCK_NAME).exists():
+        print(f"oelm stop: no run holds {out} (no {LOCK_NAME} there); nothing to stop")
         return 0
-    if holder.get("host") != socket.gethostname():
+    holder = read_holder(out)
+    if holder is None:
+        raise OELMError(f"{out / LOCK_NAME} names no pid (a run that is just starting, or a damaged file); retry in a "
+                        f"moment, or delete it if no run uses {out}")
+    pid = holder.get("pid")
+    if holder.get("host") not in (None, socket.gethostname()):
         raise OELMError(f"the run holding {out} is on host {holder.get('host')} (pid {pid}); run `oelm stop` there")
+    try:  # a driver's exclusive lock refuses this shared probe; a file left by a killed run does not
+        with hold_shared_lock(out):
+            held = False
+    except OutputLockedError:
+        held = True  # (or no flock on this file system: then the pid check alone decides)
+    if not held or not pid_alive(pid):
+        print(f"oelm stop: no run holds {out} (its lock file names pid {pid}, which no longer holds it); nothing to stop")
+        return 0
     try:
         os.kill(pid, signal.SIGTERM)
     except PermissionError:
@@ -414,7 +417,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     while time.monotonic() < deadline:
         now = read_holder(out)
         if not pid_alive(pid) or not now or now.get("pid") != pid:
-            print(f"oelm stop: it stopped; rerun the same `oelm run` command to continue from its checkpoints")
+            print("oelm stop: it stopped; rerun the same `oelm run` command to continue from its checkpoints")
             return 0
         time.sleep(0.2)
     print(f"oelm stop: pid {pid} still holds {out} after {args.wait:g} s (it saves a checkpoint first); "
