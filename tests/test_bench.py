@@ -202,3 +202,18 @@ def test_bert_shape_runs_reduced_on_cpu():
     assert r["model"]["family"] == "bert" and r["model"]["batch_size"] == 1 and r["model"]["auto_batch_size"] is True
     assert r["runners"]["oelm_freeze"]["frozen_tensors"] == 4 and r["runners"]["oelm_freeze"]["frozen_bit_identical"]
     assert r["runners"]["plain"]["final_loss"] > 0 and r["engine_plain"]["n"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_compile_modes_run_on_cpu(mode):
+    """--compile-mode compiles every runner with that torch.compile mode (on a CPU, reduce-overhead
+    has no CUDA graphs to make and runs as compiled code); the compile step is timed apart."""
+    cfg = BenchConfig(model="gpt-tiny", overrides={"num_layers": 1, "hidden_size": 16, "num_heads": 2, "intermediate_size": 32},
+                      vocab_size=64, seq_len=8, batch_size=2, steps=2, warmup_steps=1, device="cpu", data="random",
+                      methods=("baseline",), compile_mode=mode, profile=False)
+    r = run_bench(cfg, progress=False)
+    for name in ("baseline", "plain"):
+        runner = r["runners"][name]
+        assert runner["compile_seconds"] > 0 and runner["per_step_ms"]["n"] == 2 and runner["final_loss"] > 0
+    assert r["config"]["compile_mode"] == mode
