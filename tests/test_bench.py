@@ -217,3 +217,15 @@ def test_compile_modes_run_on_cpu(mode):
         runner = r["runners"][name]
         assert runner["compile_seconds"] > 0 and runner["per_step_ms"]["n"] == 2 and runner["final_loss"] > 0
     assert r["config"]["compile_mode"] == mode
+
+
+@pytest.mark.slow
+def test_gpt2_shape_runs_reduced_on_cpu():
+    """GPT-2 124M's shape with one layer and 16-token blocks (its 50,304 x 768 embedding kept):
+    every runner steps, the batch is found automatically (1 on a CPU), MFU is reported."""
+    cfg = BenchConfig(model="gpt2-124m", overrides={"num_layers": 1}, seq_len=16, steps=1, warmup_steps=1, device="cpu",
+                      data="random", profile=False)
+    r = run_bench(cfg, progress=False)
+    assert r["model"]["gpt_config"]["vocab_size"] == 50304 and r["model"]["batch_size"] == 1
+    assert all(x["mfu"]["mfu"] > 0 and x["final_loss"] > 0 for x in r["runners"].values())
+    assert r["runners"]["oelm_freeze"]["frozen_bit_identical"] and r["engine_plain"]["n"] == 1
