@@ -285,12 +285,17 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike, *, source: s
         :class:`SaveReport` with the bytes written and the % saved against a full checkpoint.
 
     Raises:
+        TypeError: ``model`` is not an ``nn.Module`` or ``directory`` not a path.
         ConfigError: ``model`` has no ``oelm_config`` (``apply_oelm`` was never called; use the
             ``"baseline"`` method to save an unmodified model this way).
 
     Warns:
         UserWarning: seed None with a random initialization; frozen tensors are stored too.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"oelm.save_pretrained(model, directory) expects a torch.nn.Module first, got {type(model).__name__}")
+    if not isinstance(directory, (str, os.PathLike)) or not str(directory).strip():
+        raise TypeError(f"oelm.save_pretrained: directory must be a non-empty path (str or Path), got {directory!r}")
     model = _unwrap(model)
     config = getattr(model, "oelm_config", None)
     if config is None or not hasattr(config, "to_dict"):
@@ -524,6 +529,8 @@ def load_oelm(directory: str | os.PathLike, base_model: nn.Module | None = None,
         training), with ``model.oelm_config`` / ``model.oelm_report`` set as by ``apply_oelm``.
 
     Raises:
+        TypeError: ``directory`` is not a path (a model passed first, say) or ``base_model`` not
+            an ``nn.Module``.
         CheckpointError: not an oelm checkpoint, weights file missing or not the one the metadata
             describes (sha256), base not rebuildable offline (asks for ``base_model``), a recorded
             class outside ``oelm.``/``transformers.``/``allow_model_class`` (names it), a stored
@@ -536,6 +543,13 @@ def load_oelm(directory: str | os.PathLike, base_model: nn.Module | None = None,
 
     from oelm.method import apply_oelm
 
+    if isinstance(directory, nn.Module):
+        raise TypeError(f"oelm.load_oelm(directory, base_model=None): the first argument is the checkpoint directory, got a "
+                        f"{type(directory).__name__}; call load_oelm(directory, base_model=model)")
+    if not isinstance(directory, (str, os.PathLike)) or not str(directory).strip():
+        raise TypeError(f"oelm.load_oelm: directory must be a non-empty path (str or Path), got {directory!r}")
+    if base_model is not None and not isinstance(base_model, nn.Module):
+        raise TypeError(f"oelm.load_oelm: base_model must be a torch.nn.Module or None, got {type(base_model).__name__}")
     directory = Path(directory)
     meta = _read_metadata(directory)
     weights_path = directory / meta["weights"]["file"]

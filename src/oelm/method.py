@@ -38,7 +38,10 @@ stock ``AutoModelForCausalLM.from_pretrained(dir)`` loads completely. Until then
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
+import math
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -133,6 +136,17 @@ class OELMConfig:
     )
 
     def __post_init__(self) -> None:
+        if not isinstance(self.method, str) or not self.method:
+            raise ConfigError(f"OELMConfig.method must be a non-empty name (str), got {self.method!r}")
+        for name in ("targets", "extra_frozen_groups"):
+            value = getattr(self, name)
+            if isinstance(value, str) or not isinstance(value, (tuple, list)):
+                raise ConfigError(f"OELMConfig.{name} must be a tuple of names, e.g. ('query', 'key'), got {value!r}")
+        for name in ("freeze", "freeze_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"OELMConfig.{name} must be True or False, got {getattr(self, name)!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63):
+            raise ConfigError(f"OELMConfig.seed must be None or an int in [0, 2**63), got {self.seed!r}")
         valid_inits = ("none", "orthogonalize", "random_orthogonal", "global_orthogonal", "normal")
         if self.init not in valid_inits:
             raise ConfigError(f"OELMConfig.init={self.init!r} is not one of {valid_inits}")
@@ -144,7 +158,10 @@ class OELMConfig:
             raise ConfigError(f"OELMConfig.extra_frozen_groups has {bad}; allowed: {PARAMETER_GROUPS}")
         if not isinstance(self.split_fused, bool):
             raise ConfigError(f"OELMConfig.split_fused must be true or false, got {self.split_fused!r}")
-        if self.normal_std != "matched" and not (isinstance(self.normal_std, (int, float)) and self.normal_std > 0):
+        if self.normal_std != "matched" and not (
+            isinstance(self.normal_std, (int, float)) and not isinstance(self.normal_std, bool)
+            and math.isfinite(self.normal_std) and self.normal_std > 0
+        ):
             raise ConfigError(f"OELMConfig.normal_std must be a positive number or 'matched', got {self.normal_std!r}")
 
     def replace(self, **changes: Any) -> "OELMConfig":
@@ -176,11 +193,51 @@ METHODS: dict[str, OELMConfig] = {
 
 
 def get_method(name: str) -> OELMConfig:
-    """The named method's :class:`OELMConfig`; unknown name -> :class:`ConfigError` listing names."""
+    """The named method's :class:`OELMConfig`.
+
+    Raises:
+        TypeError: ``name`` is not a string.
+        ConfigError: unknown name (the closest named method suggested, all of them listed).
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"a method name is a str (one of {', '.join(METHODS)}), got {type(name).__name__} {name!r}")
     try:
         return METHODS[name]
     except KeyError:
-        raise ConfigError(f"unknown method {name!r}; named methods are: {', '.join(METHODS)}") from None
+        close = difflib.get_close_matches(name, list(METHODS), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(f"unknown method {name!r}; {hint}named methods are: {', '.join(METHODS)}") from None
+
+
+def _require_module(model: Any, func: str) -> None:
+    """Refuse anything but an ``nn.Module`` as the model argument of ``func``, with one line."""
+    if isinstance(model, nn.Module):
+        return
+    hint = ""
+    if isinstance(model, (str, os.PathLike)):
+        hint = (f"; load the model first, e.g. model = AutoModelForCausalLM.from_pretrained({str(model)!r}, "
+                "trust_remote_code=False), then oelm." + func + "(model, ...)")
+    raise TypeError(f"oelm.{func} expects a torch.nn.Module (a transformers or oelm model), got {type(model).__name__}{hint}")
+
+
+def _resolve_config(config: Any, seed: Any, func: str) -> OELMConfig:
+    """``config`` as an :class:`OELMConfig` (a method name looked up), with ``seed`` applied."""
+    if isinstance(config, str):
+        config = get_method(config)
+    elif not isinstance(config, OELMConfig):
+        if isinstance(config, dict):
+            hint = "; for a mapping, pass OELMConfig(**mapping)"
+        elif hasattr(config, "oelm_config"):
+            hint = "; for a config's method entry, pass entry.oelm_config()"
+        else:
+            hint = ""
+        raise TypeError(f"oelm.{func}: config must be an OELMConfig or a method name ({', '.join(METHODS)}), "
+                        f"got {type(config).__name__}{hint}")
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+            raise TypeError(f"oelm.{func}: seed must be None or an int in [0, 2**63), got {seed!r}")
+        config = config.replace(seed=seed)
+    return config
 
 
 # --------------------------------------------------------------------------------------------
@@ -251,7 +308,11 @@ def parameter_report(model: nn.Module, method: str = "") -> ParameterReport:
     ``attention_query``/``attention_key``/``attention_value`` whatever the patterns say; every
     other parameter gets the first matching ``group_patterns`` regex. A model of unknown type
     gets only ``"other"``.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``.
     """
+    _require_module(model, "parameter_report")
     try:
         patterns = architecture_of(model).group_patterns
         sites = find_attention_projections(model)
@@ -381,15 +442,15 @@ def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, se
         layout, frozen flag and ``max_orthogonality_error``.
 
     Raises:
+        TypeError: ``model`` is not an ``nn.Module`` (``None``, a name: load the model first),
+            ``config`` neither an :class:`OELMConfig` nor a name, ``seed`` not a non-negative int.
         ConfigError: unknown method name.
         OELMError: the model already carries an OELM application (``model.oelm_config``).
         UnsupportedModelError: the model's query/key projections cannot be found; the message
             lists supported model types and how to register one.
     """
-    if isinstance(config, str):
-        config = get_method(config)
-    if seed is not None:
-        config = config.replace(seed=seed)
+    _require_module(model, "apply_oelm")
+    config = _resolve_config(config, seed, "apply_oelm")
     previous = getattr(model, "oelm_config", None)
     if previous is not None:
         raise OELMError(
@@ -463,6 +524,7 @@ def get_oelm_model(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *
     Raises:
         ConfigError, OELMError, UnsupportedModelError: as :func:`apply_oelm`.
     """
+    _require_module(model, "get_oelm_model")
     apply_oelm(model, config, seed=seed)
     return model
 
@@ -498,9 +560,11 @@ def merge_and_unload(model: nn.Module) -> nn.Module:
         ``model`` itself.
 
     Raises:
+        TypeError: ``model`` is not an ``nn.Module``.
         ValueError: a :class:`SplitQKV` whose query/key/value disagree on bias or input size
             (not one that ``apply_oelm`` made).
     """
+    _require_module(model, "merge_and_unload")
     fused = fuse_split_projections(model)
     attributes = vars(model)
     bound = {"print_trainable_parameters": print_trainable_parameters, "save_pretrained": _refuse_split_save}
