@@ -120,6 +120,14 @@ def runner_lines(data: dict) -> list[str]:
         lines.append(f"{method} / baseline step time: median {_num(ratio.get('median'), 3)} of {ratio.get('n', DASH)} "
                      f"interleaved per-step ratios (p10 {_num(ratio.get('p10'), 3)}, p90 {_num(ratio.get('p90'), 3)}); "
                      f"FLOP theory {_num(ratio.get('theory'), 3)}")
+    ep = data.get("engine_plain")
+    if isinstance(ep, dict):
+        lines.append(f"engine / plain loop (same math): median {_num(ep.get('median'), 3)} of {ep.get('n', DASH)} per-step "
+                     f"ratios (p10 {_num(ep.get('p10'), 3)}, p90 {_num(ep.get('p90'), 3)}; best steps {_num(ep.get('best'), 3)})")
+    ops = data.get("operators")
+    if isinstance(ops, dict):
+        extra = ", ".join(f"{k} +{v}" for k, v in (ops.get("extra") or {}).items()) or "none"
+        lines.append(f"operators per step: engine {ops.get('engine', DASH)}, plain {ops.get('plain', DASH)}; engine extra: {extra}")
     lines.append("")
     return lines
 
@@ -170,7 +178,7 @@ def summary(out: Path) -> str:
         "",
         *environment_lines(out),
         "",
-        "## Benchmark (`oelm bench`, gpt-medium-512, bf16)",
+        "## Benchmarks (`oelm bench`; the shape, precision and compile mode are in each file's name)",
         "",
         *bench_lines(out),
         "",

@@ -117,7 +117,9 @@ def test_summary_copies_the_numbers(tmp_path):
               "mfu": {"mfu": 0.0717}, "peak_step_memory_mib": 1747.1, "compile_seconds": 3.25, "frozen_bit_identical": True}
     _write(tmp_path / "bench-gpt-medium-512-bf16-compile.json", {
         "tokens_per_second": 81234.5, "per_step_ms": {"median": 50.25}, "runners": {"baseline": runner},
-        "ratios": {"oelm_freeze": {"median": 0.902, "p10": 0.8226, "p90": 1.0836, "n": 50, "theory": 0.978}}})
+        "ratios": {"oelm_freeze": {"median": 0.902, "p10": 0.8226, "p90": 1.0836, "n": 50, "theory": 0.978}},
+        "engine_plain": {"median": 1.049, "p10": 0.6956, "p90": 1.7013, "n": 300, "best": 1.0394},
+        "operators": {"engine": 1362, "plain": 1352, "extra": {"aten::div": 2, "aten::to": 2}, "fewer": {}}})
     telemetry = {"available": True, "gpu_utilization_percent": {"min": 3, "median": 96.5, "max": 100},
                  "memory_used_gib": {"min": 1.0, "median": 9.0, "max": 11.25}, "power_w": {"min": 90, "median": 512.4, "max": 690},
                  "temperature_c": {"min": 40, "median": 60, "max": 71}, "sm_clock_mhz": {"min": 1400, "median": 1980, "max": 1980}}
@@ -133,5 +135,7 @@ def test_summary_copies_the_numbers(tmp_path):
     assert "| baseline | 16.31 | 14.12 | 20.88 | 247,088 | 7.2% | 1,747 | 3.2 | True |" in text
     assert ("oelm_freeze / baseline step time: median 0.902 of 50 interleaved per-step ratios "
             "(p10 0.823, p90 1.084); FLOP theory 0.978") in text
+    assert "engine / plain loop (same math): median 1.049 of 300 per-step ratios (p10 0.696, p90 1.701; best steps 1.039)" in text
+    assert "operators per step: engine 1362, plain 1352; engine extra: aten::div +2, aten::to +2" in text
     assert ("| sst2 | baseline-seed0 | finished | accuracy 84.500 | 250,123 | 11.37 | 3.1% | 96 | 11.25 | 512 | 71 | 1,980 |") in text
     assert "| sst2 | oelm_freeze-seed0 | failed |" in text and "n/a (pynvml is not importable)" in text
