@@ -144,18 +144,24 @@ def test_a_verdict_carries_the_caveats_of_its_comparison(tmp_path):
     shutil.copytree(RESULTS / "cpu-sst2", tmp_path / "evidence-sst2-minilm")
     row = next(l for l in claims_markdown(tmp_path).splitlines() if l.startswith("| BERT-base SST-2"))
     assert row.endswith("(caveat: baseline's learning rate is the lowest of its grid; "
-                        "baseline still improving at its last step in 2 seed(s); "
+                        "baseline still improving at its last evaluation in 2 seed(s); "
                         "oelm_freeze's learning rate is the highest of its grid; "
-                        "oelm_freeze still improving at its last step in 2 seed(s)) |")
+                        "oelm_freeze still improving at its last evaluation in 2 seed(s)) |")
     comparison = json.loads((RESULTS / "cpu-sst2" / "comparison.json").read_text())
     comparison["methods"]["oelm_random"]["excluded"] = [{"seed": 2, "reasons": ["x"]}]
     comparison["sweep"]["grid_growth"] = {"oelm_random": [{"from": [1, 2], "to": [1, 2, 3], "at": "t",
                                                            "tested_final_runs": ["oelm_random-lr1-seed0"]}]}
     assert caveats(comparison, ("oelm_random",)) == [
         "oelm_random's learning rate is the lowest of its grid", "oelm_random: 1 run(s) excluded as collapsed",
-        "oelm_random still improving at its last step in 1 seed(s)", "oelm_random's grid grew after test results existed"]
+        "oelm_random still improving at its last evaluation in 1 seed(s)", "oelm_random's grid grew after test results existed"]
     for m in comparison["methods"].values():
         m["selected_at_grid_edge"], m["excluded"] = None, []
     comparison["best_at_last_step"] = {}
     comparison["sweep"]["grid_growth"]["oelm_random"][0]["tested_final_runs"] = []
     assert caveats(comparison, ("baseline", "oelm_freeze", "oelm_random")) == []
+
+
+def test_an_mfu_in_a_verdict_names_the_peak_it_is_a_fraction_of():
+    """The committed GPU rows quote the baseline's MFU: against the GPU's datasheet peak, said so."""
+    rows = [line for line in claims_markdown(RESULTS).splitlines() if line.startswith("| …on a GPU |")]
+    assert rows and all("% MFU (of the H100 SXM datasheet peak for bf16) " in row for row in rows)

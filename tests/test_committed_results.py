@@ -83,9 +83,10 @@ def test_committed_gaps_are_the_arithmetic_of_the_method_means(name):
 
 
 def test_runs_still_improving_at_their_last_step_are_listed_and_warned(tmp_path):
-    """On the committed SST-2 demo: best_at_last_step lists, per method, exactly the final runs
-    whose best validation is at their last step (the report warns about each method); a run that
-    stopped early is not listed (it stopped because it no longer improved)."""
+    """On the committed SST-2 demo (evaluations at steps 32 and 64 of 64, the last one at the last
+    step, no repeat): best_at_last_step lists, per method, exactly the final runs whose best
+    validation is at their last step (the report warns about each method); a run that stopped
+    early is not listed (it stopped because it no longer improved)."""
     copy = tmp_path / "cpu-sst2"
     shutil.copytree(RESULTS / "cpu-sst2", copy)
     finals = [json.loads(p.read_text()) for p in sorted(copy.glob("runs/*/result.json"))]
@@ -98,7 +99,7 @@ def test_runs_still_improving_at_their_last_step_are_listed_and_warned(tmp_path)
     c = json.loads((copy / "comparison.json").read_text())
     assert {m: sorted(s) for m, s in c["best_at_last_step"].items()} == expected
     for method, seeds in expected.items():
-        assert any(w.startswith(f"{method}: best validation at the last step of the budget in seed(s) "
+        assert any(w.startswith(f"{method}: best validation at the last evaluation of the budget in seed(s) "
                                 f"{', '.join(map(str, sorted(seeds)))}:") for w in c["warnings"])
     method, seed = next(iter(expected.items()))[0], expected[next(iter(expected))][0]
     path = next(p for p in copy.glob("runs/*/result.json")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -196,3 +197,66 @@ def test_matrix_eta_shares_the_runs_left_among_the_runs_running_now():
     assert matrix_eta_seconds([100.0, 500.0], 4, 600.0) == 500.0 + 2 * 600.0  # lanes end at 1300 and 1700
     assert matrix_eta_seconds([100.0, 500.0], 1, 600.0) == 700.0
     assert matrix_eta_seconds([100.0, 500.0], 0, 600.0) == 500.0
+
+
+def test_not_on_a_terminal_monitor_prints_plain_lines_and_ends_when_nothing_is_left(finished):
+    """`oelm monitor DIR` with its output in a pipe: the table and summary as plain lines (no ANSI
+    control codes, which a live view would write), and it returns once every run is done."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "oelm", "monitor", str(finished / "out"), "--interval", "0.1"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b" not in proc.stdout and proc.stdout.strip()
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"oelm monitor: {finished / 'out'}" and lines[1].split()[:3] == ["run", "stage", "state"]
+    assert "5 runs: 0 pending, 0 running, 5 finished" in proc.stdout
+
+
+def test_plain_lines_report_each_change_once(finished, tmp_path):
+    """A run that is running when the view starts and finishes during it: one stamped line for the
+    change and one for the new summary, nothing for refreshes where nothing changed."""
+    import platform
+
+    from oelm.monitor import watch_lines
+
+    out = tmp_path / "out"
+    shutil.copytree(finished / "out", out)
+    run = out / "runs" / "oelm_freeze-seed1"
+    result = (run / "result.json").read_bytes()
+    (run / "result.json").unlink()
+    status = json.loads((run / "status.json").read_text())
+    (run / "status.json").write_text(json.dumps(status | {"state": "running", "pid": os.getpid(), "host": platform.node()}))
+    lines, sleeps = [], []
+
+    def sleep(seconds):
+        sleeps.append(seconds)
+        if len(sleeps) == 3:  # the run finishes between the 2nd and 3rd refresh
+            (run / "result.json").write_bytes(result)
+            (run / "status.json").write_text(json.dumps(status))
+
+    assert watch_lines(out, interval=5, write=lines.append, sleep=sleep, max_refreshes=10) == 0
+    assert len(sleeps) == 3 and set(sleeps) == {5}  # ended once no run was left
+    table = lines[:-2]  # the header, the table and the summary when the view started; no line for unchanged refreshes
+    assert len(table) == 1 + 1 + 5 + 1 and "5 runs: 0 pending, 1 running, 4 finished" in table[-1]
+    changed = lines[-2:]
+    assert re.fullmatch(r"\d\d:\d\d:\d\d oelm_freeze-seed1: finished, step 4/4, .*", changed[0])
+    assert re.fullmatch(r"\d\d:\d\d:\d\d 5 runs: 0 pending, 0 running, 5 finished.*", changed[1])
+    assert not any("\x1b" in l for l in lines)
+
+
+def test_odd_values_in_hand_edited_files_do_not_break_the_view(finished, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(finished / "out", out)
+    run = out / "runs" / "oelm_freeze-seed1"
+    (run / "result.json").unlink()
+    (run / "status.json").write_text(json.dumps({"state": "interrupted", "started_at": 5, "total_steps": "four"}))
+    with (run / "metrics.jsonl").open("a") as fh:
+        fh.write(json.dumps({"type": "train", "step": "x", "loss": "nan?", "elapsed_seconds": "long"}) + "\n")
+    plan = json.loads((out / "plan.json").read_text())
+    plan["runs"][0]["learning_rate"] = "fast"
+    (out / "plan.json").write_text(json.dumps(plan))
+    rows = {r["name"]: r for r in collect_runs(out)}
+    assert rows["oelm_freeze-seed1"]["state"] == "interrupted" and rows["oelm_freeze-seed1"]["step"] is None
+    assert "oelm_freeze-seed1" in snapshot_text(out)

@@ -204,7 +204,32 @@ def test_mfu_per_method_is_the_mean_of_the_runs_and_has_its_section(lm_run):
     section = md.split("## Throughput and utilization", 1)[1].split("\n## ", 1)[0]
     row = next(l for l in section.splitlines() if l.startswith("| baseline |"))
     assert f"{c['methods']['baseline']['mfu_percent']['mean']:.1f}" in row
-    assert all(source in row for source in c["methods"]["baseline"]["mfu_peak_source"])
+    # MFU is labelled with what it is a fraction of: on CPU the measured probe, never read as the hardware peak
+    assert c["methods"]["baseline"]["mfu_reference"] and all(ref in row for ref in c["methods"]["baseline"]["mfu_reference"])
+    if not torch.cuda.is_available():
+        assert "matmul probe (not the hardware peak)" in row
+    assert "| MFU of (reference peak) |" in section and "not the hardware's peak" in section
+
+
+def test_mfu_reference_names_the_peak_in_words():
+    from oelm.report.compare import mfu_reference
+
+    assert mfu_reference("measured-probe", "fp32") == "the measured fp32 matmul probe (not the hardware peak)"
+    assert mfu_reference("datasheet:H100 SXM", "bf16") == "the H100 SXM datasheet peak for bf16"
+    assert mfu_reference(None) == "–"
+
+
+def test_bar_chart_axis_starts_at_zero_and_the_zoomed_panel_says_where_it_starts(lm_run):
+    from oelm.report.plots import final_metric_figure
+
+    c = json.loads((lm_run / "comparison.json").read_text())
+    full, zoom = final_metric_figure(c).axes
+    assert full.get_ylim()[0] == 0.0 and len(full.patches) == len(c["methods"])  # one bar per method, from 0
+    start = zoom.get_ylim()[0]
+    assert start > 0 and f"axis starts at {start:.4g}, not 0" in zoom.get_title()
+    assert not zoom.patches  # no bars on the cut axis: points and intervals only
+    values = [v for m in c["methods"].values() for v in m["best_validation"]["values"]]
+    assert zoom.get_ylim()[0] <= min(values) and max(values) <= zoom.get_ylim()[1]
 
 
 def test_original_layout_definitions(lm_run):

@@ -67,3 +67,9 @@ class ChecksumError(OELMError, ValueError):
 class RecordedFileMissingError(ChecksumError):
     """A file whose sha256 is recorded is not there at all (weights left out of committed
     results, say), as opposed to there but different."""
+
+
+class DamagedFileError(OELMError, ValueError):
+    """A JSON file oelm wrote (``result.json``, ``comparison.json``, ``sweep.json``, ...) does not
+    parse, or holds a value of the wrong type (a hand edit, a copy cut short); the message names
+    the file (and the field) and what to do."""

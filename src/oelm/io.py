@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-__all__ = ["atomic_path", "write_text_atomic", "write_bytes_atomic", "write_json_atomic", "read_json", "read_jsonl", "sha256_file", "write_dir_atomic", "verify_dir"]
+__all__ = ["atomic_path", "write_text_atomic", "write_bytes_atomic", "write_json_atomic", "read_json", "read_json_object", "read_jsonl", "sha256_file", "write_dir_atomic", "verify_dir"]
 
 
 def _umask() -> int:
@@ -104,9 +104,45 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     write_text_atomic(path, json.dumps(_jsonable(obj), indent=2, sort_keys=False) + "\n")
 
 
-def read_json(path: str | os.PathLike) -> Any:
+_DEFAULT_FIX = "restore it from a copy, or delete it if oelm can write it again"
+
+
+def read_json(path: str | os.PathLike, fix: str = _DEFAULT_FIX) -> Any:
+    """The JSON value in ``path``.
+
+    Args:
+        fix: what the user should do when the file is damaged (ends the error message).
+
+    Raises:
+        DamagedFileError: the file is not valid UTF-8 JSON (a hand edit, a copy cut short); one
+            line naming the file, where it stops parsing, and ``fix``.
+        OSError: the file cannot be opened (FileNotFoundError when it is missing).
+    """
+    from oelm.errors import DamagedFileError
+
     with open(path, encoding="utf-8") as fh:
-        return json.load(fh)
+        try:
+            return json.load(fh)
+        except json.JSONDecodeError as exc:
+            raise DamagedFileError(f"{path} is damaged: not valid JSON ({exc.msg}: line {exc.lineno}, "
+                                   f"column {exc.colno}); {fix}") from None
+        except UnicodeDecodeError:
+            raise DamagedFileError(f"{path} is damaged: not UTF-8 text; {fix}") from None
+
+
+def read_json_object(path: str | os.PathLike, fix: str = _DEFAULT_FIX) -> dict[str, Any]:
+    """:func:`read_json` for a file that holds one JSON object (every file oelm writes).
+
+    Raises:
+        DamagedFileError: as :func:`read_json`, or the file holds another JSON value (a list, null, ...).
+    """
+    from oelm.errors import DamagedFileError
+
+    value = read_json(path, fix)
+    if not isinstance(value, dict):
+        kind = {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}.get(type(value), "null")
+        raise DamagedFileError(f"{path} is damaged: it holds a JSON {kind}, not an object; {fix}")
+    return value
 
 
 # --------------------------------------------------------------------------------------------
@@ -119,7 +155,8 @@ MANIFEST_FORMAT = 1
 
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Records of a JSON-lines file such as ``metrics.jsonl``: a missing file gives ``[]``, and a
-    line that does not parse (a run killed mid-write leaves half a line) is skipped."""
+    line that does not parse (a run killed mid-write leaves half a line) or is not a JSON object (a
+    hand edit) is skipped."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (FileNotFoundError, IsADirectoryError):
@@ -128,9 +165,11 @@ def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
     for line in text.splitlines():
         if line.strip():
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except json.JSONDecodeError:
                 continue
+            if isinstance(record, dict):
+                records.append(record)
     return records
 
 

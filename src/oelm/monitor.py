@@ -13,34 +13,68 @@ terminal, ``nohup``) and never disturbs it:
 * ``runs/<name>/result.json``: present once a run finished or failed.
 
 A run whose status says ``running`` but whose process (same host) no longer exists is shown as
-``interrupted``: rerunning ``oelm run`` continues it.
+``interrupted``: rerunning ``oelm run`` continues it. A run whose ``result.json`` (or, without one,
+``status.json``) is damaged (a hand edit, a copy cut short) is shown as ``damaged``, with the
+reason below the table: rerunning ``oelm run`` moves its folder to ``runs/.damaged/`` and trains it
+again.
+
+On a terminal the view is a live table; when standard output is not a terminal (a pipe, a log
+file) it prints plain lines instead: the table once, then one line per run whose state, step or
+validation changed, and a summary line when it changed, until no run is left to do.
 """
 
 from __future__ import annotations
 
 import math
 import platform
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from oelm.errors import OELMError
+from oelm.errors import DamagedFileError, OELMError
 from oelm.io import read_json, read_jsonl
 from oelm.lock import pid_alive
-from oelm.matrix.store import RunRecord
+from oelm.matrix.store import RunRecord, read_record
 
-__all__ = ["collect_runs", "snapshot_text", "build_table", "monitor"]
+__all__ = ["collect_runs", "snapshot_text", "build_table", "watch_lines", "monitor"]
 
-STATES = ("pending", "running", "finished", "failed", "interrupted")
+STATES = ("pending", "running", "finished", "failed", "interrupted", "damaged")
 HEADER = ["run", "stage", "state", "lr", "step", "train loss", "validation: best (latest)", "elapsed", "ETA", "where"]
 
 
 def _read(path: Path) -> dict | None:
+    """A JSON object file the runner writes, None when absent or not an object (damaged)."""
     try:
-        return read_json(path)
+        value = read_json(path)
     except (OSError, ValueError):
-        return None  # absent, or being replaced at this instant: next refresh reads it
+        return None  # absent (files are replaced atomically, never seen half-written)
+    return value if isinstance(value, dict) else None
+
+
+def _damage(path: Path) -> str | None:
+    """Why the JSON object file at ``path`` is damaged (one line), None when absent or sound."""
+    from oelm.io import read_json_object
+
+    try:
+        read_json_object(path)
+    except DamagedFileError as exc:
+        return str(exc).split(" is damaged: ", 1)[-1].split("; ", 1)[0]
+    except OSError:
+        pass
+    return None
+
+
+def _result(path: Path) -> tuple[RunRecord | None, str | None]:
+    """A run's record (None when it has no ``result.json``) and why its ``result.json`` is damaged
+    (checked field by field: :func:`oelm.matrix.store.read_record`), else None."""
+    try:
+        return read_record(path), None
+    except DamagedFileError as exc:
+        return None, str(exc).split(" is damaged: ", 1)[-1].split("; ", 1)[0]
+    except OSError:
+        return None, None
 
 
 def _last_records(path: Path) -> tuple[dict | None, dict | None, list[dict]]:
@@ -70,8 +104,14 @@ def _best(metric: str, values: list[Any]) -> float | None:
     return max(finite) if higher else min(finite)
 
 
+def _number(value: Any) -> float | None:
+    """``value`` when it is a finite number (not a bool), else None: hand-edited files hold anything."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return value if ok else None
+
+
 def _parse_time(value: str | None) -> float | None:
-    if not value:
+    if not isinstance(value, str) or not value:
         return None
     try:
         return datetime.fromisoformat(value).timestamp()
@@ -88,7 +128,8 @@ def collect_runs(out: Path, now: float | None = None) -> list[dict[str, Any]]:
     result, the number learning-rate selection uses), ``elapsed_seconds`` and ``eta_seconds`` (None when unknown),
     ``early_stopped`` (a finished run that stopped before ``total_steps``: early stopping), ``node``
     and ``pid`` (the process that trains or trained it, from ``status.json``: whichever executor or
-    machine), ``executor`` (a finished run's executor name).
+    machine), ``executor`` (a finished run's executor name), ``damage`` (why its ``result.json`` or
+    ``status.json`` cannot be read: state ``damaged``; else None).
 
     Raises:
         OELMError: ``out`` is not an ``oelm run`` output directory.
@@ -99,7 +140,10 @@ def collect_runs(out: Path, now: float | None = None) -> list[dict[str, Any]]:
         raise OELMError(f"{out} is not an oelm run output directory (no plan.json or runs/); pass the --output-dir of `oelm run`")
     now = time.time() if now is None else now
     entries, planned = [], set()
-    for e in (plan or {}).get("runs", []):
+    listed = (plan or {}).get("runs")
+    for e in listed if isinstance(listed, list) else []:
+        if not isinstance(e, dict) or not isinstance(e.get("name"), (str, type(None))):
+            continue  # a hand-damaged plan.json: its runs are still found under runs/
         if e.get("name") in planned:
             continue  # the selected sweep run is also that seed's final run: one row
         planned.add(e.get("name")) if e.get("name") else None
@@ -117,25 +161,31 @@ def collect_runs(out: Path, now: float | None = None) -> list[dict[str, Any]]:
                "learning_rate": e.get("learning_rate"), "state": "pending", "step": None, "total_steps": None,
                "train_loss": None, "validation": None, "best_validation": None, "metric": None,
                "elapsed_seconds": None, "eta_seconds": None,
-               "early_stopped": False, "node": None, "pid": None, "executor": None}
+               "early_stopped": False, "node": None, "pid": None, "executor": None, "damage": None}
         rows.append(row)
         if not e.get("name"):
             continue
         d = runs_dir / e["name"]
         status = _read(d / "status.json") or {}
-        result = _read(d / "result.json")
+        record, damage = _result(d / "result.json")
+        result = record.raw if record else None
+        damaged_file = d / "result.json"
+        if damage is None and record is None and (d / "status.json").exists():
+            damage, damaged_file = _damage(d / "status.json"), d / "status.json"
         train, evaluation, evals = _last_records(d / "metrics.jsonl")
-        row["total_steps"] = status.get("total_steps")
+        row["total_steps"] = _number(status.get("total_steps"))
         row["node"], row["pid"] = status.get("host"), status.get("pid")
         if train:
-            row["step"], row["train_loss"] = train.get("step"), train.get("loss")
+            row["step"], row["train_loss"] = _number(train.get("step")), _number(train.get("loss"))
         if evaluation:
             metric = next((k for k in evaluation if k not in ("type", "step", "loss", "elapsed_seconds")), None)
-            row["metric"], row["validation"] = metric, evaluation.get(metric)
+            row["metric"], row["validation"] = metric, _number(evaluation.get(metric))
             row["best_validation"] = _best(metric, [e.get(metric) for e in evals]) if metric else None
         state = status.get("state") or ("running" if d.exists() else "pending")
-        if result is not None:
-            record = RunRecord(result)
+        if damage is not None:
+            state = "damaged"
+            row["damage"] = f"{damaged_file}: {damage}"
+        elif record is not None:
             state = "failed" if record.failed else "finished"
             if state == "finished":
                 row["step"] = record.performance.get("steps", row["step"])
@@ -147,7 +197,7 @@ def collect_runs(out: Path, now: float | None = None) -> list[dict[str, Any]]:
             state = "interrupted"
         row["state"] = state
         row["elapsed_seconds"] = _elapsed(status, result, train, state, now)
-        if state == "running" and row["step"] and row["total_steps"] and train and train.get("elapsed_seconds"):
+        if state == "running" and row["step"] and row["total_steps"] and train and _number(train.get("elapsed_seconds")):
             per_step = train["elapsed_seconds"] / row["step"]
             row["eta_seconds"] = max(0.0, per_step * (row["total_steps"] - row["step"]))
     # A restarted matrix rewrites plan.json before it has selected any rate again, so a method's
@@ -169,7 +219,7 @@ def _elapsed(status: dict, result: dict | None, train: dict | None, state: str, 
     started = _parse_time(status.get("started_at"))
     ended = _parse_time(status.get("finished_at")) if state != "running" else None
     since_start = None if started is None else max(0.0, (ended or now) - started)
-    logged = (train or {}).get("elapsed_seconds")
+    logged = _number((train or {}).get("elapsed_seconds"))
     values = [v for v in (since_start, logged) if v is not None]
     return max(values) if values else None
 
@@ -195,7 +245,7 @@ def _cells(row: dict[str, Any]) -> list[str]:
         name,
         row["stage"] or "–",
         row["state"] + (" (early stop)" if row.get("early_stopped") else ""),
-        "–" if row["learning_rate"] is None else f"{row['learning_rate']:g}",
+        "–" if _number(row["learning_rate"]) is None else f"{row['learning_rate']:g}",
         step,
         "–" if row["train_loss"] is None else f"{row['train_loss']:.4f}",
         validation,
@@ -229,18 +279,78 @@ def _summary(rows: list[dict[str, Any]]) -> str:
     return f"{len(rows)} runs: " + ", ".join(f"{counts[s]} {s}" for s in STATES) + eta
 
 
+def _notes(out: Path, rows: list[dict[str, Any]]) -> list[str]:
+    """Lines below the table: each damaged run's file and reason (and what to do), a damaged plan.json."""
+    notes = [f"damaged: {r['damage']} (rerun `oelm run` with this --output-dir: it moves the run's folder to "
+             "runs/.damaged/ and trains the run again)" for r in rows if r.get("damage")]
+    reason = _damage(Path(out) / "plan.json")
+    if reason:
+        notes.append(f"damaged: {Path(out) / 'plan.json'}: {reason} (runs shown from runs/; `oelm run` writes it again)")
+    return notes
+
+
+def _plain_table(rows: list[dict[str, Any]]) -> list[str]:
+    table = [HEADER] + [_cells(r) for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(HEADER))]
+    return ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in table]
+
+
 def snapshot_text(out: Path) -> str:
     """A plain-text table of :func:`collect_runs` plus a summary line (``--once``)."""
     rows = collect_runs(out)
-    table = [HEADER] + [_cells(r) for r in rows]
-    widths = [max(len(line[i]) for line in table) for i in range(len(HEADER))]
-    lines = [f"oelm monitor: {out}"]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in table]
-    lines.append(_summary(rows))
+    lines = [f"oelm monitor: {out}", *_plain_table(rows), _summary(rows), *_notes(out, rows)]
     return "\n".join(lines) + "\n"
 
 
-_STYLE = {"running": "bold cyan", "finished": "green", "failed": "bold red", "interrupted": "yellow", "pending": "dim"}
+def _line(row: dict[str, Any]) -> str:
+    """One run as one plain line: ``name: state, step 3/4, train loss ..., validation ...``."""
+    c = dict(zip(HEADER, _cells(row)))
+    parts = [f"{c['state']}", f"step {c['step']}", f"train loss {c['train loss']}",
+             f"validation {c['validation: best (latest)']}", f"elapsed {c['elapsed']}"]
+    if row["state"] == "running":
+        parts.append(f"ETA {c['ETA']}")
+    return f"{c['run']}: " + ", ".join(parts) + (f" ({row['damage']})" if row.get("damage") else "")
+
+
+def _left(rows: list[dict[str, Any]]) -> bool:
+    """Whether any run is still to do (pending, running or interrupted)."""
+    return any(r["state"] in ("pending", "running", "interrupted") for r in rows)
+
+
+def watch_lines(out: Path, *, interval: float = 2.0, write=print, sleep=time.sleep,
+                max_refreshes: int | None = None) -> int:
+    """The plain-line view (standard output not a terminal): the table once, then every
+    ``interval`` seconds one line per run whose state, step or validation changed (stamped with
+    the local time) and the summary when it changed; returns 0 once no run is left to do (every
+    run finished, failed or damaged), or after ``max_refreshes`` refreshes. No ANSI codes."""
+    rows = collect_runs(out)
+    for line in [f"oelm monitor: {out}", *_plain_table(rows), _summary(rows), *_notes(out, rows)]:
+        write(line)
+    seen = {r["name"] or (r["method"], r["seed"]): _line(r) for r in rows}
+    summary, refreshes = _summary(rows), 0
+    while _left(rows) and (max_refreshes is None or refreshes < max_refreshes):
+        sleep(interval)
+        refreshes += 1
+        rows = collect_runs(out)
+        stamp = time.strftime("%H:%M:%S")
+        for r in rows:
+            key, text = r["name"] or (r["method"], r["seed"]), _line(r)
+            # the clock columns change every refresh; a line is printed when anything else does
+            if _strip_clock(seen.get(key)) != _strip_clock(text):
+                write(f"{stamp} {text}")
+            seen[key] = text
+        if _summary(rows).split("; matrix ETA")[0] != summary.split("; matrix ETA")[0]:
+            summary = _summary(rows)
+            write(f"{stamp} {summary}")
+    return 0
+
+
+def _strip_clock(text: str | None) -> str | None:
+    return None if text is None else text.split(", elapsed ")[0]
+
+
+_STYLE = {"running": "bold cyan", "finished": "green", "failed": "bold red", "interrupted": "yellow", "pending": "dim",
+          "damaged": "bold magenta"}
 
 
 def build_table(out: Path):
@@ -248,7 +358,7 @@ def build_table(out: Path):
     from rich.table import Table
 
     rows = collect_runs(out)
-    table = Table(title=f"oelm monitor: {out}", caption=_summary(rows))
+    table = Table(title=f"oelm monitor: {out}", caption="\n".join([_summary(rows), *_notes(out, rows)]))
     for i, h in enumerate(HEADER):
         table.add_column(h, justify="left" if i < 3 else "right", no_wrap=i == 0)
     for r in rows:
@@ -257,8 +367,9 @@ def build_table(out: Path):
 
 
 def monitor(out: Path, *, once: bool = False, interval: float = 2.0) -> int:
-    """Show the matrix in ``out``: one plain snapshot (``once``) or a live table refreshed every
-    ``interval`` seconds until Ctrl-C. Returns the exit status (0).
+    """Show the matrix in ``out``: one plain snapshot (``once``), a live table refreshed every
+    ``interval`` seconds until Ctrl-C on a terminal, or plain lines (:func:`watch_lines`) when
+    standard output is not a terminal. Returns the exit status (0).
 
     Raises:
         OELMError: ``out`` is not an ``oelm run`` output directory.
@@ -266,6 +377,11 @@ def monitor(out: Path, *, once: bool = False, interval: float = 2.0) -> int:
     if once:
         print(snapshot_text(out), end="")
         return 0
+    if not sys.stdout.isatty():  # a pipe or a log file: plain lines, no terminal control codes
+        try:
+            return watch_lines(out, interval=interval, write=lambda line: print(line, flush=True))
+        except KeyboardInterrupt:
+            return 0
     from rich.live import Live
 
     table = build_table(out)

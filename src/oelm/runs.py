@@ -21,16 +21,20 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, TypedDict
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
-from oelm.errors import ChecksumError, RecordedFileMissingError
-from oelm.io import read_json, sha256_file, write_json_atomic
+from typing_extensions import TypedDict  # pydantic validates it (typing.TypedDict only from Python 3.12)
+
+from oelm.errors import ChecksumError, DamagedFileError, RecordedFileMissingError
+from oelm.io import read_json_object, sha256_file, write_json_atomic
 
 if TYPE_CHECKING:
     from oelm.matrix.store import RunRecord
 
 __all__ = [
     "DRIFT_WARNING_PERCENT",
+    "SWEEP_FIX",
+    "read_sweep",
     "grid_edge",
     "grid_edge_note",
     "format_rates",
@@ -50,6 +54,9 @@ __all__ = [
 
 #: The best-on-validation weights of a finished run, relative to its run folder.
 BEST_CHECKPOINT = "checkpoint/model.safetensors"
+
+#: What to do about a damaged ``sweep.json`` (derived from the runs' results, so it can be rewritten).
+SWEEP_FIX = "delete it: `oelm run --collect` (or `oelm run`) with the same --output-dir writes it again from the runs"
 
 # Change of the matmul speed probe between the start and the end of a run (%) beyond which the
 # report says the run's timings are suspect (the machine's speed drifted).
@@ -109,10 +116,11 @@ def is_superseded(record: RunRecord, selected: dict[str, float]) -> bool:
 
 def run_results(out: str | Path) -> Iterator[tuple[Path, dict[str, Any]]]:
     """Every ``runs/<name>/result.json`` under the output directory ``out``, sorted by run folder
-    name: ``(run folder, parsed result)``. Raises what :func:`oelm.io.read_json` raises for an
+    name: ``(run folder, parsed result)``. Raises what :func:`oelm.io.read_json_object` raises for an
     unreadable file (it names the file)."""
     for path in sorted(Path(out).glob("runs/*/result.json")):
-        yield path.parent, read_json(path)
+        yield path.parent, read_json_object(path, "restore it from a copy, or rerun `oelm run` with that --output-dir "
+                                                  "to train the run again")
 
 
 def superseded_final_runs(out: str | Path) -> list[dict[str, Any]]:
@@ -124,13 +132,61 @@ def superseded_final_runs(out: str | Path) -> list[dict[str, Any]]:
     folder = MatrixFolder(out)
     if not folder.sweep.exists():
         return []
-    selected = read_json(folder.sweep).get("selected_learning_rates") or {}
+    selected = read_sweep(folder.sweep).get("selected_learning_rates") or {}
     found = []
     for run_dir, r in folder.iter_results():
         if is_superseded(r, selected):
             found.append({"method": r.method, "seed": r.seed, "run_name": r.name or run_dir.name,
                           "learning_rate": r.learning_rate, "test": r.test})
     return found
+
+
+class SweepEntry(TypedDict, total=False):
+    """One sweep run in ``sweep.json``'s ``methods``: its rate, seed, best validation and status."""
+
+    learning_rate: float | None
+    seed: int | None
+    best_validation: float | None
+    selected: bool
+    status: str | None
+
+
+class GridGrowth(TypedDict, total=False):
+    """One growth of a method's learning-rate grid (``grid_growth`` in experiment.json / sweep.json)."""
+
+    to: list[float]
+    at: str | None
+    tested_final_runs: list[str]
+
+
+class SweepFile(TypedDict, total=False):
+    """The parts of ``sweep.json`` that readers use (written by the matrix driver)."""
+
+    selected_learning_rates: dict[str, float]
+    selected_at_grid_edge: dict[str, str | None]
+    sweep_seeds: list[int]
+    methods: dict[str, list[SweepEntry]]
+    grid_growth: dict[str, list[GridGrowth]]
+
+
+def read_sweep(path: str | Path) -> dict[str, Any]:
+    """``sweep.json`` at ``path``, its fields checked (:class:`SweepFile`, strict types).
+
+    Raises:
+        DamagedFileError: the file does not parse or a field has the wrong type; names the file,
+            the field and the fix (:data:`SWEEP_FIX`: it is derived from the runs, so it can be rewritten).
+    """
+    from pydantic import TypeAdapter, ValidationError
+
+    sweep = read_json_object(path, SWEEP_FIX)
+    try:
+        TypeAdapter(SweepFile).validate_python(sweep, strict=True)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise DamagedFileError(f"{path} is damaged: field {where} = {err.get('input')!r:.60} ({err['msg'].lower()}); "
+                               f"{SWEEP_FIX}") from None
+    return sweep
 
 
 def run_name(method: str, seed: int, learning_rate: float | None = None) -> str:
@@ -162,16 +218,68 @@ class PlannedRun:
 
 
 class Performance(TypedDict, total=False):
-    """``result["performance"]``: metric values in the metric's unit (accuracy %, perplexity)."""
+    """``result["performance"]``: metric values in the metric's unit (accuracy %, perplexity);
+    None where a value was not finite (JSON has no NaN)."""
 
     metric: str
-    best_validation: float
-    best_step: int
-    final_validation: float
-    final_train_loss: float
+    best_validation: float | None
+    best_step: int | None
+    final_validation: float | None
+    final_train_loss: float | None
     test: float | None
-    steps: int  # optimizer steps taken
+    steps: int | None  # optimizer steps taken
     early_stopped: bool  # training.early_stopping_patience ended it before budget.planned_steps (absent in older results)
+
+
+class Timing(TypedDict, total=False):
+    """The parts of ``result["timing"]`` the readers use (seconds, ms, tokens/s; the rest is free)."""
+
+    device: str | None
+    mixed_precision: str | None
+    total_seconds: float | None
+    train_seconds: float | None
+    tokens_per_second: float | None
+    compile_seconds: float | None
+    timing_warmup_steps_excluded: int | None
+    per_step_ms: dict[str, Any] | None  # median, mean, p10, p90 (ms), n
+    step_ms: list[float | None] | None  # every measured step
+    mfu: dict[str, Any] | None  # mfu (a fraction), peak_source, peak_precision, ...
+    gpu_telemetry: dict[str, Any] | None
+
+
+class Environment(TypedDict, total=False):
+    """The parts of ``result["environment"]`` the readers use."""
+
+    hostname: str | None
+    device: str | None
+    cpu_model: str | None
+    python: str | None
+    platform: str | None
+    torch_num_threads: int | None
+    packages: dict[str, Any] | None
+    cuda: dict[str, Any] | None
+    matmul_probe: dict[str, Any] | None  # gflops (GFLOP/s) before the run
+    matmul_probe_after: dict[str, Any] | None
+    matmul_probe_drift_percent: float | None
+
+
+class Parameters(TypedDict, total=False):
+    """``result["parameters"]``: counts of the model's parameters."""
+
+    total: int | None
+    trainable: int | None
+    frozen: int | None
+    trainable_percent: float | None
+    groups: dict[str, Any] | None
+
+
+class Data(TypedDict, total=False):
+    """The parts of ``result["data"]`` the readers use: per split sizes and label counts."""
+
+    num_labels: int | None
+    train: dict[str, Any] | None
+    validation: dict[str, Any] | None
+    test: dict[str, Any] | None
 
 
 class RunResult(TypedDict, total=False):
@@ -207,15 +315,16 @@ class RunResult(TypedDict, total=False):
     method_config: dict[str, Any]
     init_from: dict[str, Any] | None
     tokenizer: dict[str, Any] | None
-    data: dict[str, Any]
+    data: Data
     budget: dict[str, Any]
-    environment: dict[str, Any]
-    parameters: dict[str, Any]
+    environment: Environment
+    parameters: Parameters
     projections: list[dict[str, Any]]
     performance: Performance
-    timing: dict[str, Any]
+    timing: Timing
     stop_signal: str | None
     checkpoint: dict[str, Any] | None
+    executor: dict[str, Any]  # where it trained: name, node, shared_node, overlapped
 
 
 def utc_now() -> str:
@@ -224,9 +333,12 @@ def utc_now() -> str:
 
 
 def read_status(run_dir: Path) -> dict[str, Any]:
-    """``run_dir/status.json`` ({} when absent)."""
+    """``run_dir/status.json`` ({} when absent).
+
+    Raises:
+        DamagedFileError: the file is damaged (names it)."""
     path = Path(run_dir) / "status.json"
-    return read_json(path) if path.exists() else {}
+    return read_json_object(path, "delete it: the run writes it again when it starts") if path.exists() else {}
 
 
 def write_status(run_dir: Path, run: PlannedRun, state: str, **fields: Any) -> None:
@@ -238,7 +350,10 @@ def write_status(run_dir: Path, run: PlannedRun, state: str, **fields: Any) -> N
     sets ``finished_at``. ``fields`` are merged in (``total_steps``, ``failure``, ``signal``, ...).
     """
     path = Path(run_dir) / "status.json"
-    status = read_status(run_dir)
+    try:
+        status = read_status(run_dir)
+    except DamagedFileError:
+        status = {}  # a hand-damaged status: this write replaces it whole
     # a second "running" from the same process (total steps known) keeps its start time
     again = status.get("state") == "running" and status.get("pid") == os.getpid() and status.get("host") == platform.node()
     status.update(

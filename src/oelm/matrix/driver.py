@@ -51,7 +51,9 @@ def run_matrix(config: ExperimentConfig, output_dir: str | Path | None = None, l
 
     The protocol is :mod:`oelm.matrix.plan`'s. Rerunning on the same output directory keeps
     finished (and failed, unless ``retry_failed``) runs, checking the sha256 of their best weights,
-    and continues unfinished ones from their checkpoints. ``allow_missing_weights``: finished runs
+    and continues unfinished ones from their checkpoints; a damaged ``result.json`` (hand-edited,
+    cut short) has its run folder moved whole to ``runs/.damaged/`` and the run trained again.
+    ``allow_missing_weights``: finished runs
     whose best weights are missing (a folder restored from a copy without them) count; a selected
     sweep run without them is retrained as that seed's final run.
 
@@ -95,6 +97,7 @@ def _drive(config: ExperimentConfig, out: Path, log: Callable[[str], None], retr
     """The body of :func:`run_matrix`, run while the output directory's lock is held."""
     if not is_main_process():
         log = _quiet  # the other processes of a launched job run the same protocol silently
+    MatrixFolder(out).set_aside_damaged(log)  # a damaged result.json: its run is trained again
     start_output(config, out, log)
     ctx = RunContext(config, out, prepare_matrix_data(config, out, log), log, retry_failed, allow_missing_weights)
     results = MatrixFolder(out).results()
@@ -165,6 +168,7 @@ def plan_matrix(config: ExperimentConfig, output_dir: str | Path | None = None,
     check_sequence_length(config)
     open_output_dir(out)
     with hold_output_lock(out):
+        MatrixFolder(out).set_aside_damaged(log)
         start_output(config, out, log)
         results = MatrixFolder(out).results()
         ready, selection = ready_runs(config, task_metric(config), results)
@@ -191,6 +195,7 @@ def run_only(config: ExperimentConfig, output_dir: str | Path | None, name: str,
     out = _output_dir(config, output_dir)
     _check_started(config, out)
     with hold_shared_lock(out):
+        MatrixFolder(out).set_aside_damaged(log)
         results = MatrixFolder(out).results()
         retry = {n for n, r in results.items() if r.failed} if retry_failed else set()
         ready, _ = ready_runs(config, task_metric(config), results, retry=retry)
@@ -218,6 +223,7 @@ def collect(config: ExperimentConfig, output_dir: str | Path | None = None,
     out = _output_dir(config, output_dir)
     _check_started(config, out)
     with hold_output_lock(out):
+        MatrixFolder(out).set_aside_damaged(log)
         results = MatrixFolder(out).results()
         _, selection = ready_runs(config, task_metric(config), results)
         write_selection(out, config, selection, log, set())

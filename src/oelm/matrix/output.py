@@ -4,9 +4,12 @@ the learning-rate selection (``plan.json``, ``sweep.json``). Runs never write th
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import signal
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -15,10 +18,10 @@ import yaml
 from oelm.config import ExperimentConfig, TrainingConfig
 from oelm.data.prepare import PreparedData, prepare_data
 from oelm.distributed import is_main_process, main_process_only
-from oelm.errors import ConfigError
-from oelm.io import read_json, write_json_atomic, write_text_atomic
+from oelm.errors import ConfigError, DamagedFileError, RunInterruptedError
+from oelm.io import read_json, read_json_object, write_json_atomic, write_text_atomic
 from oelm.models.build import check_init_tokenizer, resolve_init_from
-from oelm.runs import format_rates, grid_edge_note, run_name, utc_now
+from oelm.runs import format_rates, grid_edge_note, read_sweep, run_name, utc_now
 
 from oelm.matrix.plan import Selection, plan_runs
 from oelm.matrix.store import MatrixFolder
@@ -36,6 +39,28 @@ COSMETIC_TRAINING_KEYS = (
 )
 
 _OUTPUT_FIX = "pass another --output-dir (or output_dir in the config)"
+# experiment.json is the only record of the config the runs were trained with: never rewritten blindly
+_EXPERIMENT_FIX = ("restore it from a copy; without it oelm cannot check that the runs here belong to this config "
+                   "(delete it only if you are sure they do: the next `oelm run` writes it again)")
+
+
+def _experiment(out: Path) -> dict[str, Any]:
+    """``out/experiment.json`` ({} when absent). Raises DamagedFileError naming it and the fix."""
+    path = out / "experiment.json"
+    return read_json_object(path, _EXPERIMENT_FIX) if path.exists() else {}
+
+
+def _selected_before(out: Path, log: Callable[[str], None]) -> dict[str, float]:
+    """``sweep.json``'s ``selected_learning_rates`` ({} when absent). A damaged sweep.json is
+    derived data: it is logged and rewritten from the runs' results."""
+    path = MatrixFolder(out).sweep
+    if not path.exists():
+        return {}
+    try:
+        return read_sweep(path).get("selected_learning_rates") or {}
+    except DamagedFileError as exc:
+        log(f"{exc.args[0].split('; ')[0]}: written again from the runs' results")
+        return {}
 
 
 def _quiet(message: str) -> None:
@@ -69,7 +94,7 @@ def _methods_with_runs(out: Path) -> set[str]:
     for p in list((out / "runs").glob("*/status.json")) + list((out / "runs").glob("*/result.json")):
         try:
             found.add(read_json(p)["method"])
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, TypeError):  # a damaged file: no method to count
             continue
     return found
 
@@ -101,7 +126,7 @@ def _check_fingerprint(out: Path, fingerprint: dict[str, Any]) -> tuple[dict[str
     path = out / "experiment.json"
     if not path.exists():
         return fingerprint, {}
-    previous = read_json(path).get("fingerprint") or {}
+    previous = _experiment(out).get("fingerprint") or {}
     if isinstance(previous.get("training"), dict):  # keys added to TrainingConfig since: their defaults held
         defaults = {k: v for k, v in TrainingConfig().model_dump(mode="json").items() if k not in COSMETIC_TRAINING_KEYS}
         previous = previous | {"training": {k: v for k, v in defaults.items() if k not in previous["training"]}
@@ -185,7 +210,7 @@ def start_output(config: ExperimentConfig, out: Path, log: Callable[[str], None]
             raise ConfigError(f"methods {safe[key]!r} and {m.name!r} map to the same run directory name; rename one")
         safe[key] = m.name
     fingerprint, grown = _check_fingerprint(out, config_fingerprint(config))
-    growth = (read_json(out / "experiment.json").get("grid_growth") or {}) if (out / "experiment.json").exists() else {}
+    growth = _experiment(out).get("grid_growth") or {}
     for name, (old, new) in grown.items():
         tested = _tested_final_runs(out, name)
         growth = growth | {name: [*growth.get(name, []), {"from": old, "to": new, "at": utc_now(), "tested_final_runs": tested}]}
@@ -198,8 +223,44 @@ def start_output(config: ExperimentConfig, out: Path, log: Callable[[str], None]
     write_plan(out, config, {})
 
 
+@contextlib.contextmanager
+def interruptible(what: str):
+    """SIGTERM / SIGINT during the block raise :class:`~oelm.errors.RunInterruptedError` ("... while
+    ``what``; ... rerun the same command to continue"), which ``oelm run`` reports in one line
+    with exit status 130, as it does for a run interrupted while training (the default SIGTERM
+    would end the process with 143 and no word). The earlier handlers are restored after. Only
+    the main thread can install handlers; elsewhere the block runs unchanged."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        raise RunInterruptedError(f"{name} while {what}; no run had started, nothing is lost: "
+                                  "rerun the same command to continue", signal_name=name)
+
+    previous = {s: signal.signal(s, _raise) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def prepare_matrix_data(config: ExperimentConfig, out: Path | None, log: Callable[[str], None],
                         save_tokenizer: bool = True) -> PreparedData:
+    """:func:`_prepare` with SIGTERM / SIGINT reported as an interruption (:func:`interruptible`).
+
+    Raises:
+        RunInterruptedError: SIGTERM / SIGINT arrived while the data was prepared.
+        OELMError subclasses: data, tokenizer or ``init_from`` problems (see :func:`_prepare`).
+    """
+    with interruptible("preparing the data"):
+        return _prepare(config, out, log, save_tokenizer)
+
+
+def _prepare(config: ExperimentConfig, out: Path | None, log: Callable[[str], None],
+             save_tokenizer: bool = True) -> PreparedData:
     """The shared data (with the pretrained model's tokenizer); every ``init_from`` checkpoint
     is resolved here, and its tokenizer checked against this one, so a missing or mismatched
     one is an error before any run starts. oelm's GPT's tokenizer is saved as
@@ -251,7 +312,7 @@ def write_selection(out: Path, config: ExperimentConfig, selection: Selection, l
     sweep run failed); see :func:`oelm.runs.grid_edge`. ``grid_growth`` (only when a grid grew):
     ``experiment.json``'s record of it, for the report."""
     folder = MatrixFolder(out)
-    before = read_json(folder.sweep).get("selected_learning_rates", {}) if folder.sweep.exists() else {}
+    before = _selected_before(out, log)
     for name in sorted(selection.complete - announced, key=[m.name for m in config.methods].index):
         choice = selection.selected.get(name)
         if choice is None:
@@ -265,7 +326,7 @@ def write_selection(out: Path, config: ExperimentConfig, selection: Selection, l
         if selection.edges.get(name):
             log(f"[{name}] {grid_edge_note(cands, selection.edges[name])}")
         announced.add(name)
-    growth = (read_json(folder.experiment).get("grid_growth") or {}) if folder.experiment.exists() else {}
+    growth = _experiment(out).get("grid_growth") or {}
     if selection.summary:
         _write_json(folder.sweep, {
             "selection_metric": "best_validation",

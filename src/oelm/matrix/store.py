@@ -10,6 +10,7 @@ A matrix's output folder (``--output-dir``)::
       tokenizer.json      oelm GPT's tokenizer           comparison.json, report.md, report.html
       runs/<run name>/    one folder per run (:class:`RunFolder`)
       runs/.failed/, runs/.weights-missing/   runs moved aside before a retry
+      runs/.damaged/      runs whose result.json was damaged, moved aside whole (trained again)
 
 Only the driver (``oelm run``, ``oelm plan``, ``--collect``) writes the files of ``<out>``; a run
 writes only its own ``runs/<run name>/``, whichever executor or machine trains it. That is what
@@ -18,14 +19,62 @@ lets runs train anywhere that sees the folder (a Ray cluster, a batch system's j
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-from oelm.io import read_json
-from oelm.runs import BEST_CHECKPOINT, PlannedRun
+from oelm.errors import DamagedFileError
+from oelm.io import read_json_object
+from oelm.runs import BEST_CHECKPOINT, PlannedRun, RunResult
 
-__all__ = ["MatrixFolder", "RunFolder", "RunRecord"]
+__all__ = ["MatrixFolder", "RunFolder", "RunRecord", "read_record", "DAMAGED_RESULT_FIX"]
+
+#: What to do about a damaged ``result.json`` (ends the error of ``oelm report`` and readers).
+DAMAGED_RESULT_FIX = ("restore it from a copy, or rerun `oelm run` with the same --output-dir: it moves the run's "
+                      "folder to runs/.damaged/ and trains that run again")
+
+
+@functools.lru_cache(maxsize=1)
+def _result_schema():
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(RunResult)
+
+
+def read_record(path: str | os.PathLike, fix: str = DAMAGED_RESULT_FIX) -> "RunRecord":
+    """The :class:`RunRecord` of the ``result.json`` at ``path``, its fields checked against
+    :class:`oelm.runs.RunResult` (strict types: a number where a number belongs; unknown keys are
+    free).
+
+    Raises:
+        DamagedFileError: the file does not parse, is not an object, or a field has the wrong
+            type; one line naming the file, the field and its value, and ``fix``.
+        OSError: the file cannot be read.
+    """
+    from pydantic import ValidationError
+
+    raw = read_json_object(path, fix)
+    try:
+        _result_schema().validate_python(raw, strict=True)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise DamagedFileError(f"{path} is damaged: field {where} = {err.get('input')!r:.60} ({err['msg'].lower()}); "
+                               f"{fix}") from None
+    return RunRecord(raw)
+
+
+def _set_aside(run_dir: Path) -> Path:
+    """Move ``run_dir`` to the first free ``<runs>/.damaged/<run name>-N`` (N = 1, 2, ...)."""
+    parent = run_dir.parent / ".damaged"
+    parent.mkdir(exist_ok=True)
+    n = 1
+    while (aside := parent / f"{run_dir.name}-{n}").exists():
+        n += 1
+    os.rename(run_dir, aside)
+    return aside
 
 
 @dataclass(frozen=True)
@@ -73,9 +122,11 @@ class RunFolder:
         return self.path / ".oelm.lock"
 
     def read_result(self) -> "RunRecord | None":
-        """The run's record, None when it has none yet. Raises what :func:`oelm.io.read_json`
-        raises for an unreadable file (naming it)."""
-        return RunRecord(read_json(self.result)) if self.result.exists() else None
+        """The run's record, None when it has none yet.
+
+        Raises:
+            DamagedFileError: ``result.json`` is damaged (:func:`read_record`; names the file)."""
+        return read_record(self.result) if self.result.exists() else None
 
 
 @dataclass(frozen=True)
@@ -104,12 +155,41 @@ class MatrixFolder:
         return self.run(run if isinstance(run, str) else run.name).read_result()
 
     def results(self) -> dict[str, "RunRecord"]:
-        """Every ``runs/<name>/result.json`` (moved-aside runs excluded), by run folder name."""
+        """Every ``runs/<name>/result.json`` (moved-aside runs excluded), by run folder name.
+
+        Raises:
+            DamagedFileError: a ``result.json`` is damaged (see :meth:`set_aside_damaged`)."""
         return {d.name: r for d, r in self.iter_results()}
 
     def iter_results(self) -> Iterator[tuple[RunFolder, "RunRecord"]]:
+        """``(run folder, record)`` of every ``runs/*/result.json``, by folder name.
+
+        Raises:
+            DamagedFileError: a ``result.json`` is damaged (:func:`read_record`)."""
         for path in sorted(self.runs.glob("*/result.json")):
-            yield RunFolder(path.parent), RunRecord(read_json(path))
+            yield RunFolder(path.parent), read_record(path)
+
+    def set_aside_damaged(self, log: Callable[[str], None]) -> list[Path]:
+        """Move the folder of every run whose ``result.json`` is damaged (:func:`read_record`
+        refuses it) to ``runs/.damaged/<run name>-N``, whole (nothing is lost), so that the run
+        counts as not done and is trained again; ``log`` one line per run. Returns the new paths.
+        A folder another process moved first is skipped."""
+        moved = []
+        for path in sorted(self.runs.glob("*/result.json")):
+            try:
+                read_record(path)
+            except DamagedFileError as exc:
+                try:
+                    aside = _set_aside(path.parent)
+                except FileNotFoundError:
+                    continue
+                reason = str(exc).split(" is damaged: ", 1)[-1].split("; ", 1)[0]
+                log(f"[{path.parent.name}] {path} is damaged ({reason}): the run folder is kept as {aside}; "
+                    "the run is trained again")
+                moved.append(aside)
+            except FileNotFoundError:
+                continue
+        return moved
 
 
 @dataclass(frozen=True)

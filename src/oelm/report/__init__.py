@@ -3,7 +3,8 @@
 ``write_comparison(config, results, out)`` is called at the end of every ``oelm run`` and by
 ``oelm report DIR``; it writes into ``out``:
 
-* ``comparison.json`` — every number of the report (:func:`compare_results`);
+* ``comparison.json`` — every number of the report (:func:`compare_results`), with the
+  warnings a reader needs (:func:`comparison_warnings`, which ``oelm run`` prints too);
 * ``original_layout.json`` — the original project's layout (:func:`original_layout`);
 * ``report.md`` with its plots under ``report_files/*.png``;
 * ``report.html`` — the same content in one self-contained file (plots embedded as base64 PNG).
@@ -20,18 +21,20 @@ from typing import TYPE_CHECKING, Any
 
 from oelm.io import write_bytes_atomic, write_json_atomic, write_text_atomic
 
-__all__ = ["write_comparison", "compare_results", "original_layout", "comparison_rows", "render_report", "load_results"]
+__all__ = ["write_comparison", "compare_results", "comparison_warnings", "original_layout", "comparison_rows", "render_report",
+           "load_results"]
 
 # Imported on first use (module ``__getattr__``, PEP 562): the statistics need scipy and the plots
 # matplotlib (~1.5 s together), which `oelm run` needs only once its runs are done and which
 # `import oelm.report` alone should not pay for. name -> the module that defines it.
 _LAZY = {
-    **dict.fromkeys(("compare_results", "original_layout", "run_records", "step_times_of"), "oelm.report.compare"),
+    **dict.fromkeys(("compare_results", "comparison_warnings", "original_layout", "run_records", "step_times_of"),
+                    "oelm.report.compare"),
     **dict.fromkeys(("build_sections", "comparison_rows", "render_html", "render_markdown"), "oelm.report.render"),
 }
 
 if TYPE_CHECKING:
-    from oelm.report.compare import compare_results, original_layout, run_records, step_times_of
+    from oelm.report.compare import compare_results, comparison_warnings, original_layout, run_records, step_times_of
     from oelm.report.render import build_sections, comparison_rows, render_html, render_markdown
 
 
@@ -67,12 +70,11 @@ def load_results(out: str | Path) -> dict[str, list[dict]]:
     are summarized from ``sweep.json``. Final runs at a rate that is no longer selected (the
     method's grid grew and the selection moved: :func:`oelm.runs.is_superseded`) are left out.
     """
-    from oelm.io import read_json
     from oelm.matrix.store import MatrixFolder, RunRecord
-    from oelm.runs import is_superseded
+    from oelm.runs import is_superseded, read_sweep
 
     folder = MatrixFolder(out)
-    selected = read_json(folder.sweep).get("selected_learning_rates", {}) if folder.sweep.exists() else {}
+    selected = (read_sweep(folder.sweep).get("selected_learning_rates") or {}) if folder.sweep.exists() else {}
     records: dict[str, list[RunRecord]] = {}
     for _, r in folder.iter_results():
         final = r.stage in (None, "final")
@@ -84,23 +86,34 @@ def load_results(out: str | Path) -> dict[str, list[dict]]:
 
 def write_comparison(config, results: dict[str, list[dict]], out: str | Path) -> dict[str, Any]:
     """Compare ``results`` (method -> run results) and write comparison.json, original_layout.json,
-    report.md (+ report_files/*.png) and report.html atomically into ``out``. Returns the comparison."""
+    report.md (+ report_files/*.png) and report.html atomically into ``out``. Returns the comparison.
+
+    Raises:
+        OELMError: a file cannot be written (a read-only folder, a full disk): one line naming the
+            file and the fix; files already written are whole (atomic writes).
+        DamagedFileError: ``sweep.json`` is damaged (names it)."""
     from oelm.matrix.store import RunRecord
     from oelm.report.compare import compare_results, original_layout, run_records, step_times_of
     from oelm.report.render import build_sections, render_html, render_markdown
 
     out = Path(out)
     comparison = compare_results(config, results, out)
-    write_json_atomic(out / "comparison.json", comparison)
-    write_json_atomic(out / "original_layout.json", original_layout(comparison))
     step_ms: dict[str, list[float]] = {}
     for name, runs in results.items():
         keep = set(comparison["methods"].get(name, {}).get("included_seeds", []))
         step_ms[name] = [t for r in map(RunRecord, runs) if r.seed in keep for t in step_times_of(r, run_records(out, r))[0]]
     sections = build_sections(comparison, out, step_ms)
     md, images = render_markdown(comparison, sections)
-    for rel, png in images.items():
-        write_bytes_atomic(out / rel, png)
-    write_text_atomic(out / "report.md", md)
-    write_text_atomic(out / "report.html", render_html(comparison, sections))
+    try:
+        write_json_atomic(out / "comparison.json", comparison)
+        write_json_atomic(out / "original_layout.json", original_layout(comparison))
+        for rel, png in images.items():
+            write_bytes_atomic(out / rel, png)
+        write_text_atomic(out / "report.md", md)
+        write_text_atomic(out / "report.html", render_html(comparison, sections))
+    except OSError as exc:  # a read-only folder, a full disk: the runs' files are untouched
+        from oelm.errors import OELMError
+
+        raise OELMError(f"cannot write the report into {out} ({exc.strerror or exc}: {exc.filename or out}); make it "
+                        "writable (or free space), or copy the folder elsewhere and run `oelm report` on the copy") from None
     return comparison

@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from oelm.io import read_json_object
+from oelm.report.compare import mfu_reference
 from oelm.report.render import _num, _p, _signed  # the report's number formats
 
 BEGIN = "<!-- claims:begin (written by python -m oelm.report.claims; do not edit by hand) -->"
@@ -146,7 +147,7 @@ def measure(claim: Claim, results: Path) -> dict[str, Any]:
     path = results / claim.comparison / "comparison.json"
     if not path.exists():
         return {"status": "pending", "config": claim.config}
-    comparison = json.loads(path.read_text())
+    comparison = _read(path)
     ref = _per_seed(comparison, claim.reference, claim.field)
     other = _per_seed(comparison, claim.method, claim.field)
     if claim.relative:
@@ -166,10 +167,17 @@ def measure(claim: Claim, results: Path) -> dict[str, Any]:
     }
 
 
+def _read(path: Path) -> dict[str, Any]:
+    """A committed ``comparison.json`` or benchmark JSON. Raises DamagedFileError naming it and the fix."""
+    fix = ("rebuild it: `oelm report DIR` for a comparison.json, the `oelm bench ... --json` command of its folder's "
+           "README for a benchmark; or restore it with git")
+    return read_json_object(path, fix)
+
+
 def caveats(comparison: dict[str, Any], methods: tuple[str, ...]) -> list[str]:
     """What the comparison's report warns about ``methods`` that bears on a verdict: a selected
     learning rate on the edge of its grid (the best rate may lie outside it), runs excluded as
-    collapsed, runs still improving at their last step, and a grid that grew after test results
+    collapsed, runs still improving at their last evaluation, and a grid that grew after test results
     existed. Short phrases, in method order."""
     out = []
     for name in methods:
@@ -180,7 +188,7 @@ def caveats(comparison: dict[str, Any], methods: tuple[str, ...]) -> list[str]:
         if m.get("excluded"):
             out.append(f"{name}: {len(m['excluded'])} run(s) excluded as collapsed")
         if (comparison.get("best_at_last_step") or {}).get(name):
-            out.append(f"{name} still improving at its last step in {len(comparison['best_at_last_step'][name])} seed(s)")
+            out.append(f"{name} still improving at its last evaluation in {len(comparison['best_at_last_step'][name])} seed(s)")
         for g in ((comparison.get("sweep") or {}).get("grid_growth") or {}).get(name, []):
             if g.get("tested_final_runs"):
                 out.append(f"{name}'s grid grew after test results existed")
@@ -203,12 +211,14 @@ def _bench_row(claim: str, bench: dict[str, Any], gpu: bool) -> list[str]:
         name = ((bench.get("environment") or {}).get("cuda") or {}).get("name") or "GPU"
         setting += (f" ({name}), {config.get('precision', '?')}, "
                     f"torch.compile {'on' if config.get('compile') else 'off'}")
-    mfu = (((bench.get("runners") or {}).get("baseline") or {}).get("mfu") or {}).get("mfu")
+    mfu_record = ((bench.get("runners") or {}).get("baseline") or {}).get("mfu") or {}
+    mfu = mfu_record.get("mfu")
     if bound < 57.0 and faster <= bound + 1.0:
         verdict_text = (f"contradicted: frozen Q/K only skip their weight gradients, at most {bound:.1f}% of "
                         f"this step's FLOPs; measured {faster:.1f}%")
     elif bound < 57.0:  # faster than the FLOP share: a step far from the peak pays per kernel, not per FLOP
-        at = f"at {100 * mfu:.1f}% MFU " if mfu else ""
+        of = mfu_reference(mfu_record.get("peak_source"), mfu_record.get("peak_precision"))
+        at = f"at {100 * mfu:.1f}% MFU (of {of}) " if mfu else ""
         verdict_text = (f"contradicted: measured {faster:.1f}%, not 57%; more than the {bound:.1f}% FLOP bound: "
                         f"{at}the step is not FLOP-bound, so skipping the Q/K weight-gradient kernels and "
                         f"their optimizer updates saves more than their FLOP share")
@@ -224,12 +234,12 @@ def _speed_rows(results: Path) -> list[list[str]]:
     claim = "\"57% faster per step\" (OELM-Freeze vs baseline)"
     path = results / "bench-cpu" / "cpu-bench.json"
     if path.exists():
-        rows = [_bench_row(claim, json.loads(path.read_text()), gpu=False)]
+        rows = [_bench_row(claim, _read(path), gpu=False)]
     else:
         rows = [[claim, "57% faster", "pending: `oelm bench --model cpu-bench --json docs/results/bench-cpu/cpu-bench.json`",
                  "–", "pending"]]
     for bench_path in sorted(results.glob("gpu-*/bench-*.json")):
-        rows.append(_bench_row("…on a GPU", json.loads(bench_path.read_text()), gpu=True))
+        rows.append(_bench_row("…on a GPU", _read(bench_path), gpu=True))
     return rows
 
 
@@ -253,7 +263,7 @@ def _anchor_row(results: Path) -> list[str]:
     path = results / "evidence-sst2-minilm" / "comparison.json"
     if not path.exists():
         return [claim, original, "pending: `configs/evidence/sst2_minilm.yaml` has not finished", _ANCHOR_SETTING, "pending"]
-    stat = json.loads(path.read_text())["methods"]["baseline"]["best_validation"]
+    stat = _read(path)["methods"]["baseline"]["best_validation"]
     gap = stat["mean"] - PUBLISHED_MINILM_L6_SST2
     ours = f"{stat['mean']:.2f} ± {stat['std']:.2f} (best validation, n = {stat['n']}; {gap:+.2f} points)"
     return [claim, original, ours, _ANCHOR_SETTING, "within 2 points" if abs(gap) <= 2.0 else "outside 2 points: see below"]

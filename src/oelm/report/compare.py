@@ -17,12 +17,13 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from oelm.io import read_json, read_jsonl
+from oelm.io import read_jsonl
 from oelm.matrix.store import RunRecord
 from oelm.metrics import get_metric
-from oelm.runs import DRIFT_WARNING_PERCENT, format_rates, grid_edge, grid_edge_note, run_name, superseded_final_runs
+from oelm.runs import DRIFT_WARNING_PERCENT, format_rates, grid_edge, grid_edge_note, read_sweep, run_name, superseded_final_runs
 from oelm.report.stats import (
     CHANCE_MARGIN_POINTS,
+    best_at_last_evaluation,
     collapse_reasons,
     paired_difference,
     step_time_stats,
@@ -30,11 +31,24 @@ from oelm.report.stats import (
     time_to_target,
 )
 
-__all__ = ["compare_results", "original_layout", "read_metrics", "run_records", "num_labels_of", "majority_percent_of", "device_label", "learning_rate_of", "step_times_of"]
+__all__ = ["compare_results", "original_layout", "read_metrics", "run_records", "num_labels_of", "majority_percent_of", "device_label", "learning_rate_of", "step_times_of", "mfu_reference", "comparison_warnings"]
+
+_NUMBER_FIELDS = ("loss", "accuracy", "perplexity", "elapsed_seconds", "step_ms", "tokens_per_second")
+
+
+def _sound_record(r: dict[str, Any]) -> bool:
+    """A record whose ``step`` is a whole number and whose number fields are numbers (or null)."""
+    def number(v):
+        return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+    step = r.get("step")
+    return isinstance(step, int) and not isinstance(step, bool) and all(number(r.get(k)) for k in _NUMBER_FIELDS)
+
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """Records of one ``metrics.jsonl`` (a missing file gives []; a torn last line is skipped)."""
-    return read_jsonl(path)
+    """Records of one ``metrics.jsonl`` (a missing file gives []; a torn last line, a line that is
+    not an object, and a hand-edited record whose step or numbers are not numbers are skipped)."""
+    return [r for r in read_jsonl(path) if _sound_record(r)]
 
 
 def run_records(out: str | Path | None, record: RunRecord) -> list[dict[str, Any]]:
@@ -54,6 +68,19 @@ def run_records(out: str | Path | None, record: RunRecord) -> list[dict[str, Any
         if (runs / name / "metrics.jsonl").exists():
             return read_metrics(runs / name / "metrics.jsonl")
     return []
+
+
+def mfu_reference(peak_source: str | None, precision: str | None = None) -> str:
+    """What an MFU figure is a fraction of, for a reader: ``timing.mfu.peak_source``
+    (``"measured-probe"``, ``"datasheet:<GPU>"``) and ``peak_precision`` -> "the measured fp32
+    matmul probe (not the hardware peak)" / "the H100 SXM datasheet peak for bf16"; "–" for None."""
+    if peak_source in (None, "None"):
+        return "–"
+    if peak_source == "measured-probe":
+        return f"the measured {precision + ' ' if precision else ''}matmul probe (not the hardware peak)"
+    if str(peak_source).startswith("datasheet:"):
+        return f"the {peak_source.split(':', 1)[1]} datasheet peak" + (f" for {precision}" if precision else "")
+    return str(peak_source)
 
 
 def _mfu(record: RunRecord) -> dict[str, Any]:
@@ -156,8 +183,9 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
     to target for time to a quality).
 
     ``best_at_last_step``: method -> the seeds of its runs (collapsed ones included) that did not
-    stop early and whose best validation is at their last step (still improving when the budget
-    ended: a longer run could change the comparison); also a warning.
+    stop early and whose best validation is at their last scheduled evaluation
+    (:func:`~oelm.report.stats.best_at_last_evaluation`: still improving when the budget ended, so
+    a longer run could change the comparison); also a warning.
 
     Time to target: the target is baseline's mean final validation value over its sound seeds;
     per method and seed the first evaluation reaching it (step, seconds), or None.
@@ -165,12 +193,12 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
     results = {name: [RunRecord(r) for r in runs] for name, runs in results.items()}
     higher = None
     metric = None
-    sweep = read_json(Path(out) / "sweep.json") if out is not None and (Path(out) / "sweep.json").is_file() else None
+    sweep = read_sweep(Path(out) / "sweep.json") if out is not None and (Path(out) / "sweep.json").is_file() else None
     grids = _sweep_grids(sweep)
     methods: dict[str, Any] = {}
     collapsed: list[dict[str, Any]] = []
     records_of: dict[tuple[str, int], list[dict]] = {}
-    still_improving: dict[str, list[int]] = {}  # method -> seeds whose best validation is at their last step
+    still_improving: dict[str, list[int]] = {}  # method -> seeds whose best validation is at their last scheduled evaluation
     for name, runs in results.items():
         if not runs:
             continue
@@ -196,7 +224,7 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
             })
             if perf.get("early_stopped"):  # only then: comparisons of runs without early stopping stay as they were
                 per_run[-1]["stopped_early_at"] = perf.get("steps")
-            if not perf.get("early_stopped") and perf.get("best_step") is not None and perf.get("best_step") == perf.get("steps"):
+            if best_at_last_evaluation(r, recs):
                 still_improving.setdefault(name, []).append(r.seed)
             if reasons:
                 excluded.append({"seed": r.seed, "reasons": reasons})
@@ -228,6 +256,9 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
             # model FLOPs utilization in % (timing.mfu.mfu is a fraction) and the peak it was taken against
             "mfu_percent": col(lambda r: None if _mfu(r).get("mfu") is None else 100.0 * _mfu(r)["mfu"]),
             "mfu_peak_source": sorted({str(_mfu(r).get("peak_source")) for r in sound if _mfu(r).get("mfu") is not None}),
+            # what the MFU is a fraction of, in words (the measured probe on CPU, not the hardware peak)
+            "mfu_reference": sorted({mfu_reference(_mfu(r).get("peak_source"), _mfu(r).get("peak_precision"))
+                                     for r in sound if _mfu(r).get("mfu") is not None}),
             "compile_seconds": col(timing("compile_seconds")),
             "gpu_utilization_percent_median": col(lambda r: _telemetry(r, "gpu_utilization_percent")),
             "gpu_temperature_c_max": col(lambda r: _telemetry(r, "temperature_c", "max")),
@@ -379,11 +410,27 @@ def _environment(results: list[RunRecord]) -> dict[str, Any]:
     }
 
 
+def comparison_warnings(comparison: dict[str, Any]) -> list[str]:
+    """The warnings ``oelm report`` prints for ``comparison`` (what :func:`compare_results`
+    returns, or a ``comparison.json`` read back), one sentence each: runs on different devices,
+    the machine's speed drifting during runs or between methods, runs that shared a machine,
+    collapsed runs, a learning rate on the edge of its grid, a grid that grew, runs still improving
+    at their last evaluation, totals over different step counts, superseded final runs.
+
+    Recomputed from the comparison's fields with the current rules; a comparison that lacks them
+    (written by an older oelm) gives its stored ``warnings``. ``[]`` when there is nothing to warn of.
+    """
+    try:
+        return _warnings(comparison)
+    except (KeyError, TypeError, AttributeError):
+        return [str(w) for w in comparison.get("warnings") or []]
+
+
 def _warnings(c: dict[str, Any]) -> list[str]:
     """Reasons a reader should distrust part of the comparison (devices, drift within a run or
     between methods' runs, collapses, a
     learning rate selected on the edge of its grid, a grid that grew, superseded final runs, runs
-    whose best validation is at their last step)."""
+    whose best validation is at their last scheduled evaluation)."""
     out = []
     devices = c["environment"]["devices"]
     if len(devices) > 1:
@@ -431,7 +478,7 @@ def _warnings(c: dict[str, Any]) -> list[str]:
                        + (f"; {len(tested)} final run(s) had already evaluated the test split ({', '.join(tested)}), "
                           "so the grid grew after test results existed." if tested else "; no test result existed then."))
     for name, seeds in (c.get("best_at_last_step") or {}).items():
-        out.append(f"{name}: best validation at the last step of the budget in seed(s) {', '.join(map(str, seeds))}: "
+        out.append(f"{name}: best validation at the last evaluation of the budget in seed(s) {', '.join(map(str, seeds))}: "
                    "still improving when training ended, so a longer budget could change the comparison.")
     steps = {name: (m.get("steps") or {}).get("mean") for name, m in c["methods"].items()}
     known = {name: v for name, v in steps.items() if v is not None}

@@ -2,8 +2,8 @@
 
 * :func:`learning_curves` — train loss and validation metric against step and against wall time,
   per method: the mean over seeds as a line, the min–max range over seeds as a band;
-* :func:`final_metric_bars` — best validation metric per method, mean with 95% t-interval error
-  bars and every seed as a dot;
+* :func:`final_metric_bars` — best validation metric per method: bars from zero, beside a zoomed
+  panel of means with 95% t-intervals and every seed as a dot (its axis start written in its title);
 * :func:`step_time_boxes` — per-step time distribution per method (box = quartiles, whiskers =
   1.5 IQR, the matplotlib default).
 """
@@ -19,7 +19,7 @@ matplotlib.use("Agg")  # before pyplot: headless, deterministic
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-__all__ = ["learning_curves", "final_metric_bars", "step_time_boxes", "method_colors"]
+__all__ = ["learning_curves", "final_metric_bars", "final_metric_figure", "step_time_boxes", "method_colors"]
 
 _PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
 
@@ -83,36 +83,57 @@ def learning_curves(curves: dict[str, dict[str, list[dict[int, tuple[float, floa
 
 
 def final_metric_bars(comparison: dict[str, Any]) -> bytes:
-    """Best validation metric per method: bar = mean of sound seeds, error bar = 95% t-interval,
-    dots = individual seeds (collapsed runs excluded, as in the table)."""
+    """:func:`final_metric_figure` as PNG bytes."""
+    return _png(final_metric_figure(comparison))
+
+
+def final_metric_figure(comparison: dict[str, Any]):
+    """Best validation metric per method, two panels side by side (a matplotlib Figure whose
+    ``axes`` are ``[full, zoom]``).
+
+    Left: bars from zero (bar = mean of sound seeds), so bar lengths compare honestly. Right: the
+    same means as points with their 95% t-interval and every seed as a dot, on an axis zoomed to
+    the data; no bars there (a bar on a cut axis exaggerates gaps), and its title says where the
+    axis starts. Collapsed runs are excluded, as in the table.
+    """
     metric = comparison.get("metric") or "metric"
     methods = list(comparison["methods"])
     colors = method_colors(methods)
-    fig, ax = plt.subplots(figsize=(1.6 * max(len(methods), 2) + 2, 4))
+    ylabel = f"best validation {metric}" + (" (%)" if metric == "accuracy" else "")
+    fig, (full, zoom) = plt.subplots(1, 2, figsize=(2.0 * max(len(methods), 2) + 3, 4.2))
+    ends: list[float] = []
     for i, m in enumerate(methods):
         s = comparison["methods"][m]["best_validation"]
         if s["mean"] is None:
-            ax.text(i, 0, "no sound run", ha="center", va="bottom", fontsize=8)
+            for ax in (full, zoom):
+                ax.text(i, 0, "no sound run", ha="center", va="bottom", fontsize=8)
             continue
         err = None
         if s.get("ci95"):
             err = [[s["mean"] - s["ci95"][0]], [s["ci95"][1] - s["mean"]]]
-        ax.bar(i, s["mean"], color=colors[m], alpha=0.75, yerr=err, capsize=6, width=0.6)
-        ax.scatter([i] * len(s["values"]), s["values"], color="black", s=12, zorder=3)
-    ax.set_xticks(range(len(methods)), methods)
-    ax.set_ylabel(f"best validation {metric}" + (" (%)" if metric == "accuracy" else ""))
-    # Zoom to the data (values and interval ends): bars from 0 would hide differences of a point.
-    ends = [v for m in methods for v in comparison["methods"][m]["best_validation"]["values"]]
-    ends += [e for m in methods for e in (comparison["methods"][m]["best_validation"].get("ci95") or [])]
+            ends += list(s["ci95"])
+        ends += [s["mean"], *s["values"]]
+        full.bar(i, s["mean"], color=colors[m], alpha=0.75, width=0.6)
+        zoom.errorbar(i, s["mean"], yerr=err, fmt="o", color=colors[m], capsize=6, ms=7)
+        zoom.scatter([i] * len(s["values"]), s["values"], color="black", s=12, zorder=3)
+    for ax in (full, zoom):
+        ax.set_xticks(range(len(methods)), methods, rotation=25 if len(methods) > 3 else 0,
+                      ha="right" if len(methods) > 3 else "center")
+        ax.set_xlim(-0.6, len(methods) - 0.4)
+        ax.set_ylabel(ylabel)
+        ax.grid(axis="y", alpha=0.3)
+    full.set_ylim(bottom=0.0)
+    full.set_title("Mean over seeds (axis from 0)", fontsize=10)
     if ends:
         lo, hi = min(ends), max(ends)
         pad = max(0.15 * (hi - lo), 0.02 * abs(hi), 1e-6)
         top = hi + pad if metric != "accuracy" else min(100.0, hi + pad)
-        ax.set_ylim(max(0.0, lo - pad), top)
-    ax.set_title("Best validation metric: mean, 95% CI (Student t), seeds as dots", fontsize=10)
-    ax.grid(axis="y", alpha=0.3)
+        zoom.set_ylim(max(0.0, lo - pad), top)
+    start = zoom.get_ylim()[0]
+    zoom.set_title("Zoomed: mean, 95% CI (Student t), seeds as dots" + (f"\n(axis starts at {start:.4g}, not 0)" if start > 0 else ""),
+                   fontsize=10)
     fig.tight_layout()
-    return _png(fig)
+    return fig
 
 
 def step_time_boxes(step_ms: dict[str, list[float]]) -> bytes:

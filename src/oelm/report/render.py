@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from oelm.matrix.store import RunRecord
-from oelm.report.compare import run_records
+from oelm.report.compare import mfu_reference, run_records
 from oelm.runs import format_rates
 
 __all__ = ["Section", "comparison_rows", "build_sections", "render_markdown", "render_html", "curves_from_runs"]
@@ -249,7 +249,11 @@ def build_sections(comparison: dict[str, Any], out: Path | None, step_ms: dict[s
                                                              "train loss and validation metric vs step and wall time"))
     if any(m["best_validation"]["mean"] is not None for m in c["methods"].values()):
         sections.append(Section("Best validation metric with 95% CI").image(
-            "final_metric.png", _plots().final_metric_bars(c), "bar chart of best validation metric with 95% confidence intervals"))
+            "final_metric.png", _plots().final_metric_bars(c),
+            "best validation metric per method: bars from zero, and means with 95% confidence intervals on a zoomed axis")
+            .text("Left: the means as bars on an axis from zero, so bar lengths compare honestly. Right: the same means "
+                  "with their 95% intervals and every seed, on an axis cut to the data (its start is in the panel's "
+                  "title): differences look larger there than they are."))
 
     s = Section("Step time")
     rows = []
@@ -333,13 +337,17 @@ def _utilization_section(c: dict[str, Any]) -> Section | None:
     if not any((m.get(k) or {}).get("mean") is not None for m in c["methods"].values() for k in keys):
         return None
     s = Section("Throughput and utilization")
-    rows = [[n, _fmt(m["tokens_per_second"], 0), _fmt(m.get("mfu_percent"), 1), ", ".join(m.get("mfu_peak_source") or []) or "–",
+    rows = [[n, _fmt(m["tokens_per_second"], 0), _fmt(m.get("mfu_percent"), 1),
+             "; ".join(m.get("mfu_reference") or [mfu_reference(p) for p in m.get("mfu_peak_source") or []]) or "–",
              _fmt(m.get("compile_seconds"), 1), _fmt(m.get("gpu_utilization_percent_median"), 0),
              _fmt(m.get("gpu_temperature_c_max"), 0)]
             for n, m in c["methods"].items()]
-    s.table(["method", "tokens/s", "MFU %", "peak", "compile s", "GPU util % (median)", "GPU °C (max)"], rows)
-    s.text("MFU = model FLOPs per token (6N + 12·L·H·T, PaLM appendix B) x tokens/s / the device's peak for the run's "
-           "precision (\"datasheet:...\" or a measured matmul probe). Compile time is outside every step and total time. "
+    s.table(["method", "tokens/s", "MFU %", "MFU of (reference peak)", "compile s", "GPU util % (median)", "GPU °C (max)"], rows)
+    s.text("MFU = model FLOPs per token (6N + 12·L·H·T, PaLM appendix B) x tokens/s / a reference peak, named in the "
+           "table: on a GPU its datasheet peak for the run's precision; on a CPU (or a GPU without a datasheet figure) "
+           "the speed of oelm's measured matmul probe, not the hardware's peak, so a CPU MFU of 50% or more means "
+           "\"half of what one large matrix multiply reaches here\", not half the processor's capability. "
+           "Compile time is outside every step and total time. "
            "GPU figures are sampled through NVML about once a second during training.")
     return s
 

@@ -13,6 +13,7 @@ Methods (all over seeds, i.e. over independent runs of one method):
 * :func:`step_time_stats` — median, quartiles (numpy's default linear interpolation), IQR = Q3 −
   Q1 and the coefficient of variation CV = s / mean (ddof=1) of per-step times in ms.
 * :func:`collapse_reasons` — why a run must not be averaged in (see its docstring for the rule).
+* :func:`best_at_last_evaluation` — whether a run was still improving when its budget ended.
 * :func:`time_to_target` — MLPerf-style "time to quality": the first validation evaluation at
   which a run reaches a target value, with its step and wall-clock seconds since the run began.
 """
@@ -34,6 +35,7 @@ __all__ = [
     "paired_difference",
     "step_time_stats",
     "collapse_reasons",
+    "best_at_last_evaluation",
     "reaches",
     "time_to_target",
 ]
@@ -182,6 +184,33 @@ def collapse_reasons(
             if not metric.better(final, first):
                 reasons.append(f"no learning: final validation {metric.name} {final:.2f} not below first evaluation {first:.2f}")
     return reasons
+
+
+def best_at_last_evaluation(record: RunRecord, records: Sequence[dict[str, Any]] = ()) -> bool:
+    """Whether ``record``'s run was still improving when its budget ended: it did not stop early
+    and its best validation is at its last *scheduled* evaluation.
+
+    With the run's ``metrics.jsonl`` ``records``: every evaluation after ``performance.best_step``
+    lies less than half an evaluation interval (the median step gap between its evaluations)
+    after it. So an end-of-training evaluation one step after the last scheduled one (which
+    repeats it, tying or nearly tying its value) does not hide a best at the last scheduled
+    evaluation, and a run whose end-of-training evaluation is the only one after its best, or
+    that has none after it, is flagged either way. Without records (or without ``best_step``):
+    ``best_step == steps``, or the last evaluation (``final_validation``) equals the best.
+    """
+    perf = record.performance
+    if perf.get("early_stopped"):
+        return False  # it stopped because it no longer improved
+    best_step, steps = perf.get("best_step"), perf.get("steps")
+    if isinstance(best_step, int) and best_step == steps:
+        return True
+    evals = sorted({r["step"] for r in records if r.get("type") == "eval" and isinstance(r.get("step"), int)})
+    if isinstance(best_step, int) and len(evals) >= 2:
+        interval = float(np.median(np.diff(evals)))
+        return all(s - best_step < interval / 2 for s in evals if s > best_step)
+    best, final = perf.get("best_validation"), perf.get("final_validation")
+    numbers = _finite([best, final])
+    return len(numbers) == 2 and math.isclose(numbers[0], numbers[1], rel_tol=1e-12, abs_tol=1e-12)
 
 
 def reaches(value: float, target: float, higher_is_better: bool) -> bool:

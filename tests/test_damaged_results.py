@@ -1,0 +1,202 @@
+"""Hand-damaged output files: `oelm report` names the file (and field) and the fix in one line; a
+rerun of the matrix moves a run with a damaged result.json aside whole and trains it again; `oelm
+monitor` shows such a run as damaged; SIGTERM while the data is prepared exits 130 with the
+"rerun the same command" line."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from oelm.cli import main
+from oelm.errors import DamagedFileError
+from oelm.io import read_json, read_json_object
+from oelm.matrix.store import MatrixFolder, read_record
+from oelm.monitor import collect_runs, snapshot_text
+
+ROOT = Path(__file__).resolve().parents[1]
+SST2 = ROOT / "docs" / "results" / "cpu-sst2"
+
+ONE_RUN = (
+    "name: one\n"
+    "task: {dataset: sst2, tokenizer: bpe-512, train_samples: 32, validation_samples: 16, max_length: 32}\n"
+    "model: {gpt: gpt-tiny, gpt_overrides: {hidden_size: 32, num_layers: 2, num_heads: 2, intermediate_size: 64}}\n"
+    "methods: [{name: baseline, learning_rate: 1.0e-3}]\n"
+    "seeds: [0]\n"
+    "training: {max_steps: 2, batch_size: 16, eval_every: 2, log_every: 1, progress_bar: false, tensorboard: false}\n"
+)
+
+
+@pytest.fixture
+def sst2(tmp_path) -> Path:
+    """A copy of the committed CPU SST-2 comparison (real runs) to damage."""
+    shutil.copytree(SST2, tmp_path / "cpu-sst2")
+    return tmp_path / "cpu-sst2"
+
+
+def _first_result(out: Path) -> Path:
+    return sorted(out.glob("runs/*/result.json"))[0]
+
+
+def _edit(path: Path, change) -> None:
+    r = json.loads(path.read_text())
+    change(r)
+    path.write_text(json.dumps(r))
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err  # one line, no traceback
+    return err[0]
+
+
+def test_read_json_names_a_damaged_file_and_the_fix(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text('{"a": 1,')
+    with pytest.raises(DamagedFileError, match=rf"{path} is damaged: not valid JSON .*line 1.*; do this"):
+        read_json(path, fix="do this")
+    path.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(DamagedFileError, match="not UTF-8"):
+        read_json(path)
+    path.write_text("[1, 2]")
+    with pytest.raises(DamagedFileError, match="holds a JSON array, not an object"):
+        read_json_object(path)
+
+
+def test_report_on_a_truncated_result_json_names_the_file(sst2, capsys):
+    path = _first_result(sst2)
+    path.write_text(path.read_text()[:300])
+    assert main(["report", str(sst2)]) == 2
+    line = _error_line(capsys)
+    assert line.startswith(f"oelm: error: {path} is damaged: not valid JSON")
+    assert "rerun `oelm run` with the same --output-dir" in line
+
+
+@pytest.mark.parametrize("field, value, shown", [
+    (("performance", "best_validation"), "88.5", "performance.best_validation = '88.5'"),
+    (("timing", "per_step_ms"), "fast", "timing.per_step_ms = 'fast'"),
+    (("seed",), True, "seed = True"),
+    (("environment", "matmul_probe_drift_percent"), [3], "environment.matmul_probe_drift_percent = [3]"),
+    (("performance",), [], "performance = []"),
+])
+def test_report_on_a_result_with_a_wrong_field_type_names_file_and_field(sst2, capsys, field, value, shown):
+    path = _first_result(sst2)
+
+    def change(r):
+        target = r
+        for key in field[:-1]:
+            target = target[key]
+        target[field[-1]] = value
+
+    _edit(path, change)
+    assert main(["report", str(sst2)]) == 2
+    line = _error_line(capsys)
+    assert line.startswith(f"oelm: error: {path} is damaged: field {shown}")
+
+
+def test_report_on_a_result_that_is_not_an_object(sst2, capsys):
+    path = _first_result(sst2)
+    path.write_text("null\n")
+    assert main(["report", str(sst2)]) == 2
+    assert f"{path} is damaged: it holds a JSON null, not an object" in _error_line(capsys)
+
+
+def test_report_on_a_damaged_sweep_json_says_it_can_be_rewritten(sst2, capsys):
+    (sst2 / "sweep.json").write_text('{"selected_learning_rates": ')
+    assert main(["report", str(sst2)]) == 2
+    line = _error_line(capsys)
+    assert f"{sst2 / 'sweep.json'} is damaged" in line and "--collect" in line
+
+
+def test_every_committed_result_passes_the_field_check():
+    paths = sorted((ROOT / "docs" / "results").glob("*/runs/*/result.json"))
+    assert len(paths) > 100
+    for path in paths:
+        read_record(path)
+
+
+def test_monitor_shows_a_run_with_an_unreadable_result_as_damaged(sst2, capsys):
+    path = _first_result(sst2)
+    path.write_text(path.read_text()[:100])
+    rows = {r["name"]: r for r in collect_runs(sst2)}
+    row = rows[path.parent.name]
+    assert row["state"] == "damaged" and str(path) in row["damage"]
+    assert sum(r["state"] == "finished" for r in rows.values()) == len(rows) - 1
+    text = snapshot_text(sst2)
+    assert "1 damaged" in text and f"damaged: {path}: not valid JSON" in text and "runs/.damaged/" in text
+    # a result with a wrong field type is damaged too, not "finished" with numbers that are not numbers
+    shutil.copy(SST2 / "runs" / path.parent.name / "result.json", path)
+    _edit(path, lambda r: r["performance"].update(steps="many"))
+    assert {r["name"]: r for r in collect_runs(sst2)}[path.parent.name]["state"] == "damaged"
+
+
+def test_monitor_survives_a_damaged_plan_and_status(sst2):
+    (sst2 / "plan.json").write_text('{"runs": "not a list"}')
+    run = sorted((sst2 / "runs").iterdir())[0]
+    (run / "result.json").unlink()
+    (run / "status.json").write_text("{")
+    rows = {r["name"]: r for r in collect_runs(sst2)}
+    assert rows[run.name]["state"] == "damaged" and "status.json" in rows[run.name]["damage"]
+    (sst2 / "plan.json").write_text("[")
+    assert f"damaged: {sst2 / 'plan.json'}" in snapshot_text(sst2)
+
+
+@pytest.mark.slow
+def test_a_rerun_moves_a_damaged_run_aside_and_trains_it_again(tmp_path, data_dir, capsys):
+    (tmp_path / "c.yaml").write_text(ONE_RUN)
+    out = tmp_path / "out"
+    assert main(["run", str(tmp_path / "c.yaml"), "--output-dir", str(out)]) == 0
+    result = out / "runs" / "baseline-seed0" / "result.json"
+    good = json.loads(result.read_text())
+    damaged = result.read_text()[:200]
+    result.write_text(damaged)
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "c.yaml"), "--output-dir", str(out)]) == 0
+    log = capsys.readouterr().out
+    aside = out / "runs" / ".damaged" / "baseline-seed0-1"
+    assert f"{result} is damaged (not valid JSON" in log and str(aside) in log
+    assert (aside / "result.json").read_text() == damaged  # nothing lost: the damaged file and its run folder
+    assert (aside / "metrics.jsonl").is_file()
+    again = json.loads(result.read_text())  # trained again, to the same numbers (deterministic on one process)
+    assert again["status"] == "finished"
+    assert again["performance"]["best_validation"] == good["performance"]["best_validation"]
+    assert [r.name for _, r in MatrixFolder(out).iter_results()] == ["baseline-seed0"]
+
+
+def test_sigterm_while_preparing_data_exits_130_with_the_rerun_line(tmp_path, data_dir):
+    """A real SIGTERM to `oelm run` in its data preparation (held there by a stand-in that waits,
+    so the signal cannot land in another phase): exit 130 and one line saying what to do."""
+    (tmp_path / "c.yaml").write_text(ONE_RUN)
+    script = textwrap.dedent(f"""
+        import sys, time
+        import oelm.matrix.output as output
+        def waiting(*args, **kwargs):
+            print("PREPARING", flush=True)
+            time.sleep(60)
+        output.prepare_data = waiting
+        from oelm.cli import main
+        sys.exit(main(["run", {str(tmp_path / 'c.yaml')!r}, "--output-dir", {str(tmp_path / 'out')!r}]))
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=os.environ | {"PYTHONUNBUFFERED": "1"})
+    try:
+        for line in proc.stdout:
+            if line.strip() == "PREPARING":
+                break
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == ("oelm: interrupted: SIGTERM while preparing the data; no run had started, "
+                                            "nothing is lost: rerun the same command to continue")
+    assert "Traceback" not in err
