@@ -219,3 +219,22 @@ def test_stop_refuses_a_lock_of_another_host_or_one_without_a_pid(tmp_path, caps
     lock.unlink()
     assert main(["stop", str(tmp_path)]) == 0
     assert "nothing to stop" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_run_says_how_many_processes_each_launcher_gave_it(tmp_path, data_dir):
+    """torchrun --nproc_per_node=2 gives 2 CPU processes; `accelerate launch --cpu --num_processes 2`
+    starts one (Accelerate's simple launcher), which the run now says, with the launcher that works."""
+    run = ["-m", "oelm", "run", "tinystories-tiny", "--data-dir", str(data_dir), *TINY, "training.max_steps=2",
+           "training.batch_size=4", "methods=[{name: baseline, learning_rate: 3.0e-3}]"]
+    bindir = Path(sys.executable).parent
+    torchrun = subprocess.run([str(bindir / "torchrun"), "--nproc_per_node=2", *run, "--output-dir", str(tmp_path / "t")],
+                              cwd=tmp_path, env=_plain_env(), capture_output=True, text=True, timeout=600)
+    assert torchrun.returncode == 0, torchrun.stderr[-3000:]
+    assert "(executor local; 2 processes on cpu (MULTI_CPU))" in torchrun.stdout
+    accelerate = subprocess.run([str(bindir / "accelerate"), "launch", "--cpu", "--num_processes", "2", *run,
+                                 "--output-dir", str(tmp_path / "a")],
+                                cwd=tmp_path, env=_plain_env(), capture_output=True, text=True, timeout=600)
+    assert accelerate.returncode == 0, accelerate.stderr[-3000:]
+    assert accelerate.stdout.count("oelm run: tinystories-tiny ->") == 1
+    assert "1 process on cpu; for N CPU processes: torchrun --nproc_per_node=N -m oelm run" in accelerate.stdout
