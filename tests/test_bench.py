@@ -30,6 +30,8 @@ def test_bench_json_has_sane_figures(bench_json):
     assert set(r["runners"]) == {"baseline", "oelm_freeze", "plain"}
     assert r["runners"]["plain"]["kind"] == "plain" and r["runners"]["baseline"]["kind"] == "engine"
     assert r["model"]["gpt_config"]["num_layers"] == 2 and r["model"]["tokens_per_step"] == 2 * 16
+    assert (r["model"]["num_layers"], r["model"]["hidden_size"], r["model"]["family"]) == (2, 32, "gpt")
+    assert r["config"]["compile"] is False and r["config"]["compile_mode"] is None
     for name, runner in r["runners"].items():
         s = runner["per_step_ms"]
         assert s["n"] == 6 and len(runner["step_times_ms"]) == 6, name
@@ -200,6 +202,7 @@ def test_bert_shape_runs_reduced_on_cpu():
                       device="cpu", data="random", profile=False)
     r = run_bench(cfg, progress=False)
     assert r["model"]["family"] == "bert" and r["model"]["batch_size"] == 1 and r["model"]["auto_batch_size"] is True
+    assert (r["model"]["num_layers"], r["model"]["hidden_size"], r["model"]["config"]["num_attention_heads"]) == (1, 32, 2)
     assert r["runners"]["oelm_freeze"]["frozen_tensors"] == 4 and r["runners"]["oelm_freeze"]["frozen_bit_identical"]
     assert r["runners"]["plain"]["final_loss"] > 0 and r["engine_plain"]["n"] == 2
 
@@ -216,7 +219,7 @@ def test_compile_modes_run_on_cpu(mode):
     for name in ("baseline", "plain"):
         runner = r["runners"][name]
         assert runner["compile_seconds"] > 0 and runner["per_step_ms"]["n"] == 2 and runner["final_loss"] > 0
-    assert r["config"]["compile_mode"] == mode
+    assert r["config"]["compile_mode"] == mode and r["config"]["compile"] is True
 
 
 @pytest.mark.slow

@@ -51,6 +51,11 @@ def _median_ratio(numerator: list[float], denominator: list[float]) -> dict:
     return {"median": s["median"], "p10": s["p10"], "p90": s["p90"], "n": s["n"], "best": best}
 
 
+def _gpt_or_bert(cfg, gpt_name: str, bert_name: str):
+    """A field of a GPTConfig, or its BertConfig name."""
+    return getattr(cfg, gpt_name) if hasattr(cfg, gpt_name) else getattr(cfg, bert_name)
+
+
 def _step(r: _runners.Runner, batch: dict[str, torch.Tensor], device: torch.device, autocast, tokens: int) -> torch.Tensor:
     """One timed step of ``r`` (the engine times itself)."""
     if r.kind == "engine":
@@ -91,8 +96,9 @@ def _auto_batch_size(config: BenchConfig, template, names: list[str], device: to
 def run_bench(config: BenchConfig, progress: bool = True) -> dict:
     """Run the interleaved benchmark; returns every figure as a JSON-serializable dict.
 
-    Keys: ``config`` (the knobs, resolved), ``model`` (config dict, family, batch size and whether
-    it was found automatically, seq_len, FLOPs per token), ``data``, ``device``, ``environment``
+    Keys: ``config`` (the knobs, resolved: ``compile`` true whenever a ``compile_mode`` is),
+    ``model`` (family, config dict, ``num_layers``, ``hidden_size``, batch size and whether it was
+    found automatically, seq_len, FLOPs per token; ``gpt_config`` for oelm's GPT), ``data``, ``device``, ``environment``
     (:func:`oelm.environment.capture_environment` without the probe), ``runners`` (name -> ``kind``,
     ``per_step_ms`` {median, mean, p10, p90, n}, ``step_times_ms``, ``tokens_per_second``, ``mfu``,
     ``peak_step_memory_mib`` (CUDA), ``compile_seconds``, ``final_loss``, ``frozen_tensors``,
@@ -188,8 +194,10 @@ def run_bench(config: BenchConfig, progress: bool = True) -> dict:
             operators = operator_diff(counts["baseline"], counts["plain"])
     overhead = None if engine_plain is None or engine_plain["median"] is None else (engine_plain["median"] - 1.0) * 100.0
     return {
-        "config": {**dataclasses.asdict(config), "methods": list(config.methods), "device": str(device)},
-        "model": {"family": family(config), "config": cfg.to_dict(), "batch_size": batch_size, "auto_batch_size": auto_batch,
+        "config": {**dataclasses.asdict(config), "methods": list(config.methods), "device": str(device),
+                   "compile": mode is not None, "compile_mode": mode},
+        "model": {"family": family(config), "config": cfg.to_dict(), "num_layers": _gpt_or_bert(cfg, "num_layers", "num_hidden_layers"),
+                  "hidden_size": cfg.hidden_size, "batch_size": batch_size, "auto_batch_size": auto_batch,
                   "seq_len": seq_len, "tokens_per_step": tokens, "flops_per_token": flops,
                   **({"gpt_config": cfg.to_dict()} if family(config) == "gpt" else {})},
         "data": data_source,
