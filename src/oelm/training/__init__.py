@@ -36,8 +36,10 @@ Steps and cadence:
     batch ``batch_size x gradient_accumulation_steps x processes``; an epoch is
     ``len(loader) // gradient_accumulation_steps`` steps). ``warmup_steps`` longer than the
     planned steps is refused before the first step. Validation runs every ``eval_every`` steps
-    and once at the end; the end-of-training one is skipped when the last step was validated
-    already (an early stop). Validation sums are reduced over processes (each example once,
+    and once at the end. A scheduled validation fewer than ``eval_every / 2`` steps before the
+    last step is left to the end-of-training one (two validations a step apart evaluated nearly
+    the same weights: e.g. 37 steps, ``eval_every`` 18, validations at 36 and 37); the
+    end-of-training one is skipped when the last step was validated already (an early stop). Validation sums are reduced over processes (each example once,
     ``gather_for_metrics``), so every rank selects the same best step. Before the clock starts,
     ``timing_warmup_passes`` forward+backward passes on a fixed batch are run and undone; with
     ``compile`` the compilation happens there (``compile_seconds``, outside every step time).

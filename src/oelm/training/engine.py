@@ -299,7 +299,9 @@ def setup(model: nn.Module, loaders: tuple, *, metric: Metric | str, config: Tra
     train_loader, eval_loader, test_loader = (_host_loader(accelerator, dl) for dl in (train_loader, eval_loader, test_loader))
     steps_per_epoch = optimizer_steps_per_epoch(len(train_loader), config.gradient_accumulation_steps)
     total_steps = planned_total_steps(config, steps_per_epoch)
-    scheduler = make_scheduler(optimizer, config, total_steps)
+    # on the optimizer Accelerate wraps: the fp16 GradScaler steps that one (see step.py), and the
+    # schedule's "optimizer stepped" bookkeeping must see it
+    scheduler = make_scheduler(getattr(optimizer, "optimizer", optimizer), config, total_steps)
     identity = {"learning_rate": config.learning_rate, "total_steps": total_steps, "steps_per_epoch": steps_per_epoch,
                 "batch_size": batch_size, "data_seeds": base_seeds}
     if config.gradient_accumulation_steps > 1 or accelerator.num_processes > 1:

@@ -76,7 +76,7 @@ def train(model: nn.Module, train_loader: DataLoader, eval_loader: DataLoader, *
         with stop, telemetry:
             stopped_early = _run_epochs(engine, state, (train_loader, eval_loader), generators, base_seeds,
                                         rng_to_restore, stop, bar)
-            if not validated_at(state, state.step):  # early stops and resumed finished runs validated already
+            if not validated_at(state, state.step):  # an early stop has validated this step already
                 validate(engine, state, eval_loader, state.step)
             stop_signal = stop.name
     finally:
@@ -149,9 +149,10 @@ def _run_epochs(engine: Engine, state: TrainState, loaders: tuple, generators: l
 
 
 def _validation_due(engine: Engine, step: int) -> bool:
-    """Is a scheduled validation (every ``eval_every`` steps) due after ``step``? Not at the last
-    step: the end-of-training evaluation validates it."""
-    return step % engine.eval_every == 0 and step != engine.total_steps
+    """Is a scheduled validation (every ``eval_every`` steps) due after ``step``? Not near the end:
+    the end-of-training evaluation validates the last step, and a scheduled one fewer than half an
+    interval before it would evaluate nearly the same weights (two records, e.g. a step apart)."""
+    return step % engine.eval_every == 0 and engine.total_steps - step >= engine.eval_every / 2
 
 
 def _epoch_iterator(engine: Engine, loader: DataLoader, skip: int) -> tuple[Iterator, dict | None]:
