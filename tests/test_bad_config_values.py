@@ -257,3 +257,20 @@ def test_init_from_file_damaged_after_validation_is_refused_when_the_run_starts(
         f.truncate(path.stat().st_size - 100)  # e.g. a copy still being written
     with pytest.raises(ConfigError, match=r"init_from: the file .*model\.safetensors is damaged: its header describes"):
         resolve_init_from(config, "baseline", 0)
+
+
+# --- dataset and splits, checked when the config is read -------------------------------------------
+
+
+@pytest.mark.parametrize("task, line", [
+    ({"dataset": "sst-2"}, "  - task.dataset: unknown dataset 'sst-2'; registered datasets: ag_news,"),
+    ({"dataset": "sst2", "validation_split": "dev"}, "  - task.validation_split: dataset 'sst2' has no split 'dev'; available: train, validation, test"),
+    ({"dataset": "sst2", "test_split": "test_labeled"}, "  - task.test_split: dataset 'sst2' has no split 'test_labeled'"),
+])
+def test_unknown_dataset_or_split_is_refused_when_the_config_is_read(task, line):
+    assert _refused(_config(task=task)).startswith(line)
+
+
+def test_dataset_with_a_held_out_validation_split_accepts_it():
+    config = config_from_dict(_config(task={"dataset": "ag_news", "validation_split": "validation"}))
+    assert config.task.validation_split == "validation"

@@ -132,6 +132,24 @@ class TaskConfig(_Strict):
 
 
     @model_validator(mode="after")
+    def _known_dataset_and_splits(self) -> "TaskConfig":
+        # Refused when the config is read, not after the output folder and the lock exist.
+        from oelm.data.registry import get_dataset_spec, resolve_split
+
+        try:
+            spec = get_dataset_spec(self.dataset)
+        except ConfigError as err:
+            raise ValueError(f"task.dataset: {err}") from None
+        for key in ("train_split", "validation_split", "test_split"):
+            split = getattr(self, key)
+            if split is not None:
+                try:
+                    resolve_split(spec, split)
+                except ConfigError as err:
+                    raise ValueError(f"task.{key}: {err}") from None
+        return self
+
+    @model_validator(mode="after")
     def _held_out_test(self) -> "TaskConfig":
         if self.test_split is not None and self.test_split == self.validation_split and self.validation_samples is None:
             raise ValueError(

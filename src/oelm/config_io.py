@@ -66,7 +66,8 @@ def format_validation_error(err: ValidationError, source: str, root: type[BaseMo
             lines.append(f"  - {path}: required key is missing")
         elif e["type"] == "value_error" and isinstance(e.get("input"), dict):
             # a check across several keys: its message names them (no "(got <the whole mapping>)")
-            lines.append(f"  - {e['msg']}" if path == "(top level)" else f"  - {path}: {e['msg']}")
+            own_path = path == "(top level)" or e["msg"].startswith(f"{path}.")  # the message names the key itself
+            lines.append(f"  - {e['msg']}" if own_path else f"  - {path}: {e['msg']}")
         else:
             got = e.get("input")
             got_s = repr(got) if not isinstance(got, dict) else "a mapping"

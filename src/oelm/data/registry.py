@@ -33,7 +33,7 @@ from typing import Any, Literal, Mapping
 
 import numpy as np
 
-from oelm.errors import ConfigError, DataNotFoundError
+from oelm.errors import ConfigError, DataFormatError, DataNotFoundError
 
 __all__ = [
     "DATASETS",
@@ -244,6 +244,7 @@ def find_local_files(
     Raises:
         DataNotFoundError: a data dir is set but is not a folder, or only some of the split's
             files exist (a half-copied split is never silently replaced by the Hub copy).
+        DataFormatError: a split's file path is a directory (or another non-file).
     """
     root = resolve_data_dir(data_dir)
     if root is None:
@@ -258,6 +259,11 @@ def find_local_files(
         )
     rel = spec.local_files.get(split, ())
     paths = [root / p for p in rel]
+    odd = [p for p in paths if p.exists() and not p.is_file()]
+    if odd:  # not "not found": it is there, as the wrong kind of thing
+        raise DataFormatError(f"{_label(spec, split, requested)}: {odd[0]} is a directory (or another non-file), not the "
+                              f"{spec.local_format(split)} file of this split. Fix: replace it with the file from shared/data "
+                              "(MANIFEST.md).")
     present = [p for p in paths if p.is_file()]
     if paths and len(present) == len(paths):
         return paths
