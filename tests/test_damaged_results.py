@@ -200,3 +200,57 @@ def test_sigterm_while_preparing_data_exits_130_with_the_rerun_line(tmp_path, da
     assert err.strip().splitlines()[-1] == ("oelm: interrupted: SIGTERM while preparing the data; no run had started, "
                                             "nothing is lost: rerun the same command to continue")
     assert "Traceback" not in err
+
+
+def test_report_on_a_sweep_json_with_a_wrong_field_type_names_the_field(sst2, capsys):
+    sweep = json.loads((sst2 / "sweep.json").read_text())
+    sweep["methods"]["baseline"][0]["learning_rate"] = "fast"
+    (sst2 / "sweep.json").write_text(json.dumps(sweep))
+    assert main(["report", str(sst2)]) == 2
+    assert f"{sst2 / 'sweep.json'} is damaged: field methods.baseline.0.learning_rate = 'fast'" in _error_line(capsys)
+
+
+def test_hand_edited_metrics_lines_are_skipped_not_fatal(sst2):
+    """A metrics.jsonl line that is not an object, or whose step or numbers are not numbers, is
+    left out like a torn line: the comparison is the committed one."""
+    path = sorted(sst2.glob("runs/*/metrics.jsonl"))[0]
+    with path.open("a") as fh:
+        fh.write("[1, 2]\n5\n" + json.dumps({"type": "eval", "step": "late", "accuracy": 99.0}) + "\n"
+                 + json.dumps({"type": "eval", "step": 10**6, "accuracy": "high"}) + "\n")
+    assert main(["report", str(sst2)]) == 0
+    committed = json.loads((SST2 / "comparison.json").read_text())
+    rebuilt = json.loads((sst2 / "comparison.json").read_text())
+    assert rebuilt["methods"] == committed["methods"] and rebuilt["warnings"] == committed["warnings"]
+
+
+def test_report_that_cannot_be_written_is_one_line_and_the_runs_stay(sst2, capsys):
+    """A report file that cannot be written (here report_files/ is a file, so nothing can go in it;
+    a read-only folder or a full disk fail the same way): one line naming the folder and the fix."""
+    shutil.rmtree(sst2 / "report_files")
+    (sst2 / "report_files").write_text("in the way")
+    before = {p: p.read_bytes() for p in sst2.glob("runs/*/result.json")}
+    assert main(["report", str(sst2)]) == 2
+    line = _error_line(capsys)
+    assert line.startswith(f"oelm: error: cannot write the report into {sst2}") and "run `oelm report` on the copy" in line
+    assert {p: p.read_bytes() for p in sst2.glob("runs/*/result.json")} == before
+
+
+def test_claims_on_a_damaged_committed_comparison_names_it(tmp_path):
+    from oelm.report.claims import claims_markdown
+
+    results = tmp_path / "results"
+    shutil.copytree(ROOT / "docs" / "results", results, ignore=shutil.ignore_patterns("runs", "report_files"))
+    (results / "evidence-sst2-minilm" / "comparison.json").write_text('{"methods": ')
+    with pytest.raises(DamagedFileError, match=r"evidence-sst2-minilm/comparison.json is damaged.*oelm report DIR"):
+        claims_markdown(results)
+
+
+def test_a_result_json_that_is_a_directory_is_damaged_not_a_traceback(sst2, capsys):
+    path = _first_result(sst2)
+    path.unlink()
+    path.mkdir()
+    assert main(["report", str(sst2)]) == 2
+    assert f"{path} is damaged: it is a directory, not a file" in _error_line(capsys)
+    assert {r["name"]: r["state"] for r in collect_runs(sst2)}[path.parent.name] == "damaged"
+    moved = MatrixFolder(sst2).set_aside_damaged(lambda line: None)
+    assert moved == [sst2 / "runs" / ".damaged" / f"{path.parent.name}-1"] and (moved[0] / "result.json").is_dir()

@@ -260,3 +260,10 @@ def test_odd_values_in_hand_edited_files_do_not_break_the_view(finished, tmp_pat
     rows = {r["name"]: r for r in collect_runs(out)}
     assert rows["oelm_freeze-seed1"]["state"] == "interrupted" and rows["oelm_freeze-seed1"]["step"] is None
     assert "oelm_freeze-seed1" in snapshot_text(out)
+
+
+def test_a_run_folder_with_nothing_in_it_is_pending_not_running(tmp_path):
+    (tmp_path / "runs" / "baseline-seed0").mkdir(parents=True)
+    (tmp_path / "runs" / "notes.txt").write_text("not a run")
+    rows = collect_runs(tmp_path)
+    assert [(r["name"], r["state"]) for r in rows] == [("baseline-seed0", "pending")]

@@ -114,13 +114,20 @@ def read_json(path: str | os.PathLike, fix: str = _DEFAULT_FIX) -> Any:
         fix: what the user should do when the file is damaged (ends the error message).
 
     Raises:
-        DamagedFileError: the file is not valid UTF-8 JSON (a hand edit, a copy cut short); one
-            line naming the file, where it stops parsing, and ``fix``.
-        OSError: the file cannot be opened (FileNotFoundError when it is missing).
+        DamagedFileError: the file is not valid UTF-8 JSON (a hand edit, a copy cut short), or is
+            a directory; one line naming the file, where it stops parsing, and ``fix``.
+        OELMError: the file may not be read (permissions).
+        OSError: the file cannot be opened otherwise (FileNotFoundError when it is missing).
     """
-    from oelm.errors import DamagedFileError
+    from oelm.errors import DamagedFileError, OELMError
 
-    with open(path, encoding="utf-8") as fh:
+    try:
+        fh = open(path, encoding="utf-8")
+    except IsADirectoryError:
+        raise DamagedFileError(f"{path} is damaged: it is a directory, not a file; {fix}") from None
+    except PermissionError as exc:
+        raise OELMError(f"cannot read {path} ({exc.strerror}); make it readable by this user") from None
+    with fh:
         try:
             return json.load(fh)
         except json.JSONDecodeError as exc:

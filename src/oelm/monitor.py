@@ -181,7 +181,8 @@ def collect_runs(out: Path, now: float | None = None) -> list[dict[str, Any]]:
             metric = next((k for k in evaluation if k not in ("type", "step", "loss", "elapsed_seconds")), None)
             row["metric"], row["validation"] = metric, _number(evaluation.get(metric))
             row["best_validation"] = _best(metric, [e.get(metric) for e in evals]) if metric else None
-        state = status.get("state") or ("running" if d.exists() else "pending")
+        # a folder with no status and no record yet (made, not started, or emptied by hand) is not running
+        state = status.get("state") or ("running" if (d / "metrics.jsonl").exists() else "pending")
         if damage is not None:
             state = "damaged"
             row["damage"] = f"{damaged_file}: {damage}"

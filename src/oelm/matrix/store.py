@@ -167,7 +167,11 @@ class MatrixFolder:
         Raises:
             DamagedFileError: a ``result.json`` is damaged (:func:`read_record`)."""
         for path in sorted(self.runs.glob("*/result.json")):
-            yield RunFolder(path.parent), read_record(path)
+            try:
+                record = read_record(path)
+            except FileNotFoundError:
+                continue  # a dangling link, or a run folder moved away since the listing
+            yield RunFolder(path.parent), record
 
     def set_aside_damaged(self, log: Callable[[str], None]) -> list[Path]:
         """Move the folder of every run whose ``result.json`` is damaged (:func:`read_record`
