@@ -141,14 +141,13 @@ def test_data_dir_option_sets_the_environment_and_a_bad_one_is_refused(tmp_path,
 
 
 def test_plain_shell_run_without_data_fails_fast_in_one_short_line(tmp_path):
-    started = time.monotonic()
     proc = _oelm("run", "tinystories-tiny", "--output-dir", str(tmp_path / "out"), *TINY, "training.max_steps=2",
                  cwd=tmp_path, timeout=120)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith("oelm: error:") and len(lines[0]) < 400, lines
     assert "OELM_DATA_DIR" in lines[0] and "--data-dir" in lines[0]
-    assert time.monotonic() - started < 60  # no Hub retries (they took 44 s)
+    assert "not tried because the Hub is offline" in lines[0]  # offline by default: no Hub retries (they took 44 s)
 
 
 def test_plain_shell_run_with_data_dir_prints_processes_warnings_and_report_html(tmp_path, data_dir):
