@@ -274,3 +274,33 @@ def test_unknown_dataset_or_split_is_refused_when_the_config_is_read(task, line)
 def test_dataset_with_a_held_out_validation_split_accepts_it():
     config = config_from_dict(_config(task={"dataset": "ag_news", "validation_split": "validation"}))
     assert config.task.validation_split == "validation"
+
+
+# --- absurd sizes ----------------------------------------------------------------------------------
+
+
+def test_a_model_too_large_for_this_machine_is_refused_before_allocating():
+    """hidden_size 2**20 is 4.4e12 parameters: torch's allocator traceback before; now one line
+    with the parameter count, the bytes training needs and what the machine has (shapes counted
+    on the meta device, so nothing is allocated)."""
+    from oelm.models.build import build_model
+
+    config = config_from_dict(_config(model={"gpt": "gpt-tiny", "gpt_overrides": {"num_layers": 1, "hidden_size": 2**20, "num_heads": 2}}))
+    with pytest.raises(ConfigError) as info:
+        build_model(config, None, task_type="classification", num_labels=2)
+    msg = str(info.value)
+    assert "\n" not in msg and "hidden_size': 1048576" in msg and "parameters: training needs at least" in msg
+    assert "but this machine has" in msg and "lower hidden_size" in msg
+
+
+def test_a_model_that_fits_is_built_with_the_same_weights_as_without_the_size_check():
+    from oelm.models.build import build_model
+    from oelm.models.gpt import build_gpt
+
+    config = config_from_dict(_config())
+    torch.manual_seed(3)
+    model, _ = build_model(config, None, task_type="classification", num_labels=2)
+    torch.manual_seed(3)
+    direct = build_gpt("gpt-tiny", "sequence_classification", num_layers=1, hidden_size=32, num_heads=2, num_labels=2,
+                       context_length=32)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), direct.state_dict().values()))

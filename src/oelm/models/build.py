@@ -4,6 +4,7 @@ weights (pretrain -> fine-tune), then the method (:func:`oelm.apply_oelm`).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -117,10 +118,37 @@ def build_model(config: ExperimentConfig, data: "PreparedData | None", *, task_t
     if hf_task == "sequence_classification":
         overrides.setdefault("num_labels", num_labels)
     try:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):  # shapes only: no memory, no RNG draw
+            shape_only = build_gpt(config.model.gpt, hf_task, **overrides)
+        _check_fits_in_memory(sum(p.numel() for p in shape_only.parameters()), f"model.gpt {config.model.gpt!r} with "
+                              f"gpt_overrides {config.model.gpt_overrides}")
         model = build_gpt(config.model.gpt, hf_task, **overrides)
     except TypeError as exc:
         raise ConfigError(f"model.gpt_overrides: {exc}") from None
     return model, tokenizer
+
+
+def _check_fits_in_memory(parameters: int, what: str) -> None:
+    """Refuse a model whose training cannot fit: at least 16 bytes per parameter (fp32 weights,
+    gradients and AdamW's two moments) against this machine's GPU memory (CUDA) or RAM.
+
+    Raises:
+        ConfigError: naming the model, its parameter count, the bytes needed and those available.
+    """
+    if torch.cuda.is_available():
+        available, where = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory, "GPU memory"
+    else:
+        try:
+            available, where = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "RAM"
+        except (ValueError, OSError, AttributeError):  # not available on this platform: no check
+            return
+    needed = 16 * parameters
+    if needed > available:
+        raise ConfigError(
+            f"{what} has {parameters:,} parameters: training needs at least {needed / 1e9:,.1f} GB (16 bytes per parameter: "
+            f"fp32 weights, gradients, AdamW moments) but this machine has {available / 1e9:,.1f} GB of {where}; lower "
+            "hidden_size / num_layers / intermediate_size / vocab_size"
+        )
 
 
 
