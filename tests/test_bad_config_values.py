@@ -304,3 +304,28 @@ def test_a_model_that_fits_is_built_with_the_same_weights_as_without_the_size_ch
     direct = build_gpt("gpt-tiny", "sequence_classification", num_layers=1, hidden_size=32, num_heads=2, num_labels=2,
                        context_length=32)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), direct.state_dict().values()))
+
+
+# --- silently dropped or misattributed keys ------------------------------------------------------
+
+
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path):
+    """PyYAML keeps the last of two `training:` blocks: the first one's max_steps vanished."""
+    path = tmp_path / "twice.yaml"
+    path.write_text(yaml.safe_dump(_config(), sort_keys=False) + "training: {batch_size: 16}\n")
+    first = next(i for i, line in enumerate(path.read_text().splitlines(), 1) if line.startswith("training:"))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    msg = str(info.value)
+    assert "\n" not in msg and f"config file {path} is not valid YAML at line" in msg
+    assert f"key 'training' is given twice in one mapping (first on line {first}); keep one" in msg
+
+
+def test_an_unknown_base_names_the_base_not_the_method():
+    line = _refused(_config(methods=[{"name": "baseline"}, {"name": "my_variant", "base": "oelm_froze"}]))
+    assert line.startswith("  - methods.1: method 'my_variant': base 'oelm_froze' is not a named method (baseline,")
+
+
+def test_reference_numbers_for_methods_not_in_the_config_are_refused():
+    line = _refused(_config(reference={"baseline": 4.27, "oelm_frozen": 4.69}))
+    assert "reference names ['oelm_frozen'], which are not methods of this config (baseline, oelm_freeze)" in line

@@ -224,6 +224,8 @@ class MethodEntry(_Strict):
     @model_validator(mode="after")
     def _known_base(self) -> "MethodEntry":
         base = self.base or self.name
+        if self.base is not None and base not in METHODS:
+            raise ValueError(f"method {self.name!r}: base {self.base!r} is not a named method ({', '.join(METHODS)})")
         if base not in METHODS:
             raise ValueError(
                 f"method {self.name!r} is not a named method ({', '.join(METHODS)}); "
@@ -456,6 +458,10 @@ class ExperimentConfig(_Strict):
                     f"methods[{m.name}].training.{'.'.join(map(str, first['loc']))}: "
                     f"{first['msg'].removeprefix('Value error, ')} (got {first.get('input')!r})"
                 ) from None
+        unknown = sorted(set(self.reference) - set(names))
+        if unknown:
+            raise ValueError(f"reference names {unknown}, which are not methods of this config ({', '.join(names)}); "
+                             "key each published number by the method name it is shown beside")
         if self.init_from:
             for m in self.methods:
                 for seed in self.seeds:
@@ -526,6 +532,22 @@ def config_from_dict(data: dict[str, Any], source: str = "(dict)") -> Experiment
         raise ConfigError(f"invalid experiment config {source}: {err}") from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last one
+    silently: a second ``training:`` block would drop the first one's settings)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice in one mapping (first on line {seen[key].line + 1}); "
+                    "keep one", key_node.start_mark)
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
     """Read, merge overrides into, and validate an experiment YAML file.
 
@@ -545,7 +567,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist (configs live under configs/, e.g. configs/quickstart.yaml)")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
