@@ -169,3 +169,33 @@ def test_disk_full_while_saving_the_best_weights_fails_that_run_and_the_matrix_g
     assert finished["status"] == "finished"
     assert not list(target.parent.glob(".*.tmp"))  # no half-written temporary file left
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_evaluate_reads_the_device_once_not_per_batch(monkeypatch):
+    """The sums stay on the device (float64/int64) and are read once at the end: the same number
+    of host reads for 2 batches as for 10, and the same value as the per-batch Python sum."""
+    from oelm.training import evaluate
+
+    torch.manual_seed(0)
+    model = _Tiny()
+    expected = {}
+    for n in (4, 20):
+        loader = _loader(n)
+        with torch.no_grad():
+            outs = [(model(**b), b["labels"]) for b in loader]
+        loss = sum(float(o.loss) * len(y) for o, y in outs) / n
+        correct = sum(int((o.logits.argmax(-1) == y).sum()) for o, y in outs)
+        expected[n] = {"value": 100.0 * correct / n, "loss": loss, "n": n}
+    reads = {}
+    real = {name: getattr(torch.Tensor, name) for name in ("item", "__bool__", "__float__", "__int__")}
+    for n in (4, 20):
+        loader, count = _loader(n), []
+        batches = list(loader)
+        for name, fn in real.items():
+            monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _fn=fn, **k: (count.append(1), _fn(self, *a, **k))[1])
+        result = evaluate(model, batches, "accuracy")
+        for name, fn in real.items():
+            monkeypatch.setattr(torch.Tensor, name, fn)
+        reads[n] = len(count)
+        assert result == expected[n]
+    assert reads[4] == reads[20] <= 3

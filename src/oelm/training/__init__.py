@@ -49,6 +49,9 @@ Host syncs:
     device and are read at log steps (``log_every``) and before checkpoints; NaN/Inf therefore
     stops the run within ``log_every`` steps. fp16's ``GradScaler`` hands its inf flag to the
     fused AdamW (no sync); only a non-fused optimizer makes it read the flag every step.
+    :func:`evaluate` sums on the device and reads once per evaluation. Left: the GPU step
+    timer's events are read at log steps (:mod:`oelm.timing`); several processes all-reduce the
+    stop flag at log steps and the early-stopping flag after a validation.
 
 Checkpoints and resume:
     Every ``checkpoint_every`` optimizer steps (default: after every validation) and on

@@ -59,20 +59,22 @@ def evaluate(
     autocast = precision.autocast
     if accelerator is not None and accelerator.num_processes > 1:
         loss_sum, count, correct = _gathered_sums(model, loader, classification, autocast, accelerator)
-    else:
-        loss_sum, count, correct = 0.0, 0, 0
+    else:  # summed on the device in float64/int64 (the same arithmetic as Python floats): one sync at the end
+        loss_total = torch.zeros((), dtype=torch.float64, device=device)  # sum of mean loss x n
+        counts = torch.zeros(2, dtype=torch.int64, device=device)  # n, correct
         for batch in loader:
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             with autocast():
                 out = model(**batch)
             labels = batch["labels"]
             if classification:
-                n = labels.numel()
-                correct += int((out.logits.argmax(dim=-1) == labels).sum())
+                n = torch.tensor(labels.numel(), device=device)
+                counts[1] += (out.logits.argmax(dim=-1) == labels).sum()
             else:
-                n = int((labels[:, 1:] != -100).sum())
-            loss_sum += float(out.loss) * n
-            count += n
+                n = (labels[:, 1:] != -100).sum()
+            loss_total += out.loss.double() * n
+            counts[0] += n
+        loss_sum, count, correct = float(loss_total), int(counts[0]), int(counts[1])
     model.train(was_training)
     if count == 0:
         raise OELMError("the evaluation split is empty")
