@@ -254,3 +254,32 @@ def test_a_result_json_that_is_a_directory_is_damaged_not_a_traceback(sst2, caps
     assert {r["name"]: r["state"] for r in collect_runs(sst2)}[path.parent.name] == "damaged"
     moved = MatrixFolder(sst2).set_aside_damaged(lambda line: None)
     assert moved == [sst2 / "runs" / ".damaged" / f"{path.parent.name}-1"] and (moved[0] / "result.json").is_dir()
+
+
+@pytest.mark.parametrize("text, shown", [("{", "not valid JSON"), ('{"fingerprint": [1]}', "field fingerprint = [1] is not an object")])
+def test_a_rerun_on_a_damaged_experiment_json_names_it_and_trains_nothing(tmp_path, capsys, text, shown):
+    (tmp_path / "c.yaml").write_text(ONE_RUN)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "experiment.json").write_text(text)
+    assert main(["run", str(tmp_path / "c.yaml"), "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"oelm: error: {out / 'experiment.json'} is damaged: {shown}") and "restore it from a copy" in err
+    assert (out / "experiment.json").read_text() == text and not (out / "runs").exists()
+
+
+def test_a_damaged_status_json_is_replaced_when_the_run_starts(tmp_path):
+    from oelm.runs import PlannedRun, read_status, write_status
+
+    (tmp_path / "status.json").write_text("{")
+    with pytest.raises(DamagedFileError, match="status.json is damaged"):
+        read_status(tmp_path)
+    write_status(tmp_path, PlannedRun("baseline", 1e-3, 0, "final", "baseline-seed0"), "running", total_steps=4)
+    assert read_status(tmp_path)["state"] == "running" and read_status(tmp_path)["total_steps"] == 4
+
+
+def test_report_on_a_damaged_config_yaml_names_it(sst2, capsys):
+    with (sst2 / "config.yaml").open("a") as fh:
+        fh.write("\n: : [\n")
+    assert main(["report", str(sst2)]) == 2
+    assert _error_line(capsys).startswith(f"oelm: error: config file {sst2 / 'config.yaml'} is not valid YAML at line")

@@ -204,16 +204,14 @@ def cmd_monitor(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    import yaml
-
-    from oelm.config import config_from_dict
+    from oelm.config import load_config
     from oelm.report import comparison_rows, load_results, write_comparison
 
     out = Path(args.dir)
     cfg_path = out / "config.yaml"
     if not cfg_path.is_file():
         raise OELMError(f"{out} is not an oelm output directory (no config.yaml); pass the --output-dir of `oelm run`")
-    config = config_from_dict(yaml.safe_load(cfg_path.read_text()), source=str(cfg_path))
+    config = load_config(cfg_path)  # a damaged config.yaml: one line naming it (not valid YAML, empty, ...)
     results: dict[str, list[dict]] = {m.name: [] for m in config.methods}
     results.update(load_results(out))
     if not any(results.values()):

@@ -45,9 +45,19 @@ _EXPERIMENT_FIX = ("restore it from a copy; without it oelm cannot check that th
 
 
 def _experiment(out: Path) -> dict[str, Any]:
-    """``out/experiment.json`` ({} when absent). Raises DamagedFileError naming it and the fix."""
+    """``out/experiment.json`` ({} when absent).
+
+    Raises:
+        DamagedFileError: it does not parse, or its ``fingerprint`` / ``grid_growth`` is not an
+            object (names the file, the field and the fix)."""
     path = out / "experiment.json"
-    return read_json_object(path, _EXPERIMENT_FIX) if path.exists() else {}
+    if not path.exists():
+        return {}
+    record = read_json_object(path, _EXPERIMENT_FIX)
+    for key in ("fingerprint", "grid_growth"):
+        if not isinstance(record.get(key, {}), dict):
+            raise DamagedFileError(f"{path} is damaged: field {key} = {record[key]!r:.60} is not an object; {_EXPERIMENT_FIX}")
+    return record
 
 
 def _selected_before(out: Path, log: Callable[[str], None]) -> dict[str, float]:
