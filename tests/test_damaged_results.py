@@ -86,6 +86,7 @@ def test_report_on_a_truncated_result_json_names_the_file(sst2, capsys):
     (("seed",), True, "seed = True"),
     (("environment", "matmul_probe_drift_percent"), [3], "environment.matmul_probe_drift_percent = [3]"),
     (("performance",), [], "performance = []"),
+    (("status",), "done", "status = 'done'"),
 ])
 def test_report_on_a_result_with_a_wrong_field_type_names_file_and_field(sst2, capsys, field, value, shown):
     path = _first_result(sst2)

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Literal
 
 from typing_extensions import TypedDict  # pydantic validates it (typing.TypedDict only from Python 3.12)
 
@@ -304,12 +304,12 @@ class RunResult(TypedDict, total=False):
     seed: int
     run_name: str
     learning_rate: float
-    stage: str
+    stage: Literal["sweep", "final"] | None
     selected: bool
     swept: bool
     task: str
     model: str
-    status: str
+    status: Literal["finished", "failed"]
     failure: dict[str, Any]
     config: dict[str, Any]
     method_config: dict[str, Any]
