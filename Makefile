@@ -64,11 +64,16 @@ gpu-check: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/oelm bench --model cpu-bench --steps 50 --json outputs/bench/cpu-bench.json
 
+# Parallel workers (pytest-xdist), one per core up to 4, a whole test file each (shared fixtures built
+# once; the Ray tests never beside each other); tests/conftest.py hands out the files with the slow
+# tests first. --durations: the 30 slowest, so CI logs show where the time goes.
+PYTEST_PARALLEL := -n auto --dist loadfile --no-loadscope-reorder
+
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -q --durations=30   # the 30 slowest tests, so CI logs show where the time goes
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) --durations=30
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) -m "not slow"
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache

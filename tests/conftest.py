@@ -1,9 +1,33 @@
-"""Shared test set-up: offline Hub, passive OpenMP threads, the real data directory."""
+"""Shared test set-up: offline Hub, passive OpenMP threads, the real data directory, and the rules
+that let the suite run on parallel pytest-xdist workers (`make test`: ``-n auto --dist loadfile``).
+
+Parallel workers:
+- each worker gets ``cores // workers`` torch/OpenMP threads (1 each with 2 workers on 2 cores), set
+  before torch is imported, so the subprocesses a test starts inherit the same count;
+- a test file is the unit a worker takes (``--dist loadfile``): the tests of one file run on one
+  worker, one after another, so a module-scoped fixture (a trained matrix, a browser) is built once,
+  and tests that must not run beside each other live in one file (tests/test_ray.py: `ray stop
+  --force` and its "no raylet left" check act on every Ray process of the machine);
+- files are handed out most slow tests first (``--no-loadscope-reorder`` keeps this order), so the
+  end-to-end runs of minutes start at once and the short files fill in behind them.
+Token/tokenizer caches live under each worker's own temp folder: workers never share a cache file.
+
+(pytest-xdist's ``--dist loadgroup`` would group finer, but with pytest 9.2 its ``xdist_group``
+markers are ignored: xdist 3.8 tags them onto ``item._nodeid``, which pytest 9.2 no longer reads.)
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
 
 # Before torch is imported anywhere: busy-waiting OpenMP threads make CPU steps ~20x slower on
 # 2 cores, and Hub look-ups hang ~50 s when the Hub is unreachable.
@@ -11,11 +35,40 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# On an xdist worker: the cores shared out among the workers (an explicit OMP_NUM_THREADS is kept).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if "PYTEST_XDIST_WORKER" in os.environ and _WORKERS > 1:
+    _threads = str(max(1, _cores() // _WORKERS))
+    os.environ.setdefault("OMP_NUM_THREADS", _threads)
+    os.environ.setdefault("MKL_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
+
 _DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 if "OELM_DATA_DIR" not in os.environ and (_DEFAULT_DATA / "MANIFEST.md").exists():
     os.environ["OELM_DATA_DIR"] = str(_DEFAULT_DATA)
 
 import pytest  # noqa: E402
+
+MAX_AUTO_WORKERS = 4  # beyond this the slowest file, not the worker count, sets the suite's time
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: one worker per core, at most ``MAX_AUTO_WORKERS`` (each torchrun or Ray test
+    starts 2-4 processes of its own, and memory grows with every worker)."""
+    return max(1, min(MAX_AUTO_WORKERS, _cores()))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker: files with more slow tests first (a stable sort, so the files of equal
+    count and the tests within each file keep their collection order). Every worker sorts the same
+    collection the same way, and the controller hands out files in this order."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    slow_per_file: dict[str, int] = {}
+    for item in items:
+        key = item.nodeid.split("::", 1)[0]
+        slow_per_file[key] = slow_per_file.get(key, 0) + (item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: -slow_per_file[item.nodeid.split("::", 1)[0]])
 
 
 @pytest.fixture(scope="session")
@@ -29,5 +82,5 @@ def data_dir() -> Path:
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
-    """Token/tokenizer caches go to a per-session temp folder, never the user's home."""
+    """Token/tokenizer caches go to a per-session temp folder (per worker under xdist), never the user's home."""
     monkeypatch.setenv("OELM_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "oelm-cache"))

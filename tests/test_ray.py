@@ -27,6 +27,9 @@ from oelm.cli import main
 from oelm.matrix.executors import cpu_cores
 
 pytest.importorskip("ray")
+# Every test that starts Ray stays in this file: `make test` hands a whole file to one worker
+# (--dist loadfile), and `ray stop --force` and the "no raylet left" check below act on every Ray
+# process of the machine, so no other Ray test may run beside these.
 pytestmark = pytest.mark.slow
 
 ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", "PYTHONUNBUFFERED": "1"}
