@@ -114,3 +114,35 @@ def test_save_and_load_with_swapped_or_missing_arguments(tmp_path):
         oelm.load_oelm(tmp_path / "ckpt", "gpt2")
     loaded = oelm.load_oelm(tmp_path / "ckpt", base_model=_tiny())  # the right order still works
     assert loaded.oelm_config.method == "oelm_freeze"
+
+
+def test_a_model_on_the_meta_device_is_refused_naming_how_to_materialize_it():
+    with torch.device("meta"):
+        model = build_gpt(gpt_config("gpt-tiny", num_layers=1, hidden_size=32, num_heads=2, vocab_size=64), task="causal_lm")
+    with pytest.raises(oelm.OELMError) as info:
+        oelm.apply_oelm(model, "oelm_freeze")
+    assert "has parameters on the meta device" in _one_line(info) and "to_empty" in str(info.value)
+    assert not hasattr(model, "oelm_config")
+
+
+def test_checkpoint_paths_that_are_wrong_are_named(tmp_path):
+    import json
+
+    from oelm.checkpoint import METADATA_NAME, CheckpointError
+
+    model = _tiny()
+    oelm.apply_oelm(model, "oelm_freeze", seed=0)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(CheckpointError, match=f"{afile} is a file, not a directory"):
+        oelm.save_pretrained(model, afile, source="none")
+    with pytest.raises(CheckpointError, match=f"{tmp_path / 'missing'} does not exist"):
+        oelm.load_oelm(tmp_path / "missing", base_model=_tiny())
+    oelm.save_pretrained(model, tmp_path / "ckpt", source="none")
+    meta = tmp_path / "ckpt" / METADATA_NAME
+    data = json.loads(meta.read_text())
+    data["oelm_config"]["init"] = "bogus"  # hand-edited
+    meta.write_text(json.dumps(data))
+    with pytest.raises(CheckpointError) as info:
+        oelm.load_oelm(tmp_path / "ckpt", base_model=_tiny())
+    assert _one_line(info).startswith(f"{meta}: its oelm_config is invalid (OELMConfig.init='bogus'")

@@ -205,8 +205,11 @@ def test_strict_loading_and_clear_errors(tmp_path):
         load_oelm(tmp_path / "ok", base_model=model)
     with pytest.raises(CheckpointError, match="no source checkpoint was recorded.*Pass base_model="):
         load_oelm(tmp_path / "ok")  # built from a config: no source to rebuild from
-    with pytest.raises(CheckpointError, match="not an oelm checkpoint"):
+    with pytest.raises(CheckpointError, match="nothing-here does not exist"):
         load_oelm(tmp_path / "nothing-here", base_model=tiny_bert())
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="not an oelm checkpoint"):
+        load_oelm(tmp_path / "empty", base_model=tiny_bert())
     with pytest.raises(ConfigError, match="call oelm.apply_oelm"):
         save_pretrained(tiny_bert(), tmp_path / "plain")
 

@@ -304,6 +304,9 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike, *, source: s
             "oelm.save_pretrained (apply_oelm(model, 'baseline') saves an unmodified model)"
         )
     directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise CheckpointError(f"oelm.save_pretrained: {directory} is a file, not a directory; give a directory path "
+                              "(created if missing)")
     if source is None:
         source = getattr(getattr(model, "config", None), "_name_or_path", None) or None
 
@@ -398,6 +401,8 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike, *, source: s
 
 def _read_metadata(directory: Path) -> dict[str, Any]:
     meta_path = directory / METADATA_NAME
+    if not directory.exists():
+        raise CheckpointError(f"{directory} does not exist; give the directory oelm.save_pretrained(model, directory) wrote")
     if not meta_path.is_file():
         raise CheckpointError(
             f"{directory} is not an oelm checkpoint: {METADATA_NAME} is missing. Save one with "
@@ -417,7 +422,7 @@ def _read_metadata(directory: Path) -> dict[str, Any]:
     return meta
 
 
-def _oelm_config_from(meta: dict[str, Any]):
+def _oelm_config_from(meta: dict[str, Any], where: str = METADATA_NAME):
     from oelm.method import OELMConfig
 
     d = dict(meta["oelm_config"])
@@ -427,6 +432,8 @@ def _oelm_config_from(meta: dict[str, Any]):
     d.setdefault("split_fused", False)
     try:
         return OELMConfig(**d)
+    except ConfigError as exc:  # a hand-edited field: name the file it came from
+        raise CheckpointError(f"{where}: its oelm_config is invalid ({exc}); save the checkpoint again") from None
     except TypeError as exc:
         raise CheckpointError(
             f"the checkpoint's oelm_config {meta['oelm_config']} does not fit this oelm's OELMConfig ({exc}); it was "
@@ -560,7 +567,7 @@ def load_oelm(directory: str | os.PathLike, base_model: nn.Module | None = None,
             f"{weights_path} is not the file {METADATA_NAME} describes (size or sha256 differs): the checkpoint was "
             "modified or a later save was interrupted. Save it again."
         )
-    config = _oelm_config_from(meta)
+    config = _oelm_config_from(meta, str(directory / METADATA_NAME))
     frozen_stored = bool(meta.get("frozen_tensors_stored"))
     if base_model is not None:
         model = _unwrap(base_model)

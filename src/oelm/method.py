@@ -451,6 +451,12 @@ def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, se
     """
     _require_module(model, "apply_oelm")
     config = _resolve_config(config, seed, "apply_oelm")
+    if config.targets and any(p.is_meta for p in model.parameters()):
+        raise OELMError(
+            f"{type(model).__name__} has parameters on the meta device (shapes without values), so its query/key "
+            "weights cannot be initialized; materialize the model first (load it without device_map='meta' / "
+            "init_empty_weights, or model.to_empty(device=...) and load its weights)"
+        )
     previous = getattr(model, "oelm_config", None)
     if previous is not None:
         raise OELMError(
