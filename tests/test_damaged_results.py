@@ -172,17 +172,21 @@ def test_a_rerun_moves_a_damaged_run_aside_and_trains_it_again(tmp_path, data_di
     assert [r.name for _, r in MatrixFolder(out).iter_results()] == ["baseline-seed0"]
 
 
-def test_sigterm_while_preparing_data_exits_130_with_the_rerun_line(tmp_path, data_dir):
-    """A real SIGTERM to `oelm run` in its data preparation (held there by a stand-in that waits,
-    so the signal cannot land in another phase): exit 130 and one line saying what to do."""
+@pytest.mark.parametrize("module, name, phase", [
+    ("oelm.matrix.output", "prepare_data", "preparing the data"),
+    ("oelm.matrix.driver", "_check_kept", "checking the finished runs' weights"),
+])
+def test_sigterm_before_any_run_exits_130_with_the_rerun_line(tmp_path, data_dir, module, name, phase):
+    """A real SIGTERM to `oelm run` while it prepares the data, or checks the weights of the runs it
+    keeps (held in that phase by a stand-in that waits, so the signal cannot land in another one):
+    exit 130 and one line saying what to do, as for a run interrupted while training."""
     (tmp_path / "c.yaml").write_text(ONE_RUN)
     script = textwrap.dedent(f"""
-        import sys, time
-        import oelm.matrix.output as output
+        import sys, time, importlib
         def waiting(*args, **kwargs):
-            print("PREPARING", flush=True)
+            print("WAITING", flush=True)
             time.sleep(60)
-        output.prepare_data = waiting
+        setattr(importlib.import_module({module!r}), {name!r}, waiting)
         from oelm.cli import main
         sys.exit(main(["run", {str(tmp_path / 'c.yaml')!r}, "--output-dir", {str(tmp_path / 'out')!r}]))
     """)
@@ -190,7 +194,7 @@ def test_sigterm_while_preparing_data_exits_130_with_the_rerun_line(tmp_path, da
                             env=os.environ | {"PYTHONUNBUFFERED": "1"})
     try:
         for line in proc.stdout:
-            if line.strip() == "PREPARING":
+            if line.strip() == "WAITING":
                 break
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
@@ -198,7 +202,7 @@ def test_sigterm_while_preparing_data_exits_130_with_the_rerun_line(tmp_path, da
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, err
-    assert err.strip().splitlines()[-1] == ("oelm: interrupted: SIGTERM while preparing the data; no run had started, "
+    assert err.strip().splitlines()[-1] == (f"oelm: interrupted: SIGTERM while {phase}; no run had started, "
                                             "nothing is lost: rerun the same command to continue")
     assert "Traceback" not in err
 

@@ -23,7 +23,8 @@ from oelm.models.build import check_sequence_length
 
 from oelm.matrix.executors import make_executor
 from oelm.matrix.output import (
-    _check_fingerprint, _quiet, config_fingerprint, open_output_dir, prepare_matrix_data, start_output, write_selection,
+    _check_fingerprint, _quiet, config_fingerprint, interruptible, open_output_dir, prepare_matrix_data, start_output,
+    write_selection,
 )
 from oelm.matrix.plan import RunTask, final_results, plan_runs, ready_runs, unfinished_final_runs, why_not_ready
 from oelm.matrix.run_one import RunContext, placement_record, train_planned_run, verify_kept
@@ -103,7 +104,8 @@ def _drive(config: ExperimentConfig, out: Path, log: Callable[[str], None], retr
     results = MatrixFolder(out).results()
     retry = {n for n, r in results.items() if r.failed} if retry_failed else set()
     _, selection = ready_runs(config, ctx.data.metric, results)
-    _check_kept(ctx, results, {r.name for r in plan_runs(config, selection.selected)})
+    with interruptible("checking the finished runs' weights"):  # sha256 of every kept run: can take a while
+        _check_kept(ctx, results, {r.name for r in plan_runs(config, selection.selected)})
     # runs left to train: planned now (finals of methods still sweeping included, one per seed) and without a result
     left = [r for r in plan_runs(config, selection.selected) if r.name not in results]
     left += [m for m in config.methods if len(config.learning_rate_candidates(m)) > 1 and m.name not in selection.complete

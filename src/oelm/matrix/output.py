@@ -26,7 +26,7 @@ from oelm.runs import format_rates, grid_edge_note, read_sweep, run_name, utc_no
 from oelm.matrix.plan import Selection, plan_runs
 from oelm.matrix.store import MatrixFolder
 
-__all__ = ["open_output_dir", "start_output", "config_fingerprint", "prepare_matrix_data", "write_plan",
+__all__ = ["open_output_dir", "start_output", "config_fingerprint", "prepare_matrix_data", "interruptible", "write_plan",
            "write_selection", "COSMETIC_TRAINING_KEYS"]
 
 _write_json = main_process_only(write_json_atomic)
