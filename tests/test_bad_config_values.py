@@ -329,3 +329,40 @@ def test_an_unknown_base_names_the_base_not_the_method():
 def test_reference_numbers_for_methods_not_in_the_config_are_refused():
     line = _refused(_config(reference={"baseline": 4.27, "oelm_frozen": 4.69}))
     assert "reference names ['oelm_frozen'], which are not methods of this config (baseline, oelm_freeze)" in line
+
+
+@pytest.mark.parametrize("tokenizer, message", [
+    ("gpt3", "unknown tokenizer 'gpt3'; use 'gpt2', 'bpe-<vocab_size>'"),
+    ("bpe-abc", "unknown tokenizer 'bpe-abc'"),
+    ("bpe-100", "'bpe-100': a byte-level BPE needs vocab_size >= 257"),
+])
+def test_tokenizer_names_are_checked_when_the_config_is_read(tokenizer, message):
+    line = _refused(_config(task={"dataset": "sst2", "tokenizer": tokenizer}))
+    assert line.startswith("  - task.tokenizer: ") and message in line
+
+
+def test_tokenizer_paths_are_left_for_when_they_are_loaded():
+    # a pretraining run may write the file later (stage 2 of a pretrain-then-fine-tune pair)
+    config = config_from_dict(_config(task={"dataset": "sst2", "tokenizer": "../outputs/pre/tokenizer.json"}))
+    assert config.task.tokenizer == "../outputs/pre/tokenizer.json"
+
+
+def test_test_samples_without_a_test_split_is_refused():
+    line = _refused(_config(task={"dataset": "sst2", "test_samples": 100}))
+    assert "task.test_samples=100 is set but task.test_split is not" in line
+
+
+def test_more_samples_than_the_split_holds_says_all_are_used(tmp_path, data_dir):
+    """Real SST-2 validation sentences as both splits of a small copy of the data dir."""
+    import shutil
+
+    from oelm.data.prepare import prepare_data
+
+    (tmp_path / "sst2").mkdir()
+    for split in ("train", "validation"):
+        shutil.copyfile(data_dir / "sst2" / "validation.parquet", tmp_path / "sst2" / f"{split}.parquet")
+    config = config_from_dict(_config(task={"dataset": "sst2", "data_dir": str(tmp_path), "tokenizer": "bpe-300",
+                                            "train_samples": 5000, "validation_samples": 16, "max_length": 16}))
+    with pytest.warns(UserWarning, match=r"task\.train_samples=5000 is more than the 872 items of sst2/train: all 872 are used"):
+        data = prepare_data(config)
+    assert data.summary["train"]["examples"] == 872 and data.summary["validation"]["examples"] == 16

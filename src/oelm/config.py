@@ -149,8 +149,25 @@ class TaskConfig(_Strict):
                     raise ValueError(f"task.{key}: {err}") from None
         return self
 
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer_spec(cls, value: str | None) -> str | None:
+        # A name is checked now; a path may be written later (by the pretraining run), so it is checked when loaded.
+        if value is None or "/" in value or value.endswith(".json") or Path(value).expanduser().exists():
+            return value
+        match = re.fullmatch(r"bpe-(\d+)", value)
+        if value != "gpt2" and not match:
+            raise ValueError(f"unknown tokenizer {value!r}; use 'gpt2', 'bpe-<vocab_size>' (e.g. 'bpe-8192') or the path of a "
+                             "tokenizer.json")
+        if match and int(match.group(1)) < 257:
+            raise ValueError(f"{value!r}: a byte-level BPE needs vocab_size >= 257 (256 bytes + <|endoftext|>)")
+        return value
+
     @model_validator(mode="after")
     def _held_out_test(self) -> "TaskConfig":
+        if self.test_samples is not None and self.test_split is None:
+            raise ValueError(f"task.test_samples={self.test_samples} is set but task.test_split is not; name the test split "
+                             "(e.g. test_split: test) or remove test_samples")
         if self.test_split is not None and self.test_split == self.validation_split and self.validation_samples is None:
             raise ValueError(
                 f"task.test_split is the validation split ({self.test_split!r}) but task.validation_samples is not set: "
@@ -345,8 +362,34 @@ class TrainingConfig(_Strict):
     def _yaml_no(cls, value: Any) -> Any:
         # YAML 1.1 reads an unquoted `no` as False; mean the string "no" (no mixed precision).
         return "no" if value is False else value
-    tensorboard: bool = True
+
+    report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=lambda: ["tensorboard"],
+        description="Experiment trackers each run logs its metrics.jsonl records to (as Trainer's report_to): "
+        "tensorboard (run_dir/tensorboard), wandb (offline unless WANDB_MODE is set), mlflow (file store "
+        "OUT/mlruns unless MLFLOW_TRACKING_URI is set); [] or none for none. wandb / mlflow need "
+        'pip install "oelm[wandb]" / "oelm[mlflow]".',
+    )
+    tensorboard: bool = Field(True, description="Older spelling: false removes tensorboard from report_to; "
+                              "after validation it says whether report_to has tensorboard.")
     progress_bar: bool = True
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _report_to_list(cls, value: Any) -> Any:
+        # "none" / null / a single name, as Trainer accepts; names in lower case, each once
+        value = [] if value is None or value == "none" else [value] if isinstance(value, str) else value
+        if isinstance(value, list):
+            value = list(dict.fromkeys(v.strip().lower() if isinstance(v, str) else v for v in value))
+        return value
+
+    @model_validator(mode="after")
+    def _tensorboard_alias(self) -> "TrainingConfig":
+        # tensorboard: false (older configs) removes it from report_to; then the two agree
+        if not self.tensorboard and "tensorboard" in self.report_to:
+            self.__dict__["report_to"] = [n for n in self.report_to if n != "tensorboard"]
+        self.__dict__["tensorboard"] = "tensorboard" in self.report_to
+        return self
 
 
 class ExecutorConfig(_Strict):

@@ -7,6 +7,7 @@ exactly the same examples; only the training order depends on a run's seed (:fun
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -49,10 +50,15 @@ def _load_splits(task, load: Callable, sample: Callable) -> dict[str, Any]:
 
     A ``test_split`` equal to ``validation_split`` is the part of that split the validation subset
     did not take (:func:`oelm.data.classification.held_out_rest`): disjoint from validation."""
-    splits = {
-        "train": sample(load(task.dataset, task.train_split, task.data_dir), task.train_samples, task.subset_seed),
-        "validation": sample(load(task.dataset, task.validation_split, task.data_dir), task.validation_samples, task.subset_seed),
-    }
+    def take(split: str, key: str):
+        rows = load(task.dataset, split, task.data_dir)
+        asked = getattr(task, key)
+        if asked is not None and asked > len(rows):  # all are used; say so rather than imply `asked` examples
+            warnings.warn(f"task.{key}={asked} is more than the {len(rows)} items of {task.dataset}/{split}: all "
+                          f"{len(rows)} are used (the run's data summary records the count)", stacklevel=3)
+        return sample(rows, asked, task.subset_seed)
+
+    splits = {"train": take(task.train_split, "train_samples"), "validation": take(task.validation_split, "validation_samples")}
     if task.test_split and task.test_split == task.validation_split:
         # one held-out split: validation is its validation_samples subset (as above), test the rest
         from oelm.data.classification import held_out_rest
@@ -60,7 +66,7 @@ def _load_splits(task, load: Callable, sample: Callable) -> dict[str, Any]:
         full = load(task.dataset, task.validation_split, task.data_dir)
         splits["test"] = sample(held_out_rest(full, task.validation_samples, task.subset_seed), task.test_samples, task.subset_seed)
     elif task.test_split:
-        splits["test"] = sample(load(task.dataset, task.test_split, task.data_dir), task.test_samples, task.subset_seed)
+        splits["test"] = take(task.test_split, "test_samples")
     return splits
 
 
