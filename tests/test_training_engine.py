@@ -116,6 +116,42 @@ def test_no_host_sync_between_log_steps(precision, monkeypatch):
     assert "check_finite" in reads and "log_train" in reads
 
 
+@pytest.mark.parametrize("precision", ["no", "fp16"])
+def test_one_process_steps_with_torch_directly_and_the_same_arithmetic(precision, monkeypatch):
+    """On one process the step bypasses Accelerate's backward, clipping and optimizer wrapper
+    (their Python per step is most of the engine's overhead in a launch-bound step), and the
+    weights after a few steps equal, bit for bit, those of Accelerate's path on the same batches."""
+    from accelerate import Accelerator
+    from accelerate.optimizer import AcceleratedOptimizer
+
+    calls: list[str] = []
+    for cls, name in ((Accelerator, "backward"), (Accelerator, "clip_grad_norm_"), (AcceleratedOptimizer, "step"),
+                      (AcceleratedOptimizer, "zero_grad")):
+        real = getattr(cls, name)
+        monkeypatch.setattr(cls, name, lambda self, *a, _real=real, _name=name, **k: (calls.append(_name), _real(self, *a, **k))[1])
+
+    def weights_after_steps(direct: bool) -> tuple[list[torch.Tensor], list[str]]:
+        torch.manual_seed(0)
+        loader = _loader()
+        engine = build_engine(_Tiny(), loader, config=TrainingConfig(max_steps=4, mixed_precision=precision, warmup_steps=0))
+        assert engine.direct  # one process, no sharding: the direct path is chosen
+        engine.direct = direct
+        calls.clear()
+        state = TrainState()
+        for batch in list(loader):
+            optimizer_step(engine, state, batch, iter(()))
+        return [p.detach().clone() for p in engine.unwrapped.parameters()], sorted(set(calls))
+
+    torch.manual_seed(0)
+    initial = _Tiny().lin.weight.detach().clone()
+    direct, direct_calls = weights_after_steps(True)
+    wrapped, wrapped_calls = weights_after_steps(False)
+    assert direct_calls == []
+    # fp16: the GradScaler steps the inner optimizer on either path
+    assert wrapped_calls == sorted({"backward", "clip_grad_norm_", "zero_grad"} | ({"step"} if precision == "no" else set()))
+    assert all(torch.equal(a, b) for a, b in zip(direct, wrapped)) and not torch.equal(direct[0], initial)
+
+
 def test_warmup_longer_than_the_run_is_refused_before_the_first_step():
     opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
     with pytest.raises(ConfigError, match=r"training.warmup_steps=50 is longer than the run's 20 planned optimizer steps"):

@@ -25,7 +25,7 @@ from oelm.timing import PhaseTimer, StepTimer
 from oelm.training.metrics_log import MetricsLog
 from oelm.training.precision import Precision
 
-__all__ = ["CHECKPOINTS_DIR", "Engine", "build_engine", "build_optimizer", "compile_mode", "make_scheduler",
+__all__ = ["CHECKPOINTS_DIR", "Engine", "build_engine", "build_optimizer", "compile_mode", "direct_step_safe", "make_scheduler",
            "optimizer_steps_per_epoch", "planned_total_steps", "use_fused_adamw", "with_learning_rate"]
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -158,7 +158,8 @@ class Engine:
 
     ``config`` carries the learning rate (:attr:`learning_rate`) and ``precision`` the autocast
     and gradient-scaler choice; ``model`` is the prepared (DDP/FSDP-wrapped, compiled) module,
-    ``unwrapped`` the plain one whose weights are saved.
+    ``unwrapped`` the plain one whose weights are saved. ``direct``: the step calls torch itself
+    instead of Accelerate's wrappers (:func:`direct_step_safe`).
     """
 
     accelerator: Accelerator
@@ -185,10 +186,17 @@ class Engine:
     compiled: Any = None  # torch.compile wrapper, when training.compile
     warmup_batch: dict[str, torch.Tensor] | None = None  # the first batch_size training examples (warm-up)
     saved_step: int | None = None  # the step of the newest checkpoint on disk (the same on every rank)
+    direct: bool = False  # one plain process: step with torch directly, not Accelerate's wrappers (direct_step_safe)
 
     @property
     def learning_rate(self) -> float:
         return self.config.learning_rate
+
+    @property
+    def raw_optimizer(self) -> torch.optim.Optimizer:
+        """The ``torch.optim`` optimizer inside Accelerate's wrapper (the one the schedule and the
+        fp16 scaler step)."""
+        return getattr(self.optimizer, "optimizer", self.optimizer)
 
     @property
     def ckpt_root(self) -> Path:
@@ -233,6 +241,29 @@ def _accelerator(config: TrainingConfig) -> Accelerator:
         # use_orig_params keeps each parameter's requires_grad: frozen Q/K stay out of the optimizer.
         kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin(use_orig_params=True)
     return Accelerator(**kwargs)
+
+
+def direct_step_safe(accelerator: Accelerator) -> bool:
+    """Can the step bypass Accelerate's wrappers with the same arithmetic? True on one plain
+    process (no DDP, FSDP, DeepSpeed, XLA, Megatron), with no Accelerate gradient scaler and
+    Accelerate's own accumulation count 1 (the engine accumulates itself). Then, as read in
+    accelerate 1.x:
+
+    * ``Accelerator.backward(loss)`` is ``(loss / 1).backward()``: dividing by 1 is exact, so
+      ``loss.backward()`` gives the same gradients without the two extra operators;
+    * ``Accelerator.clip_grad_norm_`` unscales nothing (no Accelerate scaler) and, with no DTensor
+      gradient (only FSDP2 makes them), calls ``torch.nn.utils.clip_grad_norm_`` itself;
+    * ``AcceleratedOptimizer.step`` (its LOMO check costs two ``importlib`` look-ups a step) steps
+      the inner optimizer when gradients are synchronized, which they always are outside
+      ``Accelerator.accumulate`` (never used here); ``zero_grad`` (an ``inspect.signature`` a
+      step) calls the inner ``zero_grad(set_to_none=True)``.
+
+    Elsewhere (several processes, sharding, Accelerate's scaler) the step keeps Accelerate's
+    path: its gradient synchronization, sharded clipping and scaling are needed there."""
+    from accelerate.utils import DistributedType
+
+    return (accelerator.distributed_type == DistributedType.NO and accelerator.num_processes == 1
+            and accelerator.scaler is None and accelerator.gradient_accumulation_steps == 1)
 
 
 def data_generators(loader: DataLoader) -> list[torch.Generator]:
@@ -321,7 +352,7 @@ def setup(model: nn.Module, loaders: tuple, *, metric: Metric | str, config: Tra
         total_steps=total_steps, steps_per_epoch=steps_per_epoch,
         eval_every=config.eval_every or max(1, steps_per_epoch // config.evals_per_epoch),
         running_loss=torch.zeros((), device=device), grad_nonfinite=torch.zeros((), dtype=torch.bool, device=device),
-        compiled=compiled, warmup_batch=warmup_batch,
+        compiled=compiled, warmup_batch=warmup_batch, direct=direct_step_safe(accelerator),
     )
     return engine, (train_loader, eval_loader, test_loader), generators, base_seeds
 

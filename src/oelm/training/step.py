@@ -5,6 +5,12 @@ OR-ed on the device (read at log steps, :func:`oelm.training.metrics_log.log_tra
 counted on the host batch. fp16 syncs only where the optimizer lacks amp-scaling support: with
 the fused AdamW the engine builds (CUDA, CPU), ``GradScaler.step`` hands the inf flag to the
 kernel instead of reading it.
+
+On one plain process (:func:`oelm.training.engine.direct_step_safe`, ``engine.direct``) the step
+calls torch itself: ``loss.backward()``, ``torch.nn.utils.clip_grad_norm_``, the inner
+optimizer's ``step`` and ``zero_grad(set_to_none=True)`` — the same arithmetic as Accelerate's
+wrappers there, without their Python per step (a launch-bound step pays for every call). With
+several processes or sharding, Accelerate's ``backward``, ``clip_grad_norm_`` and optimizer do it.
 """
 
 from __future__ import annotations
@@ -66,7 +72,7 @@ def optimizer_step(engine: "Engine", state: "TrainState", batch: dict[str, torch
                 with e.autocast():
                     loss = e.model(**to_device(batch, e.device)).loss
                 scaled = loss / e.accumulation if e.accumulation > 1 else loss
-                e.accelerator.backward(e.scaler.scale(scaled) if e.scaler else scaled)
+                _backward(e, e.scaler.scale(scaled) if e.scaler else scaled)
             e.running_loss += loss.detach().float()
             state.batches_in_epoch += 1
         _apply_gradients(e)
@@ -81,16 +87,28 @@ def optimizer_step(engine: "Engine", state: "TrainState", batch: dict[str, torch
     return loss
 
 
+def _backward(e: "Engine", loss: torch.Tensor) -> None:
+    """``loss.backward()`` on one plain process (``e.direct``), else Accelerate's backward (which
+    divides by its own accumulation count, 1 here: the engine has divided already)."""
+    if e.direct:
+        loss.backward()
+    else:
+        e.accelerator.backward(loss)
+
+
 def _apply_gradients(e: "Engine") -> None:
     """Unscale (fp16), clip, check the gradient norm for NaN/Inf (no sync), step, zero the grads."""
     # GradScaler keys its state by optimizer object and hands its inf flag to optimizers that take
     # it (fused AdamW: no .item()); Accelerate's wrapper hides that, so the scaler sees the inner one.
-    scaled_opt = getattr(e.optimizer, "optimizer", e.optimizer) if e.scaler else None
+    scaled_opt = e.raw_optimizer if e.scaler else None
     if e.scaler:
         e.scaler.unscale_(scaled_opt)
+    # one plain process: torch's own calls, which Accelerate's wrappers make there (see the module docstring)
+    opt = e.raw_optimizer if e.direct else e.optimizer
+    clip = torch.nn.utils.clip_grad_norm_ if e.direct else e.accelerator.clip_grad_norm_
     grad_norm = None
     if e.config.max_grad_norm is not None:
-        grad_norm = e.accelerator.clip_grad_norm_(e.model.parameters(), e.config.max_grad_norm)
+        grad_norm = clip(e.model.parameters(), e.config.max_grad_norm)
     elif e.scaler is None:
         grads = [p.grad for p in e.model.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.get_total_norm(grads) if grads else None
@@ -100,9 +118,9 @@ def _apply_gradients(e: "Engine") -> None:
         e.scaler.step(scaled_opt)
         e.scaler.update()
     else:
-        e.optimizer.step()
+        opt.step()
     e.scheduler.step()
-    e.optimizer.zero_grad(set_to_none=True)
+    opt.zero_grad(set_to_none=True)
 
 
 def warm_up(engine: "Engine") -> float:
