@@ -79,3 +79,27 @@ def test_corrupt_cached_tokenizer_is_named_deleted_and_trained_again(docs, tmp_p
     sample = docs[0][:200]
     assert again(sample)["input_ids"] == first(sample)["input_ids"] and len(again) == len(first)
     assert cached.read_text() == text  # the same recipe on the same documents: the same file again
+
+
+def test_a_cache_folder_that_cannot_be_written_is_a_warning_not_a_failure(docs, tmp_path):
+    """OELM_CACHE_DIR pointing at a file (or a read-only folder): FileExistsError tracebacks before;
+    the tokenizer and the blocks are computed anyway, as without a cache."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("x")
+    with pytest.warns(UserWarning, match=rf"cannot write the tokenizer cache under {blocker} \(File exists\); going on without"):
+        tokenizer = train_bpe_tokenizer(docs, 400, blocker)
+    assert len(tokenizer) == len(train_bpe_tokenizer(docs, 400, None))
+    with pytest.warns(UserWarning, match=rf"cannot write the token cache {blocker}/tokens-\w+\.npy \(File exists\)"):
+        blocks = pack_documents(docs, tokenizer, 32, cache_dir=blocker)
+    assert blocks.equal(pack_documents(docs, tokenizer, 32, cache_dir=None))
+
+
+def test_a_directory_where_the_token_cache_belongs_is_replaced(docs, tmp_path):
+    tokenizer = train_bpe_tokenizer(docs, 400, tmp_path / "tok")
+    fresh = pack_documents(docs, tokenizer, 32, cache_dir=tmp_path / "tokens")
+    cache = _only(tmp_path / "tokens", "tokens-*.npy")
+    cache.unlink()
+    cache.mkdir()
+    with pytest.warns(UserWarning, match=rf"oelm cache {cache} is damaged \(a directory where the \.npy file belongs\)"):
+        assert pack_documents(docs, tokenizer, 32, cache_dir=tmp_path / "tokens").equal(fresh)
+    assert cache.is_file()

@@ -366,3 +366,12 @@ def test_more_samples_than_the_split_holds_says_all_are_used(tmp_path, data_dir)
     with pytest.warns(UserWarning, match=r"task\.train_samples=5000 is more than the 872 items of sst2/train: all 872 are used"):
         data = prepare_data(config)
     assert data.summary["train"]["examples"] == 872 and data.summary["validation"]["examples"] == 16
+
+
+def test_the_duplicate_key_loader_is_still_a_safe_loader(tmp_path):
+    marker = tmp_path / "ran"
+    path = tmp_path / "evil.yaml"
+    path.write_text(f"name: !!python/object/apply:os.system ['touch {marker}']\n")
+    with pytest.raises(ConfigError, match="is not valid YAML"):
+        load_config(path)
+    assert not marker.exists()

@@ -591,6 +591,15 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def _safe_load_unique(text: str) -> Any:
+    """``yaml.safe_load`` with :class:`_UniqueKeyLoader` (a SafeLoader: no Python objects)."""
+    loader = _UniqueKeyLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
     """Read, merge overrides into, and validate an experiment YAML file.
 
@@ -610,7 +619,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist (configs live under configs/, e.g. configs/quickstart.yaml)")
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+        data = _safe_load_unique(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

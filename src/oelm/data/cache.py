@@ -4,13 +4,15 @@ silently used."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 import warnings
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["drop_damaged_cache", "load_token_cache"]
+__all__ = ["drop_damaged_cache", "load_token_cache", "write_token_cache"]
 
 
 def drop_damaged_cache(path: Path, problem: str) -> None:
@@ -38,3 +40,23 @@ def load_token_cache(path: Path, dtype: np.dtype, vocab_size: int) -> np.ndarray
         drop_damaged_cache(path, f"holds id {int(stream.max())}, outside the tokenizer's {vocab_size} ids")
         return None
     return stream
+
+
+def write_token_cache(path: Path, stream: np.ndarray) -> None:
+    """Write ``stream`` to ``path`` atomically (a concurrent reader sees nothing or the whole file).
+    A directory in the way is removed as damaged; a cache folder that cannot be written (a file,
+    no permission, disk full) is a warning and no cache: the stream is already computed."""
+    try:
+        if path.exists() and not path.is_file():
+            drop_damaged_cache(path, "a directory where the .npy file belongs")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-tokens-", suffix=".npy")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.save(f, stream)
+            os.replace(tmp, path)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+    except OSError as exc:
+        warnings.warn(f"cannot write the token cache {path} ({exc.strerror or exc}); going on without caching "
+                      "(set OELM_CACHE_DIR to a writable folder)", stacklevel=3)

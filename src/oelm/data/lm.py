@@ -42,7 +42,7 @@ from oelm.data.registry import (
     resolve_data_dir,
     resolve_split,
 )
-from oelm.data.cache import drop_damaged_cache, load_token_cache
+from oelm.data.cache import drop_damaged_cache, load_token_cache, write_token_cache
 from oelm.data.classification import check_texts
 from oelm.errors import ConfigError, DataFormatError, DataNotFoundError
 
@@ -452,8 +452,13 @@ def train_bpe_tokenizer(documents: Sequence[str], vocab_size: int, cache_dir: st
         with tempfile.TemporaryDirectory() as tmp:
             tokenizer.save(str(Path(tmp) / "tokenizer.json"))
             return _wrap_bpe(Path(tmp) / "tokenizer.json")
-    target.parent.parent.mkdir(parents=True, exist_ok=True)
-    tmp_dir = Path(tempfile.mkdtemp(dir=target.parent.parent, prefix=".tmp-bpe-"))
+    try:
+        target.parent.parent.mkdir(parents=True, exist_ok=True)
+        tmp_dir = Path(tempfile.mkdtemp(dir=target.parent.parent, prefix=".tmp-bpe-"))
+    except OSError as exc:  # the cache is an optimisation: go on without it
+        warnings.warn(f"cannot write the tokenizer cache under {target.parent.parent} ({exc.strerror or exc}); going on "
+                      "without caching (set OELM_CACHE_DIR to a writable folder)", stacklevel=2)
+        return train_bpe_tokenizer(documents, vocab_size, None)
     tokenizer.save(str(tmp_dir / "tokenizer.json"))
     try:
         os.replace(tmp_dir, target.parent)  # atomic: a concurrent run sees either nothing or the whole cache
@@ -557,11 +562,7 @@ def pack_documents(
     if stream is None:
         stream = _encode_stream(documents, tokenizer, dtype)
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-tokens-", suffix=".npy")
-            with os.fdopen(fd, "wb") as f:
-                np.save(f, stream)
-            os.replace(tmp, path)
+            write_token_cache(path, stream)
     n_blocks = len(stream) // block_size
     return torch.from_numpy(stream[: n_blocks * block_size].astype(np.int64)).view(n_blocks, block_size)
 
