@@ -222,6 +222,8 @@ def test_hand_edited_metrics_lines_are_skipped_not_fatal(sst2):
     with path.open("a") as fh:
         fh.write("[1, 2]\n5\n" + json.dumps({"type": "eval", "step": "late", "accuracy": 99.0}) + "\n"
                  + json.dumps({"type": "eval", "step": 10**6, "accuracy": "high"}) + "\n")
+    with path.open("ab") as fh:
+        fh.write(b"\xff\xfe\x00 not text\n")
     assert main(["report", str(sst2)]) == 0
     committed = json.loads((SST2 / "comparison.json").read_text())
     rebuilt = json.loads((sst2 / "comparison.json").read_text())

@@ -162,10 +162,10 @@ MANIFEST_FORMAT = 1
 
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Records of a JSON-lines file such as ``metrics.jsonl``: a missing file gives ``[]``, and a
-    line that does not parse (a run killed mid-write leaves half a line) or is not a JSON object (a
-    hand edit) is skipped."""
+    line that does not parse (a run killed mid-write leaves half a line; bytes that are not UTF-8)
+    or is not a JSON object (a hand edit) is skipped."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_bytes().decode("utf-8", errors="replace")  # bytes that are not UTF-8: lines that do not parse
     except (FileNotFoundError, IsADirectoryError):
         return []
     records = []
