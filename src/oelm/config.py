@@ -20,7 +20,6 @@ as YAML (:mod:`oelm.config_io`).
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -28,7 +27,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 
-from oelm.config_io import format_validation_error, parse_overrides
+from oelm.config_io import format_validation_error, parse_overrides, safe_load_unique, safetensors_problem
 from oelm.config_io import merge as _merge
 from oelm.errors import ConfigError
 from oelm.method import METHODS, OELMConfig, get_method
@@ -68,35 +67,6 @@ def _not_blank(value: Any) -> Any:
 
 
 Text = Annotated[str, BeforeValidator(_not_blank)]
-
-
-def safetensors_problem(path: Path) -> str | None:
-    """Why ``path`` is not a whole safetensors file (a phrase), or None when it reads as one.
-
-    A safetensors file is an 8-byte little-endian header length N, N bytes of JSON (tensor name ->
-    dtype, shape, data_offsets), then the tensor bytes; only the header is read, and the file's
-    size must be the one the header's offsets give (a truncated copy is caught)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(8)
-            size = path.stat().st_size
-            if len(head) < 8:
-                return f"is {size} bytes, too short for a safetensors header"
-            n = int.from_bytes(head, "little")
-            if n < 2 or 8 + n > size or n > 100_000_000:
-                return "does not start with a safetensors header (the first 8 bytes give no valid header length)"
-            header = f.read(n)
-    except OSError as exc:
-        return f"cannot be read ({exc.strerror or exc})"
-    try:
-        entries = json.loads(header)
-        ends = [int(v["data_offsets"][1]) for k, v in entries.items() if k != "__metadata__"]
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
-        return "does not start with a safetensors header (no JSON table of tensors after the first 8 bytes)"
-    if 8 + n + max(ends, default=0) != size:
-        return (f"is damaged: its header describes {8 + n + max(ends, default=0):,} bytes, the file has {size:,} "
-                "(truncated copy or download?)")
-    return None
 
 
 class _Strict(BaseModel):
@@ -575,31 +545,6 @@ def config_from_dict(data: dict[str, Any], source: str = "(dict)") -> Experiment
         raise ConfigError(f"invalid experiment config {source}: {err}") from None
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last one
-    silently: a second ``training:`` block would drop the first one's settings)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen: dict[Any, Any] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} is given twice in one mapping (first on line {seen[key].line + 1}); "
-                    "keep one", key_node.start_mark)
-            seen[key] = key_node.start_mark
-        return super().construct_mapping(node, deep=deep)
-
-
-def _safe_load_unique(text: str) -> Any:
-    """``yaml.safe_load`` with :class:`_UniqueKeyLoader` (a SafeLoader: no Python objects)."""
-    loader = _UniqueKeyLoader(text)
-    try:
-        return loader.get_single_data()
-    finally:
-        loader.dispose()
-
-
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
     """Read, merge overrides into, and validate an experiment YAML file.
 
@@ -619,7 +564,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist (configs live under configs/, e.g. configs/quickstart.yaml)")
     try:
-        data = _safe_load_unique(path.read_text(encoding="utf-8"))
+        data = safe_load_unique(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -1,5 +1,6 @@
-"""Reading experiment configs: ``key=value`` overrides merged into the file's mapping, and
-Pydantic validation errors turned into one line per bad key (:mod:`oelm.config` uses both).
+"""Reading experiment configs: YAML with no key given twice, ``key=value`` overrides merged into
+the file's mapping, Pydantic validation errors turned into one line per bad key, and the header
+check of a safetensors file an ``init_from`` names (:mod:`oelm.config` uses them all).
 
 Override keys are dotted paths; a list entry is named by its index or, in a list of named entries,
 by its name: ``training.epochs=2``, ``methods.0.learning_rate=1e-3``,
@@ -9,7 +10,9 @@ by its name: ``training.epochs=2``, ``methods.0.learning_rate=1e-3``,
 from __future__ import annotations
 
 import difflib
+import json
 import re
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -17,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from oelm.errors import ConfigError
 
-__all__ = ["parse_overrides", "merge", "format_validation_error"]
+__all__ = ["parse_overrides", "merge", "format_validation_error", "safe_load_unique", "safetensors_problem"]
 
 
 def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
@@ -138,3 +141,57 @@ def merge(base: dict[str, Any], changes: dict[str, Any], where: str = "") -> dic
         else:
             out[k] = v
     return out
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last one
+    silently: a second ``training:`` block would drop the first one's settings)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice in one mapping (first on line {seen[key].line + 1}); "
+                    "keep one", key_node.start_mark)
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+def safe_load_unique(text: str) -> Any:
+    """``yaml.safe_load`` with :class:`_UniqueKeyLoader` (a SafeLoader: no Python objects)."""
+    loader = _UniqueKeyLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why ``path`` is not a whole safetensors file (a phrase), or None when it reads as one.
+
+    A safetensors file is an 8-byte little-endian header length N, N bytes of JSON (tensor name ->
+    dtype, shape, data_offsets), then the tensor bytes; only the header is read, and the file's
+    size must be the one the header's offsets give (a truncated copy is caught)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            size = path.stat().st_size
+            if len(head) < 8:
+                return f"is {size} bytes, too short for a safetensors header"
+            n = int.from_bytes(head, "little")
+            if n < 2 or 8 + n > size or n > 100_000_000:
+                return "does not start with a safetensors header (the first 8 bytes give no valid header length)"
+            header = f.read(n)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    try:
+        entries = json.loads(header)
+        ends = [int(v["data_offsets"][1]) for k, v in entries.items() if k != "__metadata__"]
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return "does not start with a safetensors header (no JSON table of tensors after the first 8 bytes)"
+    if 8 + n + max(ends, default=0) != size:
+        return (f"is damaged: its header describes {8 + n + max(ends, default=0):,} bytes, the file has {size:,} "
+                "(truncated copy or download?)")
+    return None
