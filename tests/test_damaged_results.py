@@ -290,3 +290,11 @@ def test_report_on_a_damaged_config_yaml_names_it(sst2, capsys):
         fh.write("\n: : [\n")
     assert main(["report", str(sst2)]) == 2
     assert _error_line(capsys).startswith(f"oelm: error: config file {sst2 / 'config.yaml'} is not valid YAML at line")
+
+
+def test_a_copied_run_folder_is_refused_not_counted_twice(sst2, capsys):
+    run = _first_result(sst2).parent
+    shutil.copytree(run, run.with_name(run.name + "-copy"))
+    assert main(["report", str(sst2)]) == 2
+    line = _error_line(capsys)
+    assert f"{run.name} and {run.name}-copy (a copied run folder?)" in line and "move the one that does not belong" in line

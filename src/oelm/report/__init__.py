@@ -69,17 +69,28 @@ def load_results(out: str | Path) -> dict[str, list[dict]]:
     failure instead of silently dropping it. Sweep runs at other learning rates are left out; they
     are summarized from ``sweep.json``. Final runs at a rate that is no longer selected (the
     method's grid grew and the selection moved: :func:`oelm.runs.is_superseded`) are left out.
+
+    Raises:
+        DamagedFileError: a ``result.json`` or ``sweep.json`` is damaged (names it).
+        OELMError: two final runs of one method and seed (a copied run folder), naming both folders.
     """
+    from oelm.errors import OELMError
     from oelm.matrix.store import MatrixFolder, RunRecord
     from oelm.runs import is_superseded, read_sweep
 
     folder = MatrixFolder(out)
     selected = (read_sweep(folder.sweep).get("selected_learning_rates") or {}) if folder.sweep.exists() else {}
     records: dict[str, list[RunRecord]] = {}
-    for _, r in folder.iter_results():
+    where: dict[tuple[str, int], str] = {}  # (method, seed) -> the run folder that holds its final run
+    for run, r in folder.iter_results():
         final = r.stage in (None, "final")
         failed_at_selected = r.failed and selected.get(r.method) == r.learning_rate
         if (final and not is_superseded(r, selected)) or failed_at_selected:
+            if (r.method, r.seed) in where:  # a copied run folder would count one seed twice in every mean
+                raise OELMError(f"two final runs of {r.method} seed {r.seed} under {folder.runs}: {where[r.method, r.seed]} "
+                                f"and {run.name} (a copied run folder?); move the one that does not belong out of runs/ "
+                                "and rerun `oelm report`")
+            where[r.method, r.seed] = run.name
             records.setdefault(r.method, []).append(r)
     return {method: [r.raw for r in sorted(runs, key=lambda r: r.seed)] for method, runs in records.items()}
 
