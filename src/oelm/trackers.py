@@ -17,7 +17,8 @@ Offline by default, as the rest of oelm: W&B runs in ``offline`` mode unless ``W
 directory (its service completes the run's file moments after :meth:`Trackers.finish`); MLflow writes a file store at ``OUT/mlruns`` unless ``MLFLOW_TRACKING_URI`` is set
 (``mlflow ui --backend-store-uri OUT/mlruns`` shows it; MLflow 3 wants ``MLFLOW_ALLOW_FILE_STORE=true``
 for a file store, which is set then unless already set). TensorBoard events go to
-``RUN_DIR/tensorboard/<project>``. W&B and MLflow are optional: ``pip install "oelm[wandb]"`` /
+``RUN_DIR/tensorboard/<project>`` (a training run, :func:`oelm.training.train`, keeps its own
+TensorBoard writer, ``RUN_DIR/tensorboard``, and hands only W&B and MLflow to this class). W&B and MLflow are optional: ``pip install "oelm[wandb]"`` /
 ``"oelm[mlflow]"``; asking for one that is not installed fails at :class:`Trackers` creation with
 that command, before any training.
 """
@@ -26,12 +27,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal
 
 from oelm.errors import ConfigError
 
-__all__ = ["TRACKERS", "validate_report_to", "check_installed", "flatten_config", "Trackers"]
+__all__ = ["TRACKERS", "validate_report_to", "check_installed", "flatten_config", "TrackedRun", "Trackers"]
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")
 # tracker -> (module to import, how to install it)
@@ -92,8 +94,22 @@ def flatten_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+@dataclass(frozen=True)
+class TrackedRun:
+    """What the trackers record about a run besides its metrics (:func:`oelm.training.train`'s
+    ``tracked``): the ``project`` it belongs to (an experiment's name), its ``config`` (a nested
+    dict, recorded flattened as hyperparameters) and the ``output_dir`` W&B and MLflow write under
+    (a matrix's output folder; default: the run's folder)."""
+
+    project: str = "oelm"
+    config: dict[str, Any] | None = None
+    output_dir: Path | None = None
+
+
 class Trackers:
-    """The trackers of one run, through an ``accelerate.Accelerator`` built with ``log_with``.
+    """The trackers of one run: Accelerate's tracker classes (``accelerate.tracking``), the ones
+    ``Accelerator(log_with=...)`` builds, started and fed here without an ``Accelerator`` (a
+    training process has one already; a second could not change its distributed state).
 
     Args:
         report_to: tracker names (see :func:`validate_report_to`); default ``["tensorboard"]``.
@@ -112,7 +128,7 @@ class Trackers:
         check_installed(self.names)
         self.project = project
         self.output_dir = Path(output_dir) if output_dir is not None else None
-        self.accelerator = None
+        self.trackers: list = []  # accelerate.tracking.GeneralTracker, started
 
     def start(self, run_dir: str | os.PathLike, run_name: str, config: dict[str, Any] | None = None) -> None:
         """Start the trackers for one run and record its ``config`` (flattened) as hyperparameters.
@@ -122,10 +138,7 @@ class Trackers:
         """
         if not self.names:
             return
-        from accelerate import Accelerator
-        from accelerate.utils import ProjectConfiguration
-
-        from oelm.distributed import cpu_only
+        from accelerate.tracking import LOGGER_TYPE_TO_CLASS
 
         run_dir = Path(run_dir)
         out = self.output_dir or run_dir
@@ -144,17 +157,21 @@ class Trackers:
                 # server needs more than mlflow-skinny, and a file store is what offline means here
                 os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
                 mlflow.set_tracking_uri((out / "mlruns").resolve().as_uri())
-        project_config = ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "tensorboard"))
-        self.accelerator = Accelerator(log_with=self.names, project_config=project_config, cpu=cpu_only())
-        self.accelerator.init_trackers(self.project, config=flatten_config(config or {}), init_kwargs=kwargs)
+        for name in self.names:  # as Accelerator.init_trackers
+            cls = LOGGER_TYPE_TO_CLASS[name]
+            args = (self.project, str(run_dir / "tensorboard")) if cls.requires_logging_directory else (self.project,)
+            tracker = cls(*args, **kwargs.get(name, {}))
+            tracker.start()
+            self.trackers.append(tracker)
+        flat = flatten_config(config or {})
+        for tracker in self.trackers:
+            tracker.store_init_configuration(flat)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         """Log scalar ``metrics`` (name -> number; other values are dropped) at optimizer step ``step``."""
-        if self.accelerator is None:
-            return
         values = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        if values:
-            self.accelerator.log(values, step=step)
+        for tracker in self.trackers if values else ():
+            tracker.log(values, step=step)
 
     def log_record(self, record: dict[str, Any]) -> None:
         """Log one ``metrics.jsonl`` record: ``{"type": "eval", "step": 40, "accuracy": 0.81}`` ->
@@ -162,12 +179,18 @@ class Trackers:
         kind, step = record["type"], record["step"]
         self.log({f"{kind}/{k}": v for k, v in record.items() if k not in ("type", "step")}, step)
 
-    def finish(self) -> None:
+    def finish(self, status: Literal["FINISHED", "FAILED", "KILLED"] = "FINISHED") -> None:
         """End every tracker (flushes TensorBoard, closes the W&B and MLflow runs). Safe to call twice.
 
-        This is ``Accelerator.end_training`` without its last step: that also destroys the torch
-        process group, which a multi-process matrix still needs for its next run."""
-        if self.accelerator is not None:
-            for tracker in self.accelerator.trackers:
-                tracker.finish()
-            self.accelerator = None
+        ``status``: how the run ended, as MLflow records it (W&B: exit code 0 when finished, 1
+        otherwise). This is ``Accelerator.end_training`` without its last step: that also
+        destroys the torch process group, which a multi-process matrix still needs for its next run."""
+        trackers, self.trackers = self.trackers, []
+        for tracker in trackers:
+            if status != "FINISHED" and tracker.name == "mlflow":
+                import mlflow
+
+                mlflow.end_run(status=status)  # the tracker's own finish() then has no run left to end
+            elif status != "FINISHED" and tracker.name == "wandb":
+                tracker.run.finish(exit_code=1)
+            tracker.finish()

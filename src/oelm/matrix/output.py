@@ -34,7 +34,7 @@ _write_text = main_process_only(write_text_atomic)
 
 # Settings that change how a run is displayed, fed or saved, never its numbers.
 COSMETIC_TRAINING_KEYS = (
-    "progress_bar", "tensorboard", "num_workers", "log_every", "checkpoint_every", "keep_checkpoints",
+    "progress_bar", "tensorboard", "report_to", "num_workers", "log_every", "checkpoint_every", "keep_checkpoints",
     "timing_warmup_passes",
 )
 

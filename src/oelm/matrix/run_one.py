@@ -29,6 +29,7 @@ from oelm.metrics import get_metric
 from oelm.models.build import build_run_model
 from oelm.runs import PlannedRun, checkpoint_record, read_status, verify_checkpoint
 from oelm.runs import write_status as _write_status_file
+from oelm.trackers import TrackedRun
 
 from oelm.matrix.plan import RunTask
 from oelm.matrix.store import MatrixFolder
@@ -109,6 +110,7 @@ def _train(ctx: RunContext, run: PlannedRun, run_dir: Path, *, evaluate_test: bo
     result = train(
         model, train_loader, val_loader, metric=data.metric, config=training, learning_rate=run.learning_rate,
         run_dir=run_dir, test_loader=test_loader if evaluate_test else None, description=run_dir.name,
+        tracked=TrackedRun(config.name, {**config.model_dump(mode="json"), "run": _run_identity(config, run)}, ctx.out),
     )
     if result.early_stopped:
         metric = get_metric(result.metric)

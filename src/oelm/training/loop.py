@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 import warnings
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from accelerate import skip_first_batches
 from torch import nn
@@ -20,24 +20,30 @@ from oelm.training.checkpoint import remove_unfinished, save_best_weights, save_
 from oelm.training.engine import Engine, setup, with_learning_rate
 from oelm.training.evaluation import early_stop_due, evaluate_test, stop_early, validate, validated_at
 from oelm.training.faults import StopSignals
-from oelm.training.metrics_log import log_train
+from oelm.training.metrics_log import log_train, start_trackers
 from oelm.training.rng import epoch_seed, restore_rng
 from oelm.training.state import TrainResult, TrainState
 from oelm.training.step import next_batch, optimizer_step, warm_up
 from oelm.training.timing import EpochClock, run_timing
+
+if TYPE_CHECKING:
+    from oelm.trackers import TrackedRun
 
 __all__ = ["finish", "train"]
 
 
 def train(model: nn.Module, train_loader: DataLoader, eval_loader: DataLoader, *, metric: Metric | str,
           config: TrainingConfig, learning_rate: float | None = None, run_dir: Path,
-          test_loader: DataLoader | None = None, description: str = "train") -> TrainResult:
+          test_loader: DataLoader | None = None, description: str = "train",
+          tracked: "TrackedRun | None" = None) -> TrainResult:
     """Train ``model`` and select the best weights on ``eval_loader``; resumable at any step.
 
     ``learning_rate`` (the peak rate after warmup) defaults to ``config.learning_rate``; given,
     it replaces it (a sweep point), so the config is the one carrier of the rate. Loaders,
     accumulation, warm-up, checkpoints and resume, early stopping, faults and the returned timing
-    are described in the package docstring of :mod:`oelm.training`.
+    are described in the package docstring of :mod:`oelm.training`. ``config.report_to``'s W&B /
+    MLflow trackers get every metrics record as a run named ``run_dir``'s name (``tracked``: its
+    project, config and output folder; :class:`oelm.trackers.TrackedRun`).
 
     Raises:
         TrainingDivergedError: (``RunFaultError``, kind ``"nan"``) NaN/Inf loss, gradients or weights.
@@ -46,11 +52,14 @@ def train(model: nn.Module, train_loader: DataLoader, eval_loader: DataLoader, *
             calling ``train`` again on the same ``run_dir`` resumes there.
         ConfigError: the checkpoint in ``run_dir`` belongs to a run with other settings,
             ``gradient_accumulation_steps`` exceeds the batches of an epoch, or ``warmup_steps``
-            exceeds the planned steps.
+            exceeds the planned steps, or a tracker of ``report_to`` is not installed (before anything runs).
     """
     from tqdm.auto import tqdm
 
     from oelm.telemetry import GPUTelemetry
+    from oelm.trackers import check_installed
+
+    check_installed(config.report_to)
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -60,6 +69,7 @@ def train(model: nn.Module, train_loader: DataLoader, eval_loader: DataLoader, *
     warmup_seconds = warm_up(engine)
     wall_start = time.perf_counter()
     state, rng_to_restore, resumed = start_or_resume(engine)
+    wall_start += start_trackers(engine, run_dir.name, tracked, state.step if resumed else 0)  # not the run's time
     remove_unfinished(engine)
     state.process_start_steps.append(state.step)
     engine.t_start = wall_start - state.elapsed_seconds
@@ -79,6 +89,9 @@ def train(model: nn.Module, train_loader: DataLoader, eval_loader: DataLoader, *
             if not validated_at(state, state.step):  # an early stop has validated this step already
                 validate(engine, state, eval_loader, state.step)
             stop_signal = stop.name
+    except BaseException as exc:
+        engine.log.end_trackers(exc)
+        raise
     finally:
         bar.close()
         engine.timer.flush()

@@ -1,4 +1,5 @@
-"""``metrics.jsonl`` (one JSON object per line) mirrored to TensorBoard, and the train log line."""
+"""``metrics.jsonl`` (one JSON object per line) mirrored to TensorBoard and to the run's other
+trackers (``training.report_to``: W&B, MLflow), and the train log line."""
 
 from __future__ import annotations
 
@@ -11,18 +12,22 @@ from typing import TYPE_CHECKING, Any
 from oelm.training.faults import DISK_FULL, check_finite, disk_full_error
 
 if TYPE_CHECKING:
+    from oelm.trackers import TrackedRun, Trackers
     from oelm.training.engine import Engine
     from oelm.training.state import TrainState
 
-__all__ = ["MetricsLog", "log_train"]
+__all__ = ["MetricsLog", "log_train", "start_trackers"]
 
 
 class MetricsLog:
-    """Appends JSON lines to ``metrics.jsonl`` and mirrors scalars to TensorBoard.
+    """Appends JSON lines to ``metrics.jsonl`` and mirrors scalars to TensorBoard and to
+    ``trackers`` (set by :func:`start_trackers`; finished by :meth:`close`).
 
     ``offset`` (bytes) is where a resumed run cuts the file, so no record is lost or repeated;
     TensorBoard events at or after ``purge_step`` are hidden for the same reason.
     """
+
+    trackers: "Trackers | None" = None
 
     def __init__(self, run_dir: Path, tensorboard: bool, offset: int = 0, purge_step: int | None = None,
                  enabled: bool = True) -> None:
@@ -60,6 +65,8 @@ class MetricsLog:
             for k, v in record.items():
                 if k not in ("type", "step") and isinstance(v, (int, float)) and not isinstance(v, bool):
                     self._tb.add_scalar(f"{kind}/{k}", v, step)
+        if self.trackers is not None:
+            self.trackers.log_record(record)
 
     def sync(self) -> None:
         """Make the records written so far durable (called before a checkpoint refers to them)."""
@@ -71,11 +78,50 @@ class MetricsLog:
             self._tb.flush()
 
     def close(self) -> None:
+        """Close the file and TensorBoard's writer, and finish the trackers (the run ended)."""
+        self.end_trackers()
         if not self.enabled:
             return
         self._fh.close()
         if self._tb is not None:
             self._tb.close()
+
+    def end_trackers(self, error: BaseException | None = None) -> None:
+        """Finish the trackers: as failed when ``error`` ended the run (killed for a stop signal
+        or Ctrl-C), else as finished. Safe to call more than once."""
+        from oelm.errors import RunInterruptedError
+
+        trackers, self.trackers = self.trackers, None
+        if trackers is not None:
+            killed = isinstance(error, (RunInterruptedError, KeyboardInterrupt))
+            trackers.finish("KILLED" if killed else "FAILED" if error is not None else "FINISHED")
+
+
+def start_trackers(engine: "Engine", run_name: str, tracked: "TrackedRun | None", resumed_step: int) -> float:
+    """Start the run's W&B / MLflow trackers (``training.report_to``; TensorBoard is the log's own
+    writer, so its events are written once) on rank 0 and have ``engine.log`` feed them every
+    record from now on. A resumed run is a new tracker run that logs from ``resumed_step`` on
+    (recorded as ``resumed_from_step``). ``tracked``: project, config and output folder
+    (default: project ``oelm``, the run's training config, the run's folder). Returns the
+    seconds it took (a W&B start-up takes seconds), which the run's clock leaves out.
+
+    Raises:
+        ConfigError: a tracker's package is not installed (names ``pip install "oelm[...]"``).
+    """
+    from oelm.trackers import TrackedRun, Trackers
+
+    names = [n for n in engine.config.report_to if n != "tensorboard"]
+    if not names or not engine.is_main:
+        return 0.0
+    started = time.perf_counter()
+    tracked = tracked or TrackedRun()
+    config = {**(tracked.config or {}), "training": engine.config.model_dump(mode="json")}  # the run's own rate
+    if resumed_step:
+        config["resumed_from_step"] = resumed_step
+    trackers = Trackers(names, project=tracked.project, output_dir=tracked.output_dir)
+    trackers.start(engine.run_dir, run_name, config)
+    engine.log.trackers = trackers
+    return time.perf_counter() - started
 
 
 def log_train(engine: "Engine", state: "TrainState") -> None:
