@@ -140,3 +140,16 @@ def test_tokenizer_without_vocabulary_is_named_not_fewer_tokens_than_a_block(dat
         prepare_data(config, tokenizer=empty)
     msg = _one_line(info)
     assert "turns text into no tokens at all" in msg and "-> []" in msg and "fewer tokens than one block" not in msg
+
+
+def test_a_tokenizer_larger_than_the_embedding_is_refused_before_training(good_dir, tmp_path):
+    """GPT-2's 50,257-id tokenizer beside a model with vocab_size 100: an IndexError traceback at
+    the first training step before."""
+    folder = tmp_path / "small-vocab"
+    torch.manual_seed(0)
+    T.GPT2LMHeadModel(T.GPT2Config(**(TINY_GPT2 | {"vocab_size": 100}))).save_pretrained(folder)
+    for f in good_dir.glob("tokenizer*"):
+        shutil.copyfile(f, folder / f.name)
+    with pytest.raises(DataFormatError) as info:
+        load_pretrained(str(folder), "causal_lm")
+    assert "its tokenizer has 50,257 ids but the model's input embedding has 100 rows" in _one_line(info)

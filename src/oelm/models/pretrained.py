@@ -252,6 +252,14 @@ def load_pretrained(
         ) from None
     finally:
         hf_logging.set_verbosity(verbosity)
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(embeddings, "num_embeddings", None)
+    if rows is not None and len(tokenizer) > rows:  # ids >= rows would index past the embedding (IndexError mid-run)
+        raise DataFormatError(
+            f"pretrained model {name!r}: its tokenizer has {len(tokenizer):,} ids but the model's input embedding has "
+            f"{rows:,} rows (config.json vocab_size); the tokenizer does not belong to this model. Fix: save the model's own "
+            "tokenizer beside it, or resize the embedding (model.resize_token_embeddings(len(tokenizer))) and save again"
+        )
     if getattr(model.config, "pad_token_id", None) is None and tokenizer.pad_token_id is not None:
         model.config.pad_token_id = tokenizer.pad_token_id  # lets a classification head find the last real token
     return model, tokenizer
