@@ -187,17 +187,56 @@ def peak_flops(device: torch.device | str, dtype: str = "bf16") -> float | None:
 
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, "fp32": torch.float32}
 _measured_peaks: dict[tuple[str, str], dict] = {}  # (device, dtype) -> probe result; one probe per process
+PEAK_CACHE_FILE = "matmul-peaks.json"  # under oelm.data.prepare.cache_dir(): measured peaks of this machine
 
 
-def measured_peak_flops(device: torch.device | str, dtype: str = "fp32", budget_seconds: float = 1.0) -> float:
+def _peak_cache_key(device: torch.device, column: str) -> str:
+    """What a measured peak depends on: host, processor (or GPU name), torch version, threads, precision."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (_cpu_model() or "cpu")
+    return "|".join((socket.gethostname(), device.type, name, torch.__version__, str(torch.get_num_threads()), column))
+
+
+def _peak_cache_path():
+    from oelm.data.prepare import cache_dir  # imported late: oelm.environment stays light
+
+    return cache_dir() / PEAK_CACHE_FILE
+
+
+def _read_peak_cache() -> dict:
+    """The machine's cached peaks ({key: probe result}); {} when absent or unreadable (it is re-measured)."""
+    import json
+
+    try:
+        data = json.loads(_peak_cache_path().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_peak_cache(key: str, result: dict) -> None:
+    """Add one measured peak to the cache file (atomically; a read-only cache is left as it is)."""
+    from oelm.io import write_json_atomic
+
+    try:
+        write_json_atomic(_peak_cache_path(), {**_read_peak_cache(), key: result})
+    except OSError:
+        pass
+
+
+def measured_peak_flops(device: torch.device | str, dtype: str = "fp32", budget_seconds: float = 1.0,
+                        cache: bool = True) -> float:
     """The best dense matmul throughput (FLOP/s) :func:`matmul_probe` reaches on ``device`` at ``dtype``.
 
     Square sizes 256, 512, 1024, ... are probed (0.1 s each) until one matmul takes over 0.1 s,
     ``budget_seconds`` have passed, or the size reaches 16384; the best throughput is the peak.
     Large enough matmuls run at the device's practical peak, so this is the reference for MFU
     where no datasheet figure applies (a CPU, an unknown GPU, a MIG slice). The result is
-    cached per (device, dtype) for the process. On CUDA, ``"fp32"`` runs with whatever TF32
-    setting torch has at the time of the first call.
+    cached per (device, dtype) for the process and, with ``cache``, on disk for the machine
+    (``<cache_dir>/matmul-peaks.json``, keyed by host, processor or GPU name, torch version,
+    torch threads and precision): later processes reuse the first measurement instead of
+    spending a second or more on it, and every run of the machine divides by the same peak.
+    Delete the file to measure again. On CUDA, ``"fp32"`` runs with whatever TF32 setting torch
+    has at the time of the first call.
 
     Raises:
         ValueError: an unknown ``dtype``.
@@ -206,6 +245,11 @@ def measured_peak_flops(device: torch.device | str, dtype: str = "fp32", budget_
     device = torch.device(device)
     key = (str(device), column)
     if key not in _measured_peaks:
+        disk_key = _peak_cache_key(device, column)
+        cached = _read_peak_cache().get(disk_key) if cache else None
+        if isinstance(cached, dict) and isinstance(cached.get("gflops"), (int, float)) and cached["gflops"] > 0:
+            _measured_peaks[key] = cached
+            return cached["gflops"] * 1e9
         best: dict | None = None
         start = time.perf_counter()
         size = 256
@@ -217,7 +261,10 @@ def measured_peak_flops(device: torch.device | str, dtype: str = "fp32", budget_
             if one_matmul > 0.1 or time.perf_counter() - start > budget_seconds or size >= 16384:
                 break
             size *= 2
+        best = {**best, "measured_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
         _measured_peaks[key] = best
+        if cache:
+            _write_peak_cache(disk_key, best)
     return _measured_peaks[key]["gflops"] * 1e9
 
 

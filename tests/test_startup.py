@@ -1,0 +1,100 @@
+"""Fixed start-up and exit of an ``oelm`` command (issue 25, item 5): what the cuts rely on, as
+properties, not timings (``benchmarks/startup.py`` measures the seconds).
+
+- The measured matmul peak (the MFU reference on a CPU) is probed once per machine, not once per
+  process: later processes read it from the cache folder.
+- ``oelm``'s CLI freezes the heap after the exit handlers, so interpreter shutdown does not run a
+  final garbage collection over torch's and transformers' objects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import oelm
+from oelm import environment
+
+SRC = str(Path(oelm.__file__).resolve().parents[1])
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """An empty cache folder and an empty per-process peak table (restored afterwards)."""
+    monkeypatch.setenv("OELM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(environment, "_measured_peaks", {})
+    return tmp_path / environment.PEAK_CACHE_FILE
+
+
+def _no_probe(*args, **kwargs):
+    raise AssertionError("matmul_probe ran although the peak was cached")
+
+
+def test_measured_peak_is_written_to_the_cache_and_reused_by_a_later_process(cache, monkeypatch):
+    first = environment.measured_peak_flops("cpu", "fp32", budget_seconds=0.3)
+    stored = json.loads(cache.read_text())
+    (key, record), = stored.items()
+    assert record["gflops"] * 1e9 == first and record["measured_utc"]
+    import torch
+
+    assert torch.__version__ in key and f"|{torch.get_num_threads()}|" in key and key.endswith("|fp32")
+    # a new process: empty per-process table, the disk cache answers without probing
+    monkeypatch.setattr(environment, "_measured_peaks", {})
+    monkeypatch.setattr(environment, "matmul_probe", _no_probe)
+    assert environment.measured_peak_flops("cpu", "fp32") == first
+    rec = environment.mfu_record(2.0e7, 1000.0, "cpu", "fp32")
+    assert rec["peak_flops"] == first and rec["peak_source"] == "measured-probe"
+
+
+def _fixed_probe(device, size, dtype, min_seconds):
+    return {"gflops": 7.0, "size": size, "dtype": "float32", "device": "cpu", "seconds": 0.2, "matmuls": 1}
+
+
+def test_a_deleted_or_damaged_cache_is_measured_again(cache, monkeypatch):
+    monkeypatch.setattr(environment, "matmul_probe", _fixed_probe)
+    cache.write_text("{ not json")
+    assert environment.measured_peak_flops("cpu", "fp32") == 7.0e9
+    assert json.loads(cache.read_text()) != {}  # rewritten whole
+    cache.unlink()
+    monkeypatch.setattr(environment, "_measured_peaks", {})
+    assert environment.measured_peak_flops("cpu", "fp32") == 7.0e9 and cache.is_file()
+
+
+def test_another_thread_count_is_another_machine(cache, monkeypatch):
+    """A peak measured with other torch threads is not reused (it is a different peak)."""
+    import torch
+
+    monkeypatch.setattr(environment, "matmul_probe", _fixed_probe)
+    environment.measured_peak_flops("cpu", "fp32")
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(environment, "_measured_peaks", {})
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads + 1)
+    environment.measured_peak_flops("cpu", "fp32")
+    assert len(json.loads(cache.read_text())) == 2
+
+
+def test_cache_false_neither_reads_nor_writes(cache, monkeypatch):
+    monkeypatch.setattr(environment, "matmul_probe", _fixed_probe)
+    environment.measured_peak_flops("cpu", "fp32", cache=False)
+    assert not cache.exists()
+
+
+def test_cli_freezes_the_heap_after_the_exit_handlers():
+    """An exit handler registered before ``main`` runs after main's (LIFO): by then the heap is
+    frozen, so the interpreter's final collection has nothing of it to walk."""
+    code = (
+        "import atexit, gc, os\n"
+        "atexit.register(lambda: os.write(1, f'frozen={gc.get_freeze_count()}'.encode()))\n"
+        "from oelm.cli import main\n"
+        "main(['configs'])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": SRC})
+    assert out.returncode == 0, out.stderr
+    frozen = int(out.stdout.rsplit("frozen=", 1)[1])
+    assert frozen > 10_000  # the whole heap of the imported modules, not a handful of objects
