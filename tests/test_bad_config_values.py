@@ -375,3 +375,18 @@ def test_the_duplicate_key_loader_is_still_a_safe_loader(tmp_path):
     with pytest.raises(ConfigError, match="is not valid YAML"):
         load_config(path)
     assert not marker.exists()
+
+
+def test_a_gpt_vocab_smaller_than_the_tokenizer_is_refused(data_dir):
+    """gpt_overrides.vocab_size 100 with GPT-2's real 50,257-id tokenizer: IndexError at step 1 before."""
+    from types import SimpleNamespace
+
+    from oelm.data.lm import get_lm_tokenizer
+    from oelm.models.build import build_model
+
+    tokenizer = get_lm_tokenizer("gpt2", None, None, data_dir=str(data_dir))
+    config = config_from_dict(_config(model={"gpt": "gpt-tiny", "gpt_overrides": {**TINY_GPT["gpt_overrides"], "vocab_size": 100}}))
+    data = SimpleNamespace(tokenizer=tokenizer, task_type="classification", num_labels=2)
+    with pytest.raises(ConfigError) as info:
+        build_model(config, data)
+    assert "model.gpt_overrides.vocab_size=100 is smaller than the tokenizer (50,257 ids, task.tokenizer='gpt2')" in str(info.value)

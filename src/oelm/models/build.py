@@ -111,6 +111,12 @@ def build_model(config: ExperimentConfig, data: "PreparedData | None", *, task_t
     tokenizer = data.tokenizer if data else None
     overrides = dict(config.model.gpt_overrides)
     if tokenizer is not None:
+        if overrides.get("vocab_size", len(tokenizer)) < len(tokenizer):  # ids past the embedding: IndexError mid-run
+            raise ConfigError(
+                f"model.gpt_overrides.vocab_size={overrides['vocab_size']} is smaller than the tokenizer "
+                f"({len(tokenizer):,} ids, task.tokenizer={config.task.tokenizer or 'gpt2'!r}); remove vocab_size (it then "
+                "follows the tokenizer) or set it to at least the tokenizer's size"
+            )
         overrides.setdefault("vocab_size", len(tokenizer))
         overrides.setdefault("pad_token_id", tokenizer.pad_token_id)
     needed = config.task.block_size if task_type == "language_modeling" else config.task.max_length
