@@ -152,6 +152,16 @@ def test_a_tracker_not_installed_stops_the_run_before_anything_is_written(tmp_pa
     assert not (tmp_path / "run").exists()
 
 
+def test_oelm_run_names_the_missing_tracker_before_preparing_data(tmp_path, monkeypatch, capsys):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
+    out = tmp_path / "out"
+    assert main(["run", str(write_config(tmp_path, MATRIX)), "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == 'oelm: error: report_to: mlflow needs the mlflow package, which is not installed: pip install "oelm[mlflow]"'
+    assert not (out / "runs").exists()  # nothing prepared, nothing trained, no run marked failed
+
+
 def test_report_to_is_validated_and_tensorboard_false_still_turns_it_off(tmp_path):
     assert TrainingConfig(report_to="none").report_to == TrainingConfig(report_to=[]).report_to == []
     assert TrainingConfig(report_to=["MLflow", "mlflow"]).report_to == ["mlflow"]

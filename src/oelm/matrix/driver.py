@@ -20,6 +20,7 @@ from oelm.distributed import barrier, is_main_process
 from oelm.errors import ConfigError, OELMError
 from oelm.lock import hold_output_lock, hold_shared_lock
 from oelm.models.build import check_sequence_length
+from oelm.trackers import check_installed
 
 from oelm.matrix.executors import make_executor
 from oelm.matrix.output import (
@@ -64,7 +65,8 @@ def run_matrix(config: ExperimentConfig, output_dir: str | Path | None = None, l
     Raises:
         ConfigError: ``output_dir`` holds results of an incompatible config, cannot be created or
             is not writable; ``task.max_length`` / ``task.block_size`` exceeds the model's
-            positions; the Ray executor in a multi-process launch.
+            positions; the Ray executor in a multi-process launch; a tracker of ``training.report_to`` is
+            not installed (before any data is prepared).
         ChecksumError: the best weights of a finished run that is kept, promoted or used by
             ``init_from`` do not match their recorded sha256 (``RecordedFileMissingError`` when
             missing, unless ``allow_missing_weights``).
@@ -75,6 +77,7 @@ def run_matrix(config: ExperimentConfig, output_dir: str | Path | None = None, l
     out = _output_dir(config, output_dir)
     executor = executor or config.executor
     check_sequence_length(config)
+    check_installed(n for m in config.methods for n in config.training_for(m).report_to)  # W&B, MLflow: before any data
     if executor.name != "local":
         from oelm.distributed import num_processes
 
@@ -196,6 +199,7 @@ def run_only(config: ExperimentConfig, output_dir: str | Path | None, name: str,
     """
     out = _output_dir(config, output_dir)
     _check_started(config, out)
+    check_installed(n for m in config.methods for n in config.training_for(m).report_to)  # W&B, MLflow: before any data
     with hold_shared_lock(out):
         MatrixFolder(out).set_aside_damaged(log)
         results = MatrixFolder(out).results()
