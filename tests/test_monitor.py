@@ -267,3 +267,10 @@ def test_a_run_folder_with_nothing_in_it_is_pending_not_running(tmp_path):
     (tmp_path / "runs" / "notes.txt").write_text("not a run")
     rows = collect_runs(tmp_path)
     assert [(r["name"], r["state"]) for r in rows] == [("baseline-seed0", "pending")]
+
+
+@pytest.mark.parametrize("interval", ["-1", "0", "nan", "inf"])
+def test_an_interval_that_is_not_a_positive_number_is_one_line(tmp_path, capsys, interval):
+    (tmp_path / "runs").mkdir()
+    assert main(["monitor", str(tmp_path), "--interval", interval]) == 2
+    assert capsys.readouterr().err.strip() == f"oelm: error: --interval must be a positive number of seconds, got {float(interval)!r}"

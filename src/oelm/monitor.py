@@ -373,11 +373,14 @@ def monitor(out: Path, *, once: bool = False, interval: float = 2.0) -> int:
     standard output is not a terminal. Returns the exit status (0).
 
     Raises:
-        OELMError: ``out`` is not an ``oelm run`` output directory.
+        OELMError: ``out`` is not an ``oelm run`` output directory; ``interval`` is not a positive
+            number of seconds.
     """
     if once:
         print(snapshot_text(out), end="")
         return 0
+    if not (isinstance(interval, (int, float)) and math.isfinite(interval) and interval > 0):
+        raise OELMError(f"--interval must be a positive number of seconds, got {interval!r}")
     if not sys.stdout.isatty():  # a pipe or a log file: plain lines, no terminal control codes
         try:
             return watch_lines(out, interval=interval, write=lambda line: print(line, flush=True))
