@@ -156,6 +156,7 @@ def test_a_rerun_moves_a_damaged_run_aside_and_trains_it_again(tmp_path, data_di
     out = tmp_path / "out"
     assert main(["run", str(tmp_path / "c.yaml"), "--output-dir", str(out)]) == 0
     result = out / "runs" / "baseline-seed0" / "result.json"
+    read_record(result)  # what the runner writes passes the reader's field check (else a rerun would redo sound runs)
     good = json.loads(result.read_text())
     damaged = result.read_text()[:200]
     result.write_text(damaged)
