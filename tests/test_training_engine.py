@@ -125,10 +125,16 @@ def test_one_process_steps_with_torch_directly_and_the_same_arithmetic(precision
     from accelerate.optimizer import AcceleratedOptimizer
 
     calls: list[str] = []
+
+    def counted(real, name):
+        def call(self, *a, **k):
+            calls.append(name)
+            return real(self, *a, **k)
+        return call
+
     for cls, name in ((Accelerator, "backward"), (Accelerator, "clip_grad_norm_"), (AcceleratedOptimizer, "step"),
                       (AcceleratedOptimizer, "zero_grad")):
-        real = getattr(cls, name)
-        monkeypatch.setattr(cls, name, lambda self, *a, _real=real, _name=name, **k: (calls.append(_name), _real(self, *a, **k))[1])
+        monkeypatch.setattr(cls, name, counted(getattr(cls, name), name))
 
     def weights_after_steps(direct: bool) -> tuple[list[torch.Tensor], list[str]]:
         torch.manual_seed(0)

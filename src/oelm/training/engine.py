@@ -25,8 +25,8 @@ from oelm.timing import PhaseTimer, StepTimer
 from oelm.training.metrics_log import MetricsLog
 from oelm.training.precision import Precision
 
-__all__ = ["CHECKPOINTS_DIR", "Engine", "build_engine", "build_optimizer", "compile_mode", "direct_step_safe", "make_scheduler",
-           "optimizer_steps_per_epoch", "planned_total_steps", "use_fused_adamw", "with_learning_rate"]
+__all__ = ["CHECKPOINTS_DIR", "Engine", "build_engine", "build_optimizer", "compile_mode", "direct_step_safe",
+           "make_scheduler", "optimizer_steps_per_epoch", "planned_total_steps", "use_fused_adamw", "with_learning_rate"]
 
 CHECKPOINTS_DIR = "checkpoints"
 
