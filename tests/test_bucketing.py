@@ -89,3 +89,57 @@ def test_bad_buckets_are_refused(sst2):
         classification_collator(tokenizer, pad_to_multiple_of=8, buckets=(16,))
     with pytest.raises(ConfigError, match="lengths >= 1"):
         classification_collator(tokenizer, buckets=(0, 16))
+
+
+# --- training.length_buckets: wired into a run's loaders, and the compiled graphs counted ---------
+
+def _tiny_config(tmp_path, data_dir, training: str):
+    from oelm.config import config_from_dict
+    import yaml
+
+    return config_from_dict(yaml.safe_load(
+        "name: bucketed\n"
+        f"task: {{dataset: sst2, data_dir: {data_dir}, tokenizer: bpe-512, train_samples: 64, validation_samples: 32,"
+        " max_length: 64}\n"
+        "model: {gpt: gpt-tiny, gpt_overrides: {hidden_size: 32, num_layers: 1, num_heads: 2, intermediate_size: 64,"
+        " dropout: 0.0}}\n"
+        "methods: [{name: baseline, learning_rate: 1.0e-3}]\nseeds: [0]\n"
+        f"training: {{batch_size: 16, eval_batch_size: 16, progress_bar: false, tensorboard: false, {training}}}\n"))
+
+
+@pytest.mark.parametrize("training, bucketed", [
+    ("length_buckets: true", True),
+    ("length_buckets: false, compile: default", False),
+    ("compile: reduce-overhead", True),  # None (default): on when compiled
+    ("max_steps: 2", False),  # None, eager: per-batch longest, as before
+])
+def test_length_buckets_setting_decides_the_loaders_padding(tmp_path, data_dir, monkeypatch, training, bucketed):
+    from oelm.data.prepare import make_loaders, prepare_data
+
+    monkeypatch.setenv("OELM_CACHE_DIR", str(tmp_path / "cache"))
+    config = _tiny_config(tmp_path, data_dir, training)
+    data = prepare_data(config)
+    assert data.length_buckets == (16, 32, 64)
+    lengths = set()
+    for loader in make_loaders(data, config.training, seed=0)[:2]:
+        lengths |= {batch["input_ids"].shape[1] for batch in loader}
+    assert lengths <= set(data.length_buckets) if bucketed else not lengths <= set(data.length_buckets)
+
+
+@pytest.mark.slow
+def test_compiled_run_records_its_graphs_and_recompilations(tmp_path, data_dir, monkeypatch):
+    """A compiled CPU run with buckets: the result's timing counts the graphs compiled (warm-up
+    included) and those compiled after the warm-up; the same run eager records None."""
+    from oelm.matrix import run_matrix
+
+    monkeypatch.setenv("OELM_CACHE_DIR", str(tmp_path / "cache"))
+    config = _tiny_config(tmp_path, data_dir, "max_steps: 4, eval_every: 2, compile: default, length_buckets: true")
+    run_matrix(config, tmp_path / "out")
+    import json
+
+    (result,) = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("runs/*/result.json")]
+    assert result["status"] == "finished"
+    timing = result["timing"]
+    assert timing["compile_mode"] == "default"
+    assert timing["compiled_graphs"] >= 1
+    assert 0 <= timing["recompilations"] <= timing["compiled_graphs"]

@@ -282,6 +282,12 @@ class TrainingConfig(_Strict):
         "\"max-autotune\" (torch.compile modes); compile time is measured during the warm-up pass and reported as "
         "timing.compile_seconds, outside every step time and total_seconds.",
     )
+    length_buckets: bool | None = Field(
+        None,
+        description="Classification: pad each batch to the smallest of a few fixed lengths (powers of two from 16 up to "
+        "task.max_length) instead of its longest example, so compiled code and CUDA graphs meet few shapes (attention "
+        "masks keep padding inert: logits equal to ~1e-4). None (default): on when training.compile is set.",
+    )
     timing_warmup_passes: Int = Field(
         1, ge=0,
         description="Forward+backward passes on a fixed training batch before the run's clock starts, then undone "

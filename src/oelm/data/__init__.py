@@ -12,6 +12,7 @@ from oelm.data.classification import (
     ClassificationDataset,
     classification_collator,
     encode_classification,
+    length_buckets,
     load_classification,
     subsample,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "get_dataset_spec",
     "get_lm_tokenizer",
     "holdout_indices",
+    "length_buckets",
     "load_classification",
     "load_documents",
     "load_gpt2_tokenizer",

@@ -38,6 +38,9 @@ class PreparedData:
     #: :func:`oelm.data.lm.tokenizer_record` of ``tokenizer`` (spec, vocab_size, sha256): in every
     #: run's result.json, and compared with an ``init_from`` checkpoint's.
     tokenizer_record: dict[str, Any] | None = None
+    #: Classification: the padded lengths ``training.length_buckets`` pads batches to
+    #: (:func:`oelm.data.classification.length_buckets` of ``task.max_length``); None for LM.
+    length_buckets: tuple[int, ...] | None = None
 
 
 def cache_dir() -> Path:
@@ -109,7 +112,7 @@ def prepare_data(config: ExperimentConfig, tokenizer=None) -> PreparedData:
     spec = get_dataset_spec(task.dataset)
     tokenizer_spec = config.model.pretrained if tokenizer is not None and config.model.pretrained else (task.tokenizer or "gpt2")
     if spec.task_type == "classification":
-        from oelm.data import classification_collator, encode_classification, load_classification, subsample
+        from oelm.data import classification_collator, encode_classification, length_buckets, load_classification, subsample
 
         frames = _load_splits(task, load_classification, subsample)
         if tokenizer is None:
@@ -130,6 +133,7 @@ def prepare_data(config: ExperimentConfig, tokenizer=None) -> PreparedData:
             label_names=label_names,
             summary={k: label_summary(df, label_names) for k, df in frames.items()},
             tokenizer_record=tokenizer_record(tokenizer, tokenizer_spec),
+            length_buckets=length_buckets(task.max_length),
         )
 
     from oelm.data import LMBlockDataset, load_documents, pack_documents, subsample
@@ -166,12 +170,25 @@ def prepare_data(config: ExperimentConfig, tokenizer=None) -> PreparedData:
 
 
 
+def bucketed_lengths(training: TrainingConfig) -> bool:
+    """Whether classification batches are padded to fixed lengths: ``training.length_buckets``,
+    or, when it is None, whether the model is compiled (``training.compile`` not false)."""
+    if training.length_buckets is not None:
+        return training.length_buckets
+    return training.compile is not False
+
+
 def make_loaders(data: PreparedData, training: TrainingConfig, seed: int) -> tuple[DataLoader, DataLoader, DataLoader | None]:
     """Train loader shuffled by ``seed`` (optionally length-grouped); evaluation loaders in
     length-sorted order, which wastes less compute on padding and cannot change a metric."""
     t = training
     g = torch.Generator().manual_seed(seed)
-    kw = {"collate_fn": data.collate_fn, "num_workers": t.num_workers}
+    collate = data.collate_fn
+    if data.length_buckets and bucketed_lengths(t):
+        from oelm.data import classification_collator
+
+        collate = classification_collator(data.tokenizer, buckets=data.length_buckets)
+    kw = {"collate_fn": collate, "num_workers": t.num_workers}
     lengths = getattr(data.train, "lengths", None)
     if t.group_by_length and lengths is not None:
         from transformers.trainer_pt_utils import LengthGroupedSampler

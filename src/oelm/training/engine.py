@@ -25,7 +25,7 @@ from oelm.timing import PhaseTimer, StepTimer
 from oelm.training.metrics_log import MetricsLog
 from oelm.training.precision import Precision
 
-__all__ = ["CHECKPOINTS_DIR", "Engine", "build_engine", "build_optimizer", "compile_mode", "direct_step_safe",
+__all__ = ["CHECKPOINTS_DIR", "Engine", "build_engine", "build_optimizer", "compile_mode", "compiled_graphs", "direct_step_safe",
            "make_scheduler", "optimizer_steps_per_epoch", "planned_total_steps", "use_fused_adamw", "with_learning_rate"]
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -135,6 +135,15 @@ def planned_total_steps(config: TrainingConfig, steps_per_epoch: int) -> int:
     return config.max_steps or max(1, math.ceil(config.epochs * steps_per_epoch))
 
 
+def compiled_graphs() -> int:
+    """Graphs ``torch.compile`` has compiled in this process so far (``torch._dynamo``'s
+    ``unique_graphs`` counter): a run's difference counts its compilations, and those after the
+    warm-up are recompilations for new shapes (see ``training.length_buckets``)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def compile_mode(config: TrainingConfig) -> str | None:
     """``torch.compile``'s ``mode`` for ``training.compile`` (``"default"`` for true), or None
     when the model runs eagerly (false)."""
@@ -187,6 +196,8 @@ class Engine:
     warmup_batch: dict[str, torch.Tensor] | None = None  # the first batch_size training examples (warm-up)
     saved_step: int | None = None  # the step of the newest checkpoint on disk (the same on every rank)
     direct: bool = False  # one plain process: step with torch directly, not Accelerate's wrappers (direct_step_safe)
+    graphs_at_start: int = 0  # torch._dynamo's graph count when the model was compiled (compiled_graphs)
+    graphs_after_warmup: int = 0  # ... and after the warm-up pass compiled the first shapes
 
     @property
     def learning_rate(self) -> float:
@@ -341,7 +352,9 @@ def setup(model: nn.Module, loaders: tuple, *, metric: Metric | str, config: Tra
     unwrapped = accelerator.unwrap_model(model)
     compiled = None
     mode = compile_mode(config)
+    graphs_at_start = 0
     if mode is not None:
+        graphs_at_start = compiled_graphs()
         compiled = model = torch.compile(model, mode=mode)
     precision = Precision(config.mixed_precision, device)
     engine = Engine(
@@ -353,6 +366,7 @@ def setup(model: nn.Module, loaders: tuple, *, metric: Metric | str, config: Tra
         eval_every=config.eval_every or max(1, steps_per_epoch // config.evals_per_epoch),
         running_loss=torch.zeros((), device=device), grad_nonfinite=torch.zeros((), dtype=torch.bool, device=device),
         compiled=compiled, warmup_batch=warmup_batch, direct=direct_step_safe(accelerator),
+        graphs_at_start=graphs_at_start, graphs_after_warmup=graphs_at_start,
     )
     return engine, (train_loader, eval_loader, test_loader), generators, base_seeds
 

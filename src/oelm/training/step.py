@@ -148,6 +148,10 @@ def warm_up(engine: "Engine") -> float:
             raise oom_error(exc, batch, 0, "batch_size", "the warm-up pass before training") from exc
         raise
     restore_rng(*rng)
+    if engine.compiled is not None:
+        from oelm.training.engine import compiled_graphs
+
+        engine.graphs_after_warmup = compiled_graphs()
     return engine.phases.seconds.pop("warmup", 0.0)
 
 

@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from oelm.timing import PhaseTimer
-from oelm.training.engine import compile_mode
+from oelm.training.engine import compile_mode, compiled_graphs
 
 if TYPE_CHECKING:
     from oelm.training.engine import Engine
@@ -63,6 +63,10 @@ def run_timing(engine: "Engine", state: "TrainState", warmup_seconds: float,
         "compile": compile_mode(e.config) is not None,
         "compile_mode": compile_mode(e.config),
         "compile_seconds": warmup_seconds if compile_mode(e.config) is not None else None,
+        # graphs compiled in this run (warm-up included) and, of those, after the warm-up: new shapes
+        # met while training (training.length_buckets keeps classification shapes to a few)
+        "compiled_graphs": compiled_graphs() - e.graphs_at_start if e.compiled is not None else None,
+        "recompilations": compiled_graphs() - e.graphs_after_warmup if e.compiled is not None else None,
         "num_processes": e.world_size,
         "gradient_accumulation_steps": e.accumulation,
     }
