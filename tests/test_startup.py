@@ -98,3 +98,24 @@ def test_cli_freezes_the_heap_after_the_exit_handlers():
     assert out.returncode == 0, out.stderr
     frozen = int(out.stdout.rsplit("frozen=", 1)[1])
     assert frozen > 10_000  # the whole heap of the imported modules, not a handful of objects
+
+
+def test_a_single_seed_report_imports_no_scipy_and_two_seeds_still_get_the_t_interval():
+    """scipy (about a second to import) is loaded by the statistics that use it (intervals and
+    p-values of two or more seeds), not by the report modules: a one-seed run's report skips it."""
+    code = (
+        "import json, sys\n"
+        "import oelm.report.compare, oelm.report.render, oelm.report.plots\n"
+        "from oelm.report.stats import paired_difference, summarize\n"
+        "one = summarize([80.0]), paired_difference({0: 80.0}, {0: 81.0})\n"
+        "before = 'scipy' in sys.modules\n"
+        "two = summarize([80.0, 82.0])\n"
+        "print(json.dumps([before, one[0]['ci95'], two['ci95']]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": SRC})
+    assert out.returncode == 0, out.stderr
+    before, one_ci, two_ci = json.loads(out.stdout.strip().splitlines()[-1])
+    assert before is False and one_ci is None
+    # mean 81, std sqrt(2), n 2: half-width t(0.975, 1) * sqrt(2) / sqrt(2) = 12.7062...
+    assert two_ci == pytest.approx([81.0 - 12.7062047, 81.0 + 12.7062047])

@@ -24,7 +24,6 @@ import math
 from typing import Any, Iterable, Sequence
 
 import numpy as np
-from scipy import stats as _st
 
 from oelm.matrix.store import RunRecord
 from oelm.metrics import METRICS, get_metric
@@ -55,6 +54,8 @@ def _t_interval(mean: float, std: float, n: int) -> list[float] | None:
     """95% Student-t interval of a mean from ``n`` values with sample std ``std``; None for n < 2."""
     if n < 2:
         return None
+    from scipy import stats as _st  # here, not at import: a single-seed report needs no scipy (~1 s)
+
     half = float(_st.t.ppf(0.975, n - 1)) * std / math.sqrt(n)
     return [mean - half, mean + half]
 
@@ -98,6 +99,8 @@ def paired_difference(baseline: dict[int, Any], other: dict[int, Any]) -> dict[s
     if n >= 2:
         out["ci95"] = _t_interval(out["mean"], out["std"], n)
         if out["std"] > 0:
+            from scipy import stats as _st
+
             p = float(_st.ttest_rel([float(other[s]) for s in seeds], [float(baseline[s]) for s in seeds]).pvalue)
             out["p_value"] = p if math.isfinite(p) else None
     return out
