@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The demo's runs through the Ray executor, as many side by side (and threads each) as a measurement
-# with its own model shows fastest here (README, "The demo in lanes"); Ray stays on 127.0.0.1.
+# with its own model shows fastest here (docs/scaling.md, "The demo in lanes"); Ray stays on 127.0.0.1.
 demo: $(STAMP)
 	$(BIN)/oelm run configs/quickstart.yaml --executor ray --parallel auto
 

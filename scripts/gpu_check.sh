@@ -54,7 +54,7 @@ if not torch.cuda.is_available():
 print(torch.cuda.get_device_name(0))
 EOF
 )"; then
-  echo "gpu-check: no CUDA GPU: ${CUDA_LINE##*$'\n'}. Needs an NVIDIA GPU and a CUDA build of torch in the venv, e.g. .venv/bin/pip install --force-reinstall 'torch==2.13.0' --index-url https://download.pytorch.org/whl/cu128 (pick the cuXXX your driver supports; see README 'GPU check')." >&2
+  echo "gpu-check: no CUDA GPU: ${CUDA_LINE##*$'\n'}. Needs an NVIDIA GPU and a CUDA build of torch in the venv, e.g. .venv/bin/pip install --force-reinstall 'torch==2.13.0' --index-url https://download.pytorch.org/whl/cu128 (pick the cuXXX your driver supports; see docs/scaling.md 'The GPU check')." >&2
   exit 3
 fi
 GPU_NAME="${CUDA_LINE##*$'\n'}"  # the last line: torch may warn first

@@ -5,7 +5,7 @@ Whether lanes pay depends on the model and the processor: a small, dispatch-boun
 steps about as fast on one thread as on two, so two one-thread runs side by side do twice the work;
 a MiniLM step on the 2-core development machine runs 1.2-1.6x faster on two threads, and two runs
 side by side slow each other down (shared caches and memory bandwidth), so one run at a time with
-every thread wins there (README, "The demo in lanes"). So the choice is measured, not assumed:
+every thread wins there (docs/scaling.md, "The demo in lanes"). So the choice is measured, not assumed:
 
 1. one probe with ``cores`` threads, then ``cores`` probes at once, one thread each, each in a
    Ray task on this machine: build the first planned run's model, time a few optimizer steps on
