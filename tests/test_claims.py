@@ -165,3 +165,19 @@ def test_an_mfu_in_a_verdict_names_the_peak_it_is_a_fraction_of():
     """The committed GPU rows quote the baseline's MFU: against the GPU's datasheet peak, said so."""
     rows = [line for line in claims_markdown(RESULTS).splitlines() if line.startswith("| …on a GPU |")]
     assert rows and all("% MFU (of the H100 SXM datasheet peak for bf16) " in row for row in rows)
+
+
+def test_speed_row_reads_a_bert_bench_file():
+    """A bench file of the BERT-sized shape (no gpt_config; num_layers/hidden_size for every family)
+    gives a speed row naming an encoder, not a KeyError."""
+    import json
+
+    from oelm.report.claims import _bench_row
+
+    bench = json.loads((RESULTS / "bench-cpu" / "cpu-bench.json").read_text())
+    bench["model"] = {k: v for k, v in bench["model"].items() if k != "gpt_config"} | {
+        "family": "bert", "num_layers": 12, "hidden_size": 768}
+    row = _bench_row("claim", bench, gpu=False)
+    assert "BERT-style encoder 12 layers × hidden 768" in row[3]
+    gpt = json.loads((RESULTS / "bench-cpu" / "cpu-bench.json").read_text())
+    assert _bench_row("claim", gpt, gpu=False)[3].startswith("oelm bench, GPT ")

@@ -203,8 +203,10 @@ def _bench_row(claim: str, bench: dict[str, Any], gpu: bool) -> list[str]:
     bound = 100.0 * (1.0 / ratio["theory"] - 1.0)
     ours = (f"{faster:.1f}% faster (median of {ratio['n']} interleaved per-step ratios, "
             f"{ratio['median']:.3f}; p10–p90 {ratio['p10']:.3f}–{ratio['p90']:.3f}); FLOP bound {bound:.1f}%")
-    shape = bench["model"]["gpt_config"]
-    setting = (f"oelm bench, GPT {shape['num_layers']} layers × hidden {shape['hidden_size']}, "
+    model = bench["model"]
+    shape = model.get("gpt_config") or model  # older files: gpt_config only; newer: num_layers/hidden_size for every family
+    kind = "GPT" if model.get("family", "gpt") == "gpt" else "BERT-style encoder"
+    setting = (f"oelm bench, {kind} {shape['num_layers']} layers × hidden {shape['hidden_size']}, "
                f"batch {bench['model']['batch_size']} × {bench['model']['seq_len']} tokens, {bench['device']}")
     if gpu:
         config = bench.get("config") or {}
