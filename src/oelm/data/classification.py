@@ -12,10 +12,16 @@ Padding is per batch (to the longest example in it), never to ``max_length``: on
 median sentence is ~10 tokens, so padding everything to 128 would waste most of the compute.
 ``classification_collator(tok, buckets=length_buckets(128))`` pads to one of a few lengths
 instead (16, 32, 64, 128), so compiled code and CUDA graphs see few shapes.
+
+``encode_classification(..., cache_dir=dir)`` keeps the encodings in ``dir/cls-<key>.npz``
+(:func:`encoding_cache_key`), so a later run of the same data skips the tokenizer.
 """
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+import json
 import os
 import sys
 from pathlib import Path
@@ -35,6 +41,7 @@ __all__ = [
     "check_texts",
     "classification_collator",
     "encode_classification",
+    "encoding_cache_key",
     "length_buckets",
     "load_classification",
     "held_out_rest",
@@ -283,11 +290,19 @@ class ClassificationDataset(torch.utils.data.Dataset):
         return item
 
 
-def encode_classification(df: pd.DataFrame, tokenizer, text_columns: Sequence[str], max_length: int) -> ClassificationDataset:
+def encode_classification(df: pd.DataFrame, tokenizer, text_columns: Sequence[str], max_length: int, *,
+                          cache_dir: str | os.PathLike | None = None,
+                          tokenizer_sha256: str | None = None) -> ClassificationDataset:
     """Tokenize every row (single text or sentence pair) without padding, truncated to ``max_length``.
 
     Sentence pairs are truncated longest-first, so both sentences keep tokens. Special tokens
     ([CLS]/[SEP] for BERT; none for GPT-2) are added by the tokenizer and count toward ``max_length``.
+
+    ``cache_dir``: read the encodings from, or write them to, ``cache_dir/cls-<key>.npz``
+    (:func:`encoding_cache_key`; ``tokenizer_sha256`` is the tokenizer's
+    :func:`oelm.data.lm.tokenizer_record` hash, computed when not given). The labels always come
+    from ``df``. A cache file that cannot be read or does not fit (row count, lengths, ids outside
+    the vocabulary) is warned about, deleted and written again.
 
     Raises:
         DataFormatError: ``df`` lacks a text column or the ``label`` column, or a text is not a
@@ -305,8 +320,96 @@ def encode_classification(df: pd.DataFrame, tokenizer, text_columns: Sequence[st
     texts = [df[c].tolist() for c in text_columns]
     for column, values in zip(text_columns, texts):
         check_texts(values, f"cannot encode column {column!r}", "row")
-    encodings = tokenizer(*texts, truncation=True, max_length=max_length, padding=False)
-    return ClassificationDataset(dict(encodings), df["label"].astype("int64").tolist())
+    labels = df["label"].astype("int64").tolist()
+    path = None
+    if cache_dir is not None:
+        key = encoding_cache_key(texts, tokenizer, text_columns, max_length, tokenizer_sha256)
+        path = Path(cache_dir) / f"cls-{key}.npz"
+        cached = _load_encodings(path, len(labels), max_length, len(tokenizer)) if path.is_file() else None
+        if cached is not None:
+            return ClassificationDataset(cached, labels)
+    encodings = dict(tokenizer(*texts, truncation=True, max_length=max_length, padding=False))
+    if path is not None:
+        _write_encodings(path, encodings)
+    return ClassificationDataset(encodings, labels)
+
+
+_ENCODING_FORMAT = "cls-encodings-v1"  # bump when the file layout or what encode_classification asks changes
+
+
+def encoding_cache_key(texts: Sequence[Sequence[str]], tokenizer, text_columns: Sequence[str], max_length: int,
+                       tokenizer_sha256: str | None = None) -> str:
+    """The 24-hex-digit key of one split's cached encodings: sha256 over the texts (each column's
+    :func:`oelm.data.lm.documents_digest`), the tokenizer's identity (``tokenizer_sha256``, its
+    :func:`oelm.data.lm.tokenizer_record` hash, computed when None), what else decides the ids a
+    call returns (the fast tokenizer's post-processor, which adds [CLS]/[SEP]; truncation side;
+    model input names; class), ``max_length`` and the column names."""
+    from oelm.data.lm import documents_digest, tokenizer_record
+
+    if tokenizer_sha256 is None:
+        tokenizer_sha256 = tokenizer_record(tokenizer, "")["sha256"]
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    processor = getattr(backend, "post_processor", None)
+    post = processor.__getstate__().decode() if processor is not None else None  # its JSON, as in tokenizer.json
+    parts = {
+        "format": _ENCODING_FORMAT,
+        "texts": [documents_digest(column) for column in texts],
+        "tokenizer": tokenizer_sha256,
+        "post_processor": post,
+        "calls": [type(tokenizer).__name__, getattr(tokenizer, "truncation_side", None),
+                  list(getattr(tokenizer, "model_input_names", []))],
+        "max_length": int(max_length),
+        "text_columns": list(text_columns),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _write_encodings(path: Path, encodings: dict[str, list[list[int]]]) -> None:
+    """One ``.npz``: ``names`` (the tokenizer's output keys, in order), ``offsets`` [rows + 1]
+    (shared: every key has the same length per row) and one flat int32 array per key."""
+    from oelm.data.cache import write_array_cache
+
+    names = list(encodings)
+    lengths = np.fromiter((len(row) for row in encodings[names[0]]), dtype=np.int64, count=len(encodings[names[0]]))
+    arrays = {"names": np.array(names), "offsets": np.concatenate([[0], np.cumsum(lengths)])}
+    for name in names:
+        rows = encodings[name]
+        arrays[f"flat_{name}"] = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int32, count=int(lengths.sum()))
+    write_array_cache(path, arrays, "encoding cache")
+
+
+def _load_encodings(path: Path, rows: int, max_length: int, vocab_size: int) -> dict[str, list[list[int]]] | None:
+    """The encodings cached at ``path``, or None (after a warning, the file deleted) when the file
+    cannot be read or does not fit ``rows`` examples of at most ``max_length`` ids below ``vocab_size``."""
+    from oelm.data.cache import drop_damaged_cache, load_array_cache
+
+    arrays = load_array_cache(path)
+    if arrays is None:
+        return None
+    names = [str(n) for n in arrays.get("names", np.zeros(0, dtype=str))]
+    offsets = arrays.get("offsets")
+    problem = None
+    if not names or "input_ids" not in names or any(f"flat_{n}" not in arrays for n in names):
+        problem = f"holds arrays {sorted(arrays)}, expected names, offsets and flat_<key> for input_ids and the rest"
+    elif offsets is None or offsets.ndim != 1 or len(offsets) != rows + 1:
+        problem = f"has offsets for {None if offsets is None else len(offsets) - 1} rows, the split has {rows}"
+    elif offsets[0] != 0 or np.any(np.diff(offsets) < 0) or np.any(np.diff(offsets) > max_length):
+        problem = f"has row lengths outside 0..{max_length}"
+    elif any(arrays[f"flat_{n}"].shape != (int(offsets[-1]),) for n in names):
+        problem = f"has flat arrays whose lengths differ from the offsets' total {int(offsets[-1])}"
+    else:
+        ids = arrays["flat_input_ids"]
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+            problem = f"holds ids outside the tokenizer's {vocab_size} ids"
+    if problem is not None:
+        drop_damaged_cache(path, problem)
+        return None
+    bounds = offsets.tolist()
+    encodings = {}
+    for name in names:
+        flat = arrays[f"flat_{name}"].tolist()
+        encodings[name] = [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    return encodings
 
 
 def length_buckets(max_length: int, smallest: int = 16) -> tuple[int, ...]:

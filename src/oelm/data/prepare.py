@@ -44,7 +44,9 @@ class PreparedData:
 
 
 def cache_dir() -> Path:
-    """Tokenizer and token caches: ``$OELM_CACHE_DIR``, default ``~/.cache/oelm``."""
+    """Tokenizer and token caches: ``$OELM_CACHE_DIR``, default ``~/.cache/oelm``: ``tokenizers/``
+    (trained BPEs), ``tokens/`` (LM token streams), ``encodings/`` (classification encodings),
+    ``tokenizer-hashes/`` (:func:`oelm.data.lm.tokenizer_record` hashes)."""
     return Path(os.environ.get("OELM_CACHE_DIR", Path.home() / ".cache" / "oelm"))
 
 
@@ -118,7 +120,9 @@ def prepare_data(config: ExperimentConfig, tokenizer=None) -> PreparedData:
         if tokenizer is None:
             texts = [t for col in spec.text_columns for t in frames["train"][col].tolist()]
             tokenizer = _gpt_tokenizer(config, texts)
-        encoded = {k: encode_classification(df, tokenizer, spec.text_columns, task.max_length) for k, df in frames.items()}
+        record = tokenizer_record(tokenizer, tokenizer_spec, cache_dir() / "tokenizer-hashes")
+        encoded = {k: encode_classification(df, tokenizer, spec.text_columns, task.max_length, cache_dir=cache_dir() / "encodings",
+                                            tokenizer_sha256=record["sha256"]) for k, df in frames.items()}
         label_names = list(spec.label_names) if spec.label_names else None
         num_labels = len(label_names) if label_names else int(max(int(df["label"].max()) for df in frames.values()) + 1)
         return PreparedData(
@@ -132,7 +136,7 @@ def prepare_data(config: ExperimentConfig, tokenizer=None) -> PreparedData:
             num_labels=num_labels,
             label_names=label_names,
             summary={k: label_summary(df, label_names) for k, df in frames.items()},
-            tokenizer_record=tokenizer_record(tokenizer, tokenizer_spec),
+            tokenizer_record=record,
             length_buckets=length_buckets(task.max_length),
         )
 
@@ -165,7 +169,7 @@ def prepare_data(config: ExperimentConfig, tokenizer=None) -> PreparedData:
         num_labels=None,
         label_names=None,
         summary={k: {"documents": len(docs[k]), "blocks": len(b), "tokens": int(b.numel())} for k, b in blocks.items()},
-        tokenizer_record=tokenizer_record(tokenizer, tokenizer_spec),
+        tokenizer_record=tokenizer_record(tokenizer, tokenizer_spec, cache_dir() / "tokenizer-hashes"),
     )
 
 
