@@ -125,6 +125,17 @@ def test_a_changed_tokenizer_is_hashed_again_and_a_damaged_hash_file_rebuilt(dat
     assert path.read_text() == after["sha256"]
 
 
+def test_a_cache_folder_that_cannot_be_written_is_a_warning_not_a_failure(bert_tokenizer, sst2_validation, tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("x")
+    fresh = encode_classification(sst2_validation, bert_tokenizer, ("text",), 32)
+    with pytest.warns(UserWarning, match=rf"cannot write the encoding cache {blocker}/cls-\w+\.npz \(File exists\)"):
+        assert encode_classification(sst2_validation, bert_tokenizer, ("text",), 32, cache_dir=blocker).encodings == fresh.encodings
+    _IDENTITY_DIGESTS.clear()
+    with pytest.warns(UserWarning, match=rf"cannot write the tokenizer hash cache {blocker}/\w+\.sha256"):
+        assert tokenizer_record(bert_tokenizer, "bert", blocker) == tokenizer_record(bert_tokenizer, "bert")
+
+
 def test_prepare_data_reads_the_cached_encodings(data_dir, bert_tokenizer, monkeypatch):
     """The second prepare of the same task reads every split from the cache ($OELM_CACHE_DIR,
     a per-session temp folder in the tests) and gives the same examples and tokenizer record."""

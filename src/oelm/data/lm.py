@@ -420,7 +420,7 @@ def _read_identity_digest(cache_dir: str | os.PathLike | None, state: str) -> st
     path = Path(cache_dir) / f"{state}.sha256"
     try:
         text = path.read_text(encoding="ascii")
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # not remembered yet, or no usable folder (writing warns)
         return None
     except (OSError, UnicodeDecodeError) as exc:
         drop_damaged_cache(path, f"{type(exc).__name__}: {exc}")
