@@ -5,6 +5,7 @@ warning, deleted and built again, never a traceback and never silently used."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 import warnings
@@ -17,6 +18,7 @@ import numpy as np
 __all__ = [
     "drop_damaged_cache",
     "load_array_cache",
+    "load_digest_cache",
     "load_token_cache",
     "write_array_cache",
     "write_text_cache",
@@ -67,6 +69,23 @@ def write_array_cache(path: Path, arrays: dict[str, np.ndarray], what: str = "ca
 def write_text_cache(path: Path, text: str, what: str = "cache") -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically, with the failure rules of :func:`write_token_cache`."""
     _write_atomically(path, path.suffix, lambda f: f.write(text.encode("utf-8")), what)
+
+
+def load_digest_cache(path: Path) -> str | None:
+    """The sha256 hex digest stored at ``path``; None when there is none yet (or its folder is
+    a file: writing then warns), and None after a warning, the file deleted, when it holds
+    anything else."""
+    try:
+        text = path.read_text(encoding="ascii")
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        drop_damaged_cache(path, f"{type(exc).__name__}: {exc}")
+        return None
+    if not re.fullmatch(r"[0-9a-f]{64}", text):
+        drop_damaged_cache(path, f"holds {text[:40]!r}, not a sha256 hex digest")
+        return None
+    return text
 
 
 def load_array_cache(path: Path) -> dict[str, np.ndarray] | None:

@@ -42,7 +42,7 @@ from oelm.data.registry import (
     resolve_data_dir,
     resolve_split,
 )
-from oelm.data.cache import drop_damaged_cache, load_token_cache, write_text_cache, write_token_cache
+from oelm.data.cache import drop_damaged_cache, load_digest_cache, load_token_cache, write_text_cache, write_token_cache
 from oelm.data.classification import check_texts
 from oelm.errors import ConfigError, DataFormatError, DataNotFoundError
 
@@ -382,23 +382,22 @@ def tokenizer_record(tokenizer, spec: str, cache_dir: str | os.PathLike | None =
     truncation or padding state that ``transformers`` sets on each call; for a slow one, its
     vocabulary. Equal hashes mean the same ids for the same text, so ``init_from`` compares them.
 
-    Computing it re-serializes the whole vocabulary with sorted keys (~0.1 s for a BERT
-    vocabulary). For a fast tokenizer the result is remembered under the sha256 of its complete
-    serialized state (``backend_tokenizer.to_str()``, of which ``sha256`` is a function): in this
-    process, and, with ``cache_dir``, in ``cache_dir/<state hash>.sha256`` for later processes.
-    A remembered value is therefore the value a fresh computation gives; a damaged file is
-    warned about, deleted and rewritten.
+    A fast tokenizer's ``sha256`` (~0.1 s to compute for BERT's vocabulary) is remembered under
+    the sha256 of its whole serialized state (``backend_tokenizer.to_str()``, which determines
+    it): in this process and, with ``cache_dir``, in ``cache_dir/<state hash>.sha256``. A damaged
+    file there is warned about, deleted and rewritten.
     """
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
         serialized = backend.to_str()
         state = hashlib.sha256(serialized.encode()).hexdigest()
-        digest = _IDENTITY_DIGESTS.get(state) or _read_identity_digest(cache_dir, state)
+        remembered = Path(cache_dir) / f"{state}.sha256" if cache_dir is not None else None
+        digest = _IDENTITY_DIGESTS.get(state) or (load_digest_cache(remembered) if remembered is not None else None)
         if digest is None:
             full = json.loads(serialized)
             digest = _identity_digest({k: full.get(k) for k in ("model", "normalizer", "pre_tokenizer", "added_tokens")})
-            if cache_dir is not None:
-                write_text_cache(Path(cache_dir) / f"{state}.sha256", digest, "tokenizer hash cache")
+        if remembered is not None and not remembered.is_file():
+            write_text_cache(remembered, digest, "tokenizer hash cache")
         _IDENTITY_DIGESTS[state] = digest
     else:
         digest = _identity_digest({"vocab": tokenizer.get_vocab()})
@@ -407,28 +406,10 @@ def tokenizer_record(tokenizer, spec: str, cache_dir: str | os.PathLike | None =
 
 #: sha256 of a fast tokenizer's serialized state -> its tokenizer_record sha256 (this process)
 _IDENTITY_DIGESTS: dict[str, str] = {}
-_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
 def _identity_digest(identity: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
-
-
-def _read_identity_digest(cache_dir: str | os.PathLike | None, state: str) -> str | None:
-    if cache_dir is None:
-        return None
-    path = Path(cache_dir) / f"{state}.sha256"
-    try:
-        text = path.read_text(encoding="ascii")
-    except (FileNotFoundError, NotADirectoryError):  # not remembered yet, or no usable folder (writing warns)
-        return None
-    except (OSError, UnicodeDecodeError) as exc:
-        drop_damaged_cache(path, f"{type(exc).__name__}: {exc}")
-        return None
-    if not _SHA256_HEX.match(text):
-        drop_damaged_cache(path, f"holds {text[:40]!r}, not a sha256 hex digest")
-        return None
-    return text
 
 
 _BPE_RECIPE = "bytelevel-bpe-v1"  # bump when train_bpe_tokenizer's recipe changes: old caches become unused
