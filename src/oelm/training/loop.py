@@ -4,6 +4,8 @@ weights saved and tested)."""
 
 from __future__ import annotations
 
+import math
+
 import time
 import warnings
 from pathlib import Path
@@ -142,7 +144,9 @@ def _run_epochs(engine: Engine, state: TrainState, loaders: tuple, generators: l
             validated = _validation_due(e, state.step)
             if validated:
                 validate(e, state, eval_loader, state.step)
-                bar.set_postfix(loss=f"{state.last_loss:.4f}", val=f"{state.last_eval['value']:.3f}", refresh=False)
+                # no train loss before the first log step (it is read at log steps only): show none, not nan
+                shown = {"loss": f"{state.last_loss:.4f}"} if math.isfinite(state.last_loss) else {}
+                bar.set_postfix(**shown, val=f"{state.last_eval['value']:.3f}", refresh=False)
                 stopped_early = early_stop_due(e, state)
                 if stopped_early:
                     stop_early(e, state)
