@@ -1,4 +1,4 @@
-"""Plots of a comparison as PNG bytes (matplotlib, Agg backend: no display needed).
+"""Plots of a comparison as PNG bytes (matplotlib Figures rendered by the Agg canvas: no display needed).
 
 * :func:`learning_curves` — train loss and validation metric against step and against wall time,
   per method: the mean over seeds as a line, the min–max range over seeds as a band;
@@ -13,11 +13,8 @@ from __future__ import annotations
 import io
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # before pyplot: headless, deterministic
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import numpy as np
+from matplotlib.figure import Figure  # not pyplot: no backend, no global figure registry (~0.3 s less import)
 
 __all__ = ["learning_curves", "final_metric_bars", "final_metric_figure", "step_time_boxes", "method_colors"]
 
@@ -31,8 +28,9 @@ def method_colors(methods: list[str]) -> dict[str, str]:
 
 def _png(fig) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    # Agg canvas, picked by the format. Each figure is laid out by tight_layout already, so no
+    # bbox_inches="tight": that draws the whole figure once more (~0.4 s of a report's ~1.4 s)
+    fig.savefig(buf, format="png", dpi=110)
     return buf.getvalue()
 
 
@@ -56,7 +54,8 @@ def learning_curves(curves: dict[str, dict[str, list[dict[int, tuple[float, floa
         metric: "accuracy" (%) or "perplexity" (log-scale axis).
     """
     colors = method_colors(list(curves))
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    fig = Figure(figsize=(11, 7.5))
+    axes = fig.subplots(2, 2)
     for row, (kind, label) in enumerate((("train", "train loss"), ("eval", f"validation {metric}" + (" (%)" if metric == "accuracy" else "")))):
         for col, xlabel in enumerate(("step", "wall time since run start (s)")):
             ax = axes[row][col]
@@ -100,7 +99,8 @@ def final_metric_figure(comparison: dict[str, Any]):
     methods = list(comparison["methods"])
     colors = method_colors(methods)
     ylabel = f"best validation {metric}" + (" (%)" if metric == "accuracy" else "")
-    fig, (full, zoom) = plt.subplots(1, 2, figsize=(2.0 * max(len(methods), 2) + 3, 4.2))
+    fig = Figure(figsize=(2.0 * max(len(methods), 2) + 3, 4.2))
+    full, zoom = fig.subplots(1, 2)
     ends: list[float] = []
     for i, m in enumerate(methods):
         s = comparison["methods"][m]["best_validation"]
@@ -140,7 +140,8 @@ def step_time_boxes(step_ms: dict[str, list[float]]) -> bytes:
     """Per-step time (ms) distribution per method, all sound seeds pooled."""
     methods = [m for m, v in step_ms.items() if v]
     colors = method_colors(list(step_ms))
-    fig, ax = plt.subplots(figsize=(1.6 * max(len(methods), 2) + 2, 4))
+    fig = Figure(figsize=(1.6 * max(len(methods), 2) + 2, 4))
+    ax = fig.subplots()
     if methods:
         box = ax.boxplot([step_ms[m] for m in methods], patch_artist=True, widths=0.5)
         ax.set_xticks(range(1, len(methods) + 1), [f"{m}\n(n={len(step_ms[m])})" for m in methods])
