@@ -17,11 +17,15 @@ pytestmark = pytest.mark.slow
 
 
 def test_tinystories_tiny_perplexity_drops(tmp_path, data_dir):
-    """gpt-tiny from scratch: validation perplexity falls far below the untrained model's (step 0)."""
+    """gpt-tiny from scratch: validation perplexity falls far below the untrained model's (step 0).
+
+    200 of the 714 validation stories: the full set (1,554 blocks, more than the 1,351 trained on)
+    made the three validations ~55% of the test's time."""
     out = tmp_path / "ts"
     code = main([
         "run", str(ROOT / "configs/tinystories-tiny.yaml"), "--output-dir", str(out),
-        "task.train_samples=800", "training.epochs=1", "training.progress_bar=false", "training.evals_per_epoch=2",
+        "task.train_samples=800", "task.validation_samples=200", "training.epochs=1", "training.progress_bar=false",
+        "training.evals_per_epoch=2",
         "training.eval_at_start=true",
         "methods=[{name: baseline, learning_rate: 1.0e-3}, {name: oelm_freeze, learning_rate: 2.0e-3}]",
     ])

@@ -20,11 +20,14 @@ pytestmark = pytest.mark.slow
 
 
 def test_quickstart_learns_sst2(tmp_path, data_dir):
-    """MiniLM on 3,200 SST-2 sentences, full validation: both methods far above chance (50.9%)."""
+    """MiniLM on 3,200 SST-2 sentences, full validation: both methods far above chance (50.9%).
+
+    One validation, at the end of the epoch (the config's four cost ~70 s more of this test's time on
+    one core; on this machine the end-of-epoch accuracies were 79.7 / 76.7%)."""
     out = tmp_path / "qs"
     code = main([
         "run", str(ROOT / "configs/quickstart.yaml"), "--output-dir", str(out),
-        "task.train_samples=3200", "training.progress_bar=false",
+        "task.train_samples=3200", "training.progress_bar=false", "training.evals_per_epoch=1",
         "methods=[{name: baseline, learning_rate: 1.0e-4}, {name: oelm_freeze, learning_rate: 2.0e-4}]",
     ])
     assert code == 0
