@@ -172,3 +172,15 @@ def test_checkpointing_gives_the_same_gradients_and_none_for_frozen_qk(kind, ena
         if p.requires_grad:
             assert got[n] is not None, f"{n} got no gradient with checkpointing"
             torch.testing.assert_close(got[n], ref[n], rtol=0, atol=1e-6, msg=lambda m: f"{n}: {m}")
+
+
+def test_load_pretrained_prints_no_weight_loading_bar_and_keeps_the_bar_setting(capfd, minilm_tokenizer):
+    """transformers' "Loading weights" bar is off while oelm loads a checkpoint (one line per run in
+    every log, with training.progress_bar false too); the caller's progress-bar setting is restored."""
+    from transformers.utils import logging as hf_logging
+
+    assert hf_logging.is_progress_bar_enabled()
+    capfd.readouterr()
+    load_pretrained(MINILM, "sequence_classification", num_labels=2, tokenizer=minilm_tokenizer)
+    assert "Loading weights" not in capfd.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()

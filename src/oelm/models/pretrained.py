@@ -228,8 +228,9 @@ def load_pretrained(
         tokenizer = load_tokenizer(name, trust_remote_code=trust_remote_code)
     check_local_checkpoint(name, tokenizer=False)
     source = resolve_pretrained(name)
-    verbosity = hf_logging.get_verbosity()
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()  # the "classifier weights newly initialized" report is expected
+    hf_logging.disable_progress_bar()  # transformers' "Loading weights" bar: a line per run in every log
     try:
         if task == "sequence_classification":
             model = AutoModelForSequenceClassification.from_pretrained(
@@ -252,6 +253,8 @@ def load_pretrained(
         ) from None
     finally:
         hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     rows = getattr(embeddings, "num_embeddings", None)
     if rows is not None and len(tokenizer) > rows:  # ids >= rows would index past the embedding (IndexError mid-run)
