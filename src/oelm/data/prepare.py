@@ -19,7 +19,7 @@ from oelm.config import ExperimentConfig, TrainingConfig
 from oelm.data.lm import tokenizer_record
 from oelm.errors import ConfigError, DataFormatError
 
-__all__ = ["PreparedData", "prepare_data", "make_loaders", "cache_dir", "label_summary"]
+__all__ = ["PreparedData", "prepare_data", "make_loaders", "loader_workers", "cache_dir", "label_summary"]
 
 @dataclass
 class PreparedData:
@@ -182,9 +182,43 @@ def bucketed_lengths(training: TrainingConfig) -> bool:
     return training.compile is not False
 
 
+# "auto" DataLoader workers on CUDA: at most this many per training process (batches here are
+# pre-tokenized, so collation is padding or slicing; more workers only hold memory)
+AUTO_MAX_WORKERS = 4
+
+
+def loader_workers(setting: int | str, *, cuda: bool | None = None, cores: int | None = None,
+                   local_processes: int | None = None) -> int:
+    """DataLoader worker processes for ``training.num_workers`` = ``setting``.
+
+    An int is used as given. ``"auto"``: 0 on CPU (the cores run the model; a worker would compete
+    with it and import torch again); on CUDA ``min(AUTO_MAX_WORKERS, cores // local_processes - 1)``,
+    one core per process left for the training loop itself.
+
+    Args:
+        cuda: whether training runs on CUDA; None = ``torch.cuda.is_available()`` (as the run does).
+        cores: usable CPU cores; None = this process's CPU affinity.
+        local_processes: training processes on this machine; None = ``$LOCAL_WORLD_SIZE`` (torchrun,
+            accelerate launch) or 1.
+    """
+    if setting != "auto":
+        return int(setting)
+    if not (torch.cuda.is_available() if cuda is None else cuda):
+        return 0
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if local_processes is None:
+        local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    return max(0, min(AUTO_MAX_WORKERS, cores // max(1, local_processes) - 1))
+
+
 def make_loaders(data: PreparedData, training: TrainingConfig, seed: int) -> tuple[DataLoader, DataLoader, DataLoader | None]:
     """Train loader shuffled by ``seed`` (optionally length-grouped); evaluation loaders in
-    length-sorted order, which wastes less compute on padding and cannot change a metric."""
+    length-sorted order, which wastes less compute on padding and cannot change a metric.
+
+    Workers: :func:`loader_workers` of ``training.num_workers``; with workers, the training
+    loader's stay alive across epochs (``persistent_workers``). Batches and their order do not
+    depend on the number of workers."""
     t = training
     g = torch.Generator().manual_seed(seed)
     collate = data.collate_fn
@@ -192,15 +226,17 @@ def make_loaders(data: PreparedData, training: TrainingConfig, seed: int) -> tup
         from oelm.data import classification_collator
 
         collate = classification_collator(data.tokenizer, buckets=data.length_buckets)
-    kw = {"collate_fn": collate, "num_workers": t.num_workers}
+    workers = loader_workers(t.num_workers)
+    kw = {"collate_fn": collate, "num_workers": workers}
+    train_kw = kw | {"persistent_workers": workers > 0}
     lengths = getattr(data.train, "lengths", None)
     if t.group_by_length and lengths is not None:
         from transformers.trainer_pt_utils import LengthGroupedSampler
 
         sampler = LengthGroupedSampler(t.batch_size, lengths=lengths, generator=g)
-        train = DataLoader(data.train, batch_size=t.batch_size, sampler=sampler, **kw)
+        train = DataLoader(data.train, batch_size=t.batch_size, sampler=sampler, **train_kw)
     else:
-        train = DataLoader(data.train, batch_size=t.batch_size, shuffle=True, generator=g, **kw)
+        train = DataLoader(data.train, batch_size=t.batch_size, shuffle=True, generator=g, **train_kw)
 
     def eval_loader(ds):
         if ds is None:

@@ -88,7 +88,8 @@ Faults:
 Timing (``TrainResult.timing``):
     ``total_seconds`` (after the warm-up, summed over resumes), ``train_seconds``,
     ``validation_seconds``, ``checkpoint_seconds``, ``test_seconds``, ``data_seconds``,
-    ``per_epoch_seconds``, ``per_step_ms`` {median, mean, p10, p90, n}, ``step_ms``,
+    ``data_stall_seconds`` (the device idle, waiting for a batch), ``num_workers`` (the training
+    loader's worker processes), ``per_epoch_seconds``, ``per_step_ms`` {median, mean, p10, p90, n}, ``step_ms``,
     ``process_start_steps``, ``tokens_per_second``, ``samples_per_second``, ``warmup_seconds``,
     ``compile`` / ``compile_mode`` / ``compile_seconds``, ``num_processes``,
     ``gradient_accumulation_steps``, ``mfu`` (:func:`oelm.environment.mfu_record`) and

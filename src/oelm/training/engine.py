@@ -198,6 +198,7 @@ class Engine:
     direct: bool = False  # one plain process: step with torch directly, not Accelerate's wrappers (direct_step_safe)
     graphs_at_start: int = 0  # torch._dynamo's graph count when the model was compiled (compiled_graphs)
     graphs_after_warmup: int = 0  # ... and after the warm-up pass compiled the first shapes
+    loader_workers: int = 0  # the training DataLoader's worker processes (training.num_workers resolved)
 
     @property
     def learning_rate(self) -> float:
@@ -367,6 +368,7 @@ def setup(model: nn.Module, loaders: tuple, *, metric: Metric | str, config: Tra
         running_loss=torch.zeros((), device=device), grad_nonfinite=torch.zeros((), dtype=torch.bool, device=device),
         compiled=compiled, warmup_batch=warmup_batch, direct=direct_step_safe(accelerator),
         graphs_at_start=graphs_at_start, graphs_after_warmup=graphs_at_start,
+        loader_workers=int(getattr(train_loader, "num_workers", 0) or 0),
     )
     return engine, (train_loader, eval_loader, test_loader), generators, base_seeds
 

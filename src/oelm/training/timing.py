@@ -47,6 +47,7 @@ def run_timing(engine: "Engine", state: "TrainState", warmup_seconds: float,
         "test_seconds": e.phases.seconds.get("test", 0.0),
         "data_seconds": summary["data_seconds"],
         "data_stall_seconds": summary.get("data_stall_seconds"),
+        "num_workers": e.loader_workers,  # DataLoader worker processes of the training loader
         "measured_seconds": summary.get("measured_seconds"),
         "per_epoch_seconds": state.per_epoch_seconds,
         "per_step_ms": summary["per_step_ms"],
