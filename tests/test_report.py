@@ -191,7 +191,7 @@ def test_mfu_per_method_is_the_mean_of_the_runs_and_has_its_section(lm_run):
     c = json.loads((lm_run / "comparison.json").read_text())
     for method, runs in load_results(lm_run).items():
         fractions = [r["timing"]["mfu"]["mfu"] for r in runs]
-        assert all(0 < f < 1 for f in fractions)
+        assert all(0 < f < 1 for f in fractions), fractions
         sources = {r["timing"]["mfu"]["peak_source"] for r in runs}
         if torch.cuda.is_available():  # the engine trained on the GPU: its datasheet peak (e.g. "datasheet:H100 SXM")
             assert len(sources) == 1 and next(iter(sources)).startswith("datasheet:")
@@ -319,6 +319,31 @@ def test_methods_measured_at_different_machine_speeds_are_warned(lm_run):
     for r in results["oelm_freeze"]:
         r["environment"]["matmul_probe"] = {"gflops": 32.9}  # 9.7% faster: inside the 10% tolerance
     assert "between methods" not in " ".join(compare_results(config, results, lm_run)["warnings"])
+
+
+def test_a_gpu_waiting_for_data_is_warned_with_the_workers_to_raise(lm_run):
+    """A CUDA run whose device sat idle for batches > 5% of its training time gets a warning naming the
+    share and the loader workers; the same figures on CPU do not (a worker would compete for the cores)."""
+    from oelm.config import load_config
+
+    config = load_config(ROOT / "configs/tinystories-tiny.yaml", TINY_LM)
+    results = copy.deepcopy(load_results(lm_run))
+    for r in results["oelm_freeze"]:
+        assert r["timing"]["num_workers"] == 0  # "auto" on CPU: no worker processes
+        r["timing"]["data_stall_seconds"] = 0.1 * r["timing"]["train_seconds"]  # idle 1 / 11 of the span: 9.1%
+    c = compare_results(config, results, lm_run)
+    assert c["methods"]["oelm_freeze"]["data_stall_percent"]["mean"] == pytest.approx(100 / 11)
+    assert c["methods"]["oelm_freeze"]["num_workers"] == [0]
+    assert not [w for w in c["warnings"] if "waited for data" in w]  # CPU
+    for r in results["oelm_freeze"]:
+        r["timing"]["device"] = "cuda:0"
+    warned = [w for w in compare_results(config, results, lm_run)["warnings"] if "waited for data" in w]
+    assert warned == ["oelm_freeze: the GPU waited for data 9% of its training time (timing.data_stall_seconds, mean over "
+                      "seeds) with 0 DataLoader worker(s): step times and tokens/s are partly data loading; raise "
+                      "training.num_workers so batches are ready before each step."]
+    for r in results["oelm_freeze"]:
+        r["timing"]["data_stall_seconds"] = 0.04 * r["timing"]["train_seconds"]  # 3.8%: under the 5% bar
+    assert not [w for w in compare_results(config, results, lm_run)["warnings"] if "waited for data" in w]
 
 
 def test_sweep_table_when_present(lm_run, tmp_path):

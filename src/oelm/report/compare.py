@@ -31,6 +31,10 @@ from oelm.report.stats import (
     time_to_target,
 )
 
+# A GPU idle for more than this % of its training time waiting for batches gets a warning (CPU runs
+# do not: there a loader worker would compete with the model for the same cores).
+DATA_STALL_WARNING_PERCENT = 5.0
+
 __all__ = ["compare_results", "original_layout", "read_metrics", "run_records", "num_labels_of", "majority_percent_of", "device_label", "learning_rate_of", "step_times_of", "mfu_reference", "comparison_warnings"]
 
 _NUMBER_FIELDS = ("loss", "accuracy", "perplexity", "elapsed_seconds", "step_ms", "tokens_per_second")
@@ -253,6 +257,9 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
             "steps": col(lambda r: r.performance.get("steps")),
             "step_ms_median": col(lambda r: (r.timing.get("per_step_ms") or {}).get("median")),
             "tokens_per_second": col(timing("tokens_per_second")),
+            # % of step + data-stall time the device sat idle waiting for a batch, and the loader workers
+            "data_stall_percent": col(_data_stall_percent),
+            "num_workers": sorted({w for w in map(_loader_workers, sound) if w is not None}),
             # model FLOPs utilization in % (timing.mfu.mfu is a fraction) and the peak it was taken against
             "mfu_percent": col(lambda r: None if _mfu(r).get("mfu") is None else 100.0 * _mfu(r)["mfu"]),
             "mfu_peak_source": sorted({str(_mfu(r).get("peak_source")) for r in sound if _mfu(r).get("mfu") is not None}),
@@ -486,6 +493,13 @@ def _warnings(c: dict[str, Any]) -> list[str]:
         out.append("total seconds (and Δ time %) cover different numbers of training steps, since runs stopped early at "
                    f"different points (mean steps: {', '.join(f'{n} {v:,.0f}' for n, v in known.items())}): they say when "
                    "each method stopped, not how fast it trains; compare step ms for speed and time to target for time to a quality.")
+    for name, m in c["methods"].items():
+        stall = (m.get("data_stall_percent") or {}).get("mean")
+        if stall is not None and stall > DATA_STALL_WARNING_PERCENT and any("cuda" in d for d in m.get("devices") or []):
+            workers = "/".join(map(str, m.get("num_workers") or [])) or "?"
+            out.append(f"{name}: the GPU waited for data {stall:.0f}% of its training time (timing.data_stall_seconds, mean "
+                       f"over seeds) with {workers} DataLoader worker(s): step times and tokens/s are partly data loading; "
+                       "raise training.num_workers so batches are ready before each step.")
     by_method: dict[tuple[str, float], list[str]] = {}
     for r in c.get("superseded") or []:
         by_method.setdefault((r["method"], r["learning_rate"]), []).append(r["run_name"])
@@ -494,6 +508,24 @@ def _warnings(c: dict[str, Any]) -> list[str]:
                    f"are left out of every mean ({', '.join(runs)}).")
     return out
 
+
+
+def _data_stall_percent(record: RunRecord) -> float | None:
+    """``100 * data_stall_seconds / (train_seconds + data_stall_seconds)`` of a run: the share of its
+    steps' span the device sat idle waiting for a batch; None when not recorded."""
+    stall, train = record.timing.get("data_stall_seconds"), record.timing.get("train_seconds")
+    if stall is None or not train:
+        return None
+    return 100.0 * stall / (train + stall)
+
+
+def _loader_workers(record: RunRecord) -> int | None:
+    """The training loader's worker processes: ``timing.num_workers``, else (results written before
+    oelm recorded it) the run's ``training.num_workers`` when it was a number; None when unknown."""
+    if record.timing.get("num_workers") is not None:
+        return int(record.timing["num_workers"])
+    configured = ((record.raw.get("config") or {}).get("training") or {}).get("num_workers", 0)
+    return configured if isinstance(configured, int) and not isinstance(configured, bool) else None
 
 
 def _finite_or_none(v: Any) -> Any:
