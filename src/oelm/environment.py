@@ -224,7 +224,7 @@ def _write_peak_cache(key: str, result: dict) -> None:
 
 
 def measured_peak_flops(device: torch.device | str, dtype: str = "fp32", budget_seconds: float = 1.0,
-                        cache: bool = True) -> float:
+                        cache: bool = True, refresh: bool = False) -> float:
     """The best dense matmul throughput (FLOP/s) :func:`matmul_probe` reaches on ``device`` at ``dtype``.
 
     Square sizes 256, 512, 1024, ... are probed (0.1 s each) until one matmul takes over 0.1 s,
@@ -235,8 +235,10 @@ def measured_peak_flops(device: torch.device | str, dtype: str = "fp32", budget_
     (``<cache_dir>/matmul-peaks.json``, keyed by host, processor or GPU name, torch version,
     torch threads and precision): later processes reuse the first measurement instead of
     spending a second or more on it, and every run of the machine divides by the same peak.
-    Delete the file to measure again. On CUDA, ``"fp32"`` runs with whatever TF32 setting torch
-    has at the time of the first call.
+    Delete the file to measure again, or pass ``refresh``: the peak is measured now and the higher
+    of it and the cached one kept (a peak measured while other work loaded the machine is too low;
+    :func:`mfu_record` refreshes when a run beat it). On CUDA, ``"fp32"`` runs with whatever TF32
+    setting torch has at the time of the first call.
 
     Raises:
         ValueError: an unknown ``dtype``.
@@ -244,9 +246,9 @@ def measured_peak_flops(device: torch.device | str, dtype: str = "fp32", budget_
     column = _precision_column(dtype)
     device = torch.device(device)
     key = (str(device), column)
-    if key not in _measured_peaks:
+    if key not in _measured_peaks or refresh:
         disk_key = _peak_cache_key(device, column)
-        cached = _read_peak_cache().get(disk_key) if cache else None
+        cached = _read_peak_cache().get(disk_key) if cache and not refresh else None
         if isinstance(cached, dict) and isinstance(cached.get("gflops"), (int, float)) and cached["gflops"] > 0:
             _measured_peaks[key] = cached
             return cached["gflops"] * 1e9
@@ -262,6 +264,10 @@ def measured_peak_flops(device: torch.device | str, dtype: str = "fp32", budget_
                 break
             size *= 2
         best = {**best, "measured_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+        if refresh:  # keep the higher of the new measurement and what was known before
+            known = [_measured_peaks.get(key), _read_peak_cache().get(disk_key) if cache else None]
+            best = max([best, *(k for k in known if isinstance(k, dict) and isinstance(k.get("gflops"), (int, float)))],
+                       key=lambda r: r["gflops"])
         _measured_peaks[key] = best
         if cache:
             _write_peak_cache(disk_key, best)
@@ -304,8 +310,10 @@ def mfu_record(
     The peak is the datasheet figure of the GPU (:func:`peak_flops`) at the precision the
     matmuls run in (``"bf16"``/``"fp16"``; ``"fp32"``/``"no"`` on a GPU that allows TF32 uses
     the TF32 peak, else plain FP32); where there is none (CPU, unknown GPU, MIG slice) the
-    measured matmul peak of :func:`measured_peak_flops` (about a second, once per process),
-    unless ``measure`` is False.
+    measured matmul peak of :func:`measured_peak_flops` (about a second, once per machine),
+    unless ``measure`` is False. A run whose model FLOP/s reach that measured peak shows the peak
+    was taken under load: it is measured again (``refresh``) and the higher figure used, so a
+    stale peak cannot report MFU of 100% or more.
 
     Args:
         flops_per_token: model FLOPs per token (forward + backward), e.g.
@@ -333,6 +341,9 @@ def mfu_record(
             peak, source = entry[1], f"datasheet:{entry[0]}"
     if peak is None and measure:
         peak, source = measured_peak_flops(device, column), "measured-probe"
+        if tokens_per_second is not None and flops_per_token * tokens_per_second >= peak:
+            # the run beat the "peak": it was measured while other work loaded the machine
+            peak = measured_peak_flops(device, column, refresh=True)
     value = mfu(flops_per_token, tokens_per_second, peak) if tokens_per_second is not None else None
     return {
         "mfu": value,
