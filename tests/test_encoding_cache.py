@@ -1,7 +1,7 @@
 """Cached classification encodings and tokenizer hashes (issue 25, item 5: the data phase of a
 short run's start-up). ``encode_classification(..., cache_dir=)`` keeps a split's encodings on
 disk, keyed by its texts, the tokenizer's identity, ``max_length`` and the text columns;
-:func:`oelm.data.lm.tokenizer_record` remembers its hash under the tokenizer's serialized state.
+:func:`oelm.data.tokenizers.tokenizer_record` remembers its hash under the tokenizer's serialized state.
 Both must give exactly what a fresh computation gives, and a damaged file is rebuilt.
 
 Real data: SST-2 validation (872 sentences) and the local BERT tokenizer.
@@ -15,7 +15,7 @@ import pytest
 
 from oelm.data import load_classification
 from oelm.data.classification import encode_classification
-from oelm.data.lm import _IDENTITY_DIGESTS, tokenizer_record
+from oelm.data.tokenizers import _IDENTITY_DIGESTS, tokenizer_record
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,7 @@ def test_a_damaged_encoding_cache_is_named_deleted_and_rebuilt(bert_tokenizer, s
 
 
 def test_tokenizer_hash_is_remembered_without_changing_it(bert_tokenizer, tmp_path, monkeypatch):
-    import oelm.data.lm as lm
+    import oelm.data.tokenizers as tokenizers
 
     _IDENTITY_DIGESTS.clear()
     fresh = tokenizer_record(bert_tokenizer, "bert")  # no folder: computed (and remembered in this process)
@@ -102,7 +102,7 @@ def test_tokenizer_hash_is_remembered_without_changing_it(bert_tokenizer, tmp_pa
     def refuse(identity):
         raise AssertionError("the tokenizer was hashed again")
 
-    monkeypatch.setattr(lm, "_identity_digest", refuse)
+    monkeypatch.setattr(tokenizers, "_identity_digest", refuse)
     _IDENTITY_DIGESTS.clear()
     assert tokenizer_record(bert_tokenizer, "bert", tmp_path) == fresh  # from the file
     assert tokenizer_record(bert_tokenizer, "bert") == fresh  # from this process's memory
