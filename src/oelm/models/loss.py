@@ -16,8 +16,9 @@ so it keeps only ``lse`` (``N`` floats) beside the logits the model already hold
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-__all__ = ["chunked_cross_entropy"]
+__all__ = ["causal_lm_loss", "chunked_cross_entropy"]
 
 
 class _ChunkedCrossEntropy(torch.autograd.Function):
@@ -74,3 +75,29 @@ def chunked_cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_ind
                          f"and {tuple(target.shape)}")
     rows = rows or max(1, 2**24 // logits.shape[1])
     return _ChunkedCrossEntropy.apply(logits, target, ignore_index, rows)
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy: ``logits[:, t]`` predicts ``labels[:, t+1]``, ``-100`` ignored.
+
+    Args:
+        logits: ``[B, T, V]`` (any float dtype; the loss is computed in float32: fp32 logits
+            through ``F.cross_entropy``, bf16/fp16 ones by :func:`chunked_cross_entropy`,
+            which upcasts a chunk of rows at a time instead of copying all ``B x T x V`` to fp32).
+        labels: ``[B, T]`` long, usually the input ids (Hugging Face convention).
+
+    Returns:
+        A 0-d float32 tensor: the mean over every ``(b, t)``, ``t < T - 1``, whose
+        ``labels[b, t+1] != -100``.
+
+    The *labels* are shifted, not the logits: ``labels[:, 1:]`` padded with one ``-100`` at the
+    end lines up with all ``T`` logit positions (the last is ignored). So a contiguous ``logits``
+    is flattened without a copy (a view), where slicing ``logits[:, :-1]`` copied the whole ``[B, T-1, V]``
+    tensor every step and its backward zero-filled a ``[B, T, V]`` gradient to scatter into
+    (about 2 % of a CPU step at V = 4096). Same terms, same mean.
+    """
+    V = logits.size(-1)
+    target = F.pad(labels[:, 1:], (0, 1), value=-100)  # (B, T): target of position t is labels[t+1]
+    if logits.dtype == torch.float32:
+        return F.cross_entropy(logits.reshape(-1, V), target.reshape(-1), ignore_index=-100)
+    return chunked_cross_entropy(logits.reshape(-1, V), target.reshape(-1), ignore_index=-100)
