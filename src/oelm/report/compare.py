@@ -422,7 +422,8 @@ def comparison_warnings(comparison: dict[str, Any]) -> list[str]:
     returns, or a ``comparison.json`` read back), one sentence each: runs on different devices,
     the machine's speed drifting during runs or between methods, runs that shared a machine,
     collapsed runs, a learning rate on the edge of its grid, a grid that grew, runs still improving
-    at their last evaluation, totals over different step counts, superseded final runs.
+    at their last evaluation, totals over different step counts, a GPU waiting for data
+    (``DATA_STALL_WARNING_PERCENT``), superseded final runs.
 
     Recomputed from the comparison's fields with the current rules; a comparison that lacks them
     (written by an older oelm) gives its stored ``warnings``. ``[]`` when there is nothing to warn of.
