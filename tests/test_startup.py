@@ -84,6 +84,14 @@ def test_cache_false_neither_reads_nor_writes(cache, monkeypatch):
     assert not cache.exists()
 
 
+def _python(code: str) -> subprocess.CompletedProcess:
+    """``code`` in a fresh interpreter with this tree's oelm; asserts it exited 0."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": SRC})
+    assert out.returncode == 0, out.stderr
+    return out
+
+
 def test_cli_freezes_the_heap_after_the_exit_handlers():
     """An exit handler registered before ``main`` runs after main's (LIFO): by then the heap is
     frozen, so the interpreter's final collection has nothing of it to walk."""
@@ -93,9 +101,7 @@ def test_cli_freezes_the_heap_after_the_exit_handlers():
         "from oelm.cli import main\n"
         "main(['configs'])\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": SRC})
-    assert out.returncode == 0, out.stderr
+    out = _python(code)
     frozen = int(out.stdout.rsplit("frozen=", 1)[1])
     assert frozen > 10_000  # the whole heap of the imported modules, not a handful of objects
 
@@ -112,9 +118,7 @@ def test_a_single_seed_report_imports_no_scipy_and_two_seeds_still_get_the_t_int
         "two = summarize([80.0, 82.0])\n"
         "print(json.dumps([before, one[0]['ci95'], two['ci95']]))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": SRC})
-    assert out.returncode == 0, out.stderr
+    out = _python(code)
     before, one_ci, two_ci = json.loads(out.stdout.strip().splitlines()[-1])
     assert before is False and one_ci is None
     # mean 81, std sqrt(2), n 2: half-width t(0.975, 1) * sqrt(2) / sqrt(2) = 12.7062...
