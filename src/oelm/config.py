@@ -316,7 +316,7 @@ class TrainingConfig(_Strict):
     )
     log_every: Int = Field(10, gt=0, description="Steps between metric log lines and timer flushes.")
     timing_warmup_steps: Int = Field(5, ge=0, description="First steps excluded from per-step statistics.")
-    num_workers: Annotated[int, Field(ge=0), BeforeValidator(_not_bool), Strict()] | Literal["auto"] = Field(
+    num_workers: Annotated[Int, Field(ge=0)] | Literal["auto"] = Field(
         "auto",
         description="DataLoader worker processes per training process, or \"auto\": none on CPU (the cores train the "
         "model), on CUDA min(4, cores per local process - 1), the training loader's workers kept alive across epochs. "
