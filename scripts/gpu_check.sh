@@ -29,6 +29,12 @@
 # Needs a CUDA build of torch in the venv. Without a usable CUDA GPU it stops at once with one
 # line "gpu-check: no CUDA GPU: ..." and exit status 3, before writing anything.
 #
+# In parts (a machine lent for short jobs, e.g. 10 minutes each): GPU_CHECK_STEPS names the steps to
+# run (space-separated, in the order below; default all), GPU_CHECK_DEADLINE (Unix time, seconds)
+# is when the last step must have ended: a step is stopped there (`timeout`, exit status 124) and the
+# steps after it are recorded as skipped; GPU_CHECK_STEP_TIMEOUT (seconds) bounds each step.
+# scripts/offline_kit.py runs the parts on a machine with no network and merges them afterwards.
+#
 # Environment: PYTHON (default .venv/bin/python), OUT, PYTEST_MARK (pytest -m expression, default
 # "not slow"; empty: the whole suite; more pytest options through pytest's own PYTEST_ADDOPTS),
 # BENCH_ARGS (extra `oelm bench` flags, e.g. "--steps 50 --batch-size 8 --seq-len 512"),
@@ -38,6 +44,23 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PY="${PYTHON:-.venv/bin/python}"
+
+# Every step, in the order it runs (tests/test_gpu_check.py keeps this list and the calls below equal).
+ALL_STEPS=(env nvidia-smi pytest-cuda bench-compile bench-nocompile bench-proxy bench-proxy-reduce-overhead
+  bench-gpt2-124m bench-gpt2-124m-compile bench-gpt2-124m-reduce-overhead bench-bert-base bench-bert-base-compile
+  tinystories sst2 tinystories-reduce-overhead sst2-reduce-overhead)
+read -r -a SELECTED <<< "${GPU_CHECK_STEPS:-${ALL_STEPS[*]}}"
+for name in ${SELECTED[@]+"${SELECTED[@]}"}; do
+  case " ${ALL_STEPS[*]} " in
+    *" $name "*) ;;
+    *) echo "gpu-check: GPU_CHECK_STEPS names an unknown step '$name'; the steps are: ${ALL_STEPS[*]}" >&2; exit 2 ;;
+  esac
+done
+for var in GPU_CHECK_DEADLINE GPU_CHECK_STEP_TIMEOUT; do
+  case "${!var:-0}" in
+    ''|*[!0-9]*) echo "gpu-check: $var must be a whole number of seconds, got '${!var}'" >&2; exit 2 ;;
+  esac
+done
 
 # -- 0. a CUDA GPU, seen by this torch ---------------------------------------------------------
 if ! CUDA_LINE="$("$PY" - <<'EOF' 2>&1
@@ -73,15 +96,36 @@ if [ -z "${OELM_DATA_DIR:-}" ] && [ -f ../shared/data/MANIFEST.md ]; then
   OELM_DATA_DIR="$(cd ../shared/data && pwd)"
   export OELM_DATA_DIR
 fi
-OELM=("$PY" -m oelm.cli)
+# Exported, and oelm called through a function, so a step under `timeout` (a child bash) sees them.
+export OUT PY GPU_NAME
+oelm_cli() { "$PY" -m oelm.cli "$@"; }
 FAILED=0
 
 # step NAME CMD... : run CMD with its output in logs/NAME.log; record the exit status, go on.
+# A step not in GPU_CHECK_STEPS is left out; one whose time is up (GPU_CHECK_DEADLINE) is recorded
+# as skipped; a running step is stopped at the deadline or after GPU_CHECK_STEP_TIMEOUT (exit 124).
 step() {
   local name="$1"; shift
-  local log="$OUT/logs/$name.log" start=$SECONDS rc=0
+  case " ${SELECTED[*]-} " in *" $name "*) ;; *) return 0 ;; esac
+  local log="$OUT/logs/$name.log" start=$SECONDS rc=0 limit="${GPU_CHECK_STEP_TIMEOUT:-0}"
+  if [ "${GPU_CHECK_DEADLINE:-0}" -gt 0 ]; then
+    local left=$((GPU_CHECK_DEADLINE - $(date +%s)))
+    if [ "$left" -le 0 ]; then
+      echo "gpu-check: $name skipped: GPU_CHECK_DEADLINE has passed" >&2
+      printf '%s\t%s\t%s\t%s\n' "$name" "skipped" "0" "" >> "$STEPS"
+      FAILED=1  # asked for and not run: the check is not complete
+      return 0
+    fi
+    if [ "$limit" -eq 0 ] || [ "$left" -lt "$limit" ]; then limit="$left"; fi
+  fi
   echo "gpu-check: $name ..."
-  "$@" > "$log" 2>&1 || rc=$?
+  if [ "$limit" -gt 0 ]; then
+    # --kill-after: a step that ignores SIGTERM (a stuck CUDA call) is killed 10 s later
+    timeout --kill-after=10 "$limit" bash -c "$(declare -f); $(printf '%q ' "$@")" > "$log" 2>&1 || rc=$?
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then echo "gpu-check: $name stopped after its $limit s (time limit)" >> "$log"; fi
+  else
+    "$@" > "$log" 2>&1 || rc=$?
+  fi
   printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - start))" "logs/$name.log" >> "$STEPS"
   if [ "$rc" -ne 0 ]; then
     FAILED=1
@@ -89,7 +133,7 @@ step() {
   fi
 }
 
-env_json() { "${OELM[@]}" env > "$OUT/env.json"; }
+env_json() { oelm_cli env > "$OUT/env.json"; }
 
 smi() {
   { nvidia-smi; echo; nvidia-smi -q; } > "$OUT/nvidia-smi.txt"
@@ -117,7 +161,7 @@ bench_shape() {  # bench_shape MODEL fp32|bf16 nocompile|compile|reduce-overhead
     *) flags=(--compile-mode "$how") ;;
   esac
   read -r -a extra <<< "${BENCH_ARGS:-}"
-  "${OELM[@]}" bench --model "$model" --precision "$precision" --device cuda "${flags[@]}" \
+  oelm_cli bench --model "$model" --precision "$precision" --device cuda "${flags[@]}" \
     --json "$OUT/bench-$model-$precision-$how.json" ${extra[@]+"${extra[@]}"}
 }
 
@@ -131,7 +175,7 @@ run_sst2_ro() { SST2_ARGS="training.compile=reduce-overhead ${SST2_ARGS:-}" run_
 run_tinystories_to() {  # run_tinystories_to SUBDIR
   local extra
   read -r -a extra <<< "${TINYSTORIES_ARGS:-}"
-  "${OELM[@]}" run configs/tinystories-tiny.yaml --output-dir "$OUT/$1" \
+  oelm_cli run configs/tinystories-tiny.yaml --output-dir "$OUT/$1" \
     training.max_steps=200 training.eval_every=50 training.mixed_precision=bf16 'seeds=[0]' \
     training.progress_bar=false ${extra[@]+"${extra[@]}"}
 }
@@ -139,7 +183,7 @@ run_tinystories_to() {  # run_tinystories_to SUBDIR
 run_sst2_to() {  # run_sst2_to SUBDIR
   local extra
   read -r -a extra <<< "${SST2_ARGS:-}"
-  "${OELM[@]}" run configs/quickstart.yaml --output-dir "$OUT/$1" \
+  oelm_cli run configs/quickstart.yaml --output-dir "$OUT/$1" \
     training.mixed_precision=bf16 'seeds=[0]' training.progress_bar=false ${extra[@]+"${extra[@]}"}
 }
 

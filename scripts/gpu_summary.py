@@ -58,7 +58,12 @@ def steps_table(out: Path) -> list[str]:
     lines = ["| step | status | seconds | log |", "|---|---|---|---|"]
     with path.open(newline="") as f:
         for row in csv.DictReader(f, delimiter="\t"):
-            status = "ok" if row["exit_status"] == "0" else f"**FAILED** (exit {row['exit_status']})"
+            code = row["exit_status"]
+            if code == "skipped":  # GPU_CHECK_DEADLINE had passed: the step never started
+                lines.append(f"| {row['step']} | skipped (time limit) | – | – |")
+                continue
+            status = ("ok" if code == "0" else "**FAILED** (exit 124: time limit)" if code == "124"
+                      else f"**FAILED** (exit {code})")
             lines.append(f"| {row['step']} | {status} | {row['seconds']} | [{row['log']}]({row['log']}) |")
     return lines
 

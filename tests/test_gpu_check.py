@@ -11,6 +11,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,69 @@ def test_summary_copies_the_numbers(tmp_path):
     assert "operators per step: engine 1362, plain 1352; engine extra: aten::div +2, aten::to +2" in text
     assert ("| sst2 | baseline-seed0 | finished | accuracy 84.500 | 250,123 | 11.37 | 3.1% | 96 | 11.25 | 512 | 71 | 1,980 |") in text
     assert "| sst2 | oelm_freeze-seed0 | failed |" in text and "n/a (pynvml is not importable)" in text
+
+
+def _fake_gpu_python(bin_dir: Path, body: str) -> Path:
+    """A stand-in python that reports a GPU to the script's CUDA probe, hands the summary to the real
+    python, and runs ``body`` (bash) for every other call."""
+    bin_dir.mkdir(exist_ok=True)
+    _executable(bin_dir / "nvidia-smi", "#!/bin/sh\necho 'fake nvidia-smi'\n")
+    return _executable(bin_dir / "python", f"""#!/bin/bash
+if [ "$1" = "-" ]; then cat > /dev/null; echo "Fake GPU 80GB HBM3"; exit 0; fi
+if [ "$1" = "scripts/gpu_summary.py" ]; then exec {sys.executable} "$@"; fi
+{body}
+""")
+
+
+def test_the_steps_list_is_the_scripts():
+    text = SCRIPT.read_text()
+    listed = text.split("ALL_STEPS=(", 1)[1].split(")", 1)[0].split()
+    called = [line.split()[1] for line in text.splitlines() if line.startswith("step ")]
+    assert listed == called == STEPS
+
+
+def test_selected_steps_only_in_the_scripts_order(tmp_path):
+    fake = _fake_gpu_python(tmp_path / "bin", "echo ran; exit 0")
+    out_dir = tmp_path / "out"
+    res = _run({"PYTHON": str(fake), "OUT": str(out_dir), "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+                "GPU_CHECK_STEPS": "sst2 bench-proxy env"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = [line.split("\t") for line in (out_dir / "steps.tsv").read_text().splitlines()[1:]]
+    assert [r[0] for r in rows] == ["env", "bench-proxy", "sst2"] and all(r[1] == "0" for r in rows)
+    assert not (out_dir / "logs" / "pytest-cuda.log").exists()
+
+
+def test_an_unknown_step_is_refused_before_anything_runs(tmp_path):
+    fake = _fake_gpu_python(tmp_path / "bin", "exit 0")
+    res = _run({"PYTHON": str(fake), "OUT": str(tmp_path / "out"), "GPU_CHECK_STEPS": "env bench-gpt3"})
+    assert res.returncode == 2
+    assert res.stderr.startswith("gpu-check: GPU_CHECK_STEPS names an unknown step 'bench-gpt3'; the steps are: env nvidia-smi")
+    assert not (tmp_path / "out").exists()
+    res = _run({"PYTHON": str(fake), "OUT": str(tmp_path / "out"), "GPU_CHECK_DEADLINE": "soon"})
+    assert res.returncode == 2 and "GPU_CHECK_DEADLINE must be a whole number of seconds, got 'soon'" in res.stderr
+
+
+def test_a_step_past_its_time_is_stopped_and_the_rest_skipped(tmp_path):
+    """Every oelm call sleeps 60 s: with 4 s left the first such step is stopped (exit 124) and the
+    ones after the deadline are recorded as skipped; the summary says so."""
+    fake = _fake_gpu_python(tmp_path / "bin", "sleep 60")
+    out_dir = tmp_path / "out"
+    start = time.monotonic()
+    res = _run({"PYTHON": str(fake), "OUT": str(out_dir), "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+                "GPU_CHECK_STEPS": "nvidia-smi bench-proxy sst2 tinystories",
+                "GPU_CHECK_DEADLINE": str(int(time.time()) + 4)})
+    assert time.monotonic() - start < 30, "the sleeping step was not stopped at the deadline"
+    assert res.returncode == 1
+    rows = {r[0]: r[1] for r in (line.split("\t") for line in (out_dir / "steps.tsv").read_text().splitlines()[1:])}
+    assert rows == {"nvidia-smi": "0", "bench-proxy": "124", "sst2": "skipped", "tinystories": "skipped"}
+    assert "stopped after its" in (out_dir / "logs" / "bench-proxy.log").read_text()
+    summary = (out_dir / "SUMMARY.md").read_text()
+    assert "| bench-proxy | **FAILED** (exit 124: time limit) |" in summary and "| sst2 | skipped (time limit) | – | – |" in summary
+
+
+def test_a_step_timeout_bounds_each_step(tmp_path):
+    fake = _fake_gpu_python(tmp_path / "bin", 'if [[ "$*" == *dispatch-proxy* ]]; then sleep 60; fi; exit 0')
+    out_dir = tmp_path / "out"
+    res = _run({"PYTHON": str(fake), "OUT": str(out_dir), "GPU_CHECK_STEPS": "bench-proxy env", "GPU_CHECK_STEP_TIMEOUT": "2"})
+    rows = {r[0]: r[1] for r in (line.split("\t") for line in (out_dir / "steps.tsv").read_text().splitlines()[1:])}
+    assert rows == {"env": "0", "bench-proxy": "124"} and res.returncode == 1
