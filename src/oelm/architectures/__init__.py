@@ -1,0 +1,72 @@
+"""Architecture registry: where each model family keeps its attention query/key projections.
+
+One :class:`ArchitectureSpec` per model type (Hugging Face ``config.model_type``) says, as data,
+which modules are attention layers (a regex on ``model.named_modules()`` names, one per
+attention *kind*: ``self``, ``cross``, ``encoder.self``, ``decoder.cross`` ...), which children
+hold the query and key projections, where the head counts live, and how fused projections are
+laid out. :func:`find_attention_projections` turns a spec into one :class:`ProjectionSite` per
+(kind, layer); :func:`split_fused_projections` replaces fused Q/K/V modules by
+:class:`SplitQKV` (:mod:`oelm.fused`), three ``nn.Linear`` whose concatenated output equals the fused output, so
+the model's own attention code runs unchanged and Q/K can be frozen as whole tensors;
+:func:`fuse_split_projections` puts the fused modules back (with the trained values) for a
+checkpoint that stock ``transformers`` loads (``oelm.merge_and_unload``).
+
+Families registered in :mod:`oelm.architectures.builtin` (module names checked against transformers 5.x sources):
+
+===================================  ==================================================  ==================
+model_type                           attention module(s) -> query / key children          fused layout
+===================================  ==================================================  ==================
+bert, roberta, xlm-roberta, electra  ``encoder.layer.N.attention.self`` (and              --
+                                     ``crossattention.self``) -> ``query`` / ``key``
+distilbert                           ``transformer.layer.N.attention`` -> ``q_lin``/``k_lin`` --
+deberta-v2                           ``encoder.layer.N.attention.self`` ->                  --
+                                     ``query_proj`` / ``key_proj``
+gpt2                                 ``h.N.attn`` -> ``c_attn``                            ``qkv_conv1d``
+gpt_neox                             ``layers.N.attention`` -> ``query_key_value``         ``qkv_per_head``
+llama, mistral, qwen2, opt           ``layers.N.self_attn`` -> ``q_proj`` / ``k_proj``     --
+t5, mt5, umt5                        ``encoder.block.N.layer.0.SelfAttention``,            --
+                                     ``decoder.block.N.layer.0.SelfAttention``,
+                                     ``decoder.block.N.layer.1.EncDecAttention`` -> q / k
+oelm-gpt                             ``h.N.attn`` -> ``q_proj`` / ``k_proj``               --
+===================================  ==================================================  ==================
+
+Another architecture is added without editing oelm, from Python::
+
+    register_architecture(ArchitectureSpec(model_type="my-model", attention_pattern=r"blocks\\.(\\d+)\\.attn$",
+                                           query="wq", key="wk", num_heads="n_heads"))
+
+or from a dict / YAML file (:func:`architecture_from_dict`, :func:`load_architecture`), which an
+experiment config can carry as ``model.architecture``.
+"""
+
+from oelm.architectures.sites import ProjectionSite, find_attention_projections, split_fused_projections
+from oelm.architectures.spec import (
+    ARCHITECTURES,
+    PARAMETER_GROUPS,
+    ArchitectureSpec,
+    AttentionSpec,
+    architecture_from_dict,
+    architecture_of,
+    load_architecture,
+    register_architecture,
+)
+from oelm.fused import FUSED_LAYOUTS, SplitQKV, fuse_split_projections
+
+from oelm.architectures import builtin  # noqa: E402,F401  registers the families oelm ships
+
+__all__ = [
+    "PARAMETER_GROUPS",
+    "FUSED_LAYOUTS",
+    "AttentionSpec",
+    "ArchitectureSpec",
+    "ARCHITECTURES",
+    "register_architecture",
+    "architecture_from_dict",
+    "load_architecture",
+    "architecture_of",
+    "ProjectionSite",
+    "find_attention_projections",
+    "SplitQKV",
+    "split_fused_projections",
+    "fuse_split_projections",
+]
