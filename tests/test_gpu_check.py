@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _gpu_check_fakes import fake_gpu_python as _fake_gpu_python
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
@@ -28,12 +28,6 @@ pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash
 
 def _run(env: dict[str, str], timeout: int = 120) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, env={**os.environ, **env}, timeout=timeout, cwd=ROOT)
-
-
-def _executable(path: Path, text: str) -> Path:
-    path.write_text(text)
-    path.chmod(path.stat().st_mode | stat.S_IEXEC)
-    return path
 
 
 def test_script_syntax():
@@ -65,14 +59,7 @@ def test_every_step_runs_and_failures_are_recorded(tmp_path):
     """A stand-in python says a GPU is there, then fails every oelm/pytest step with status 7;
     nvidia-smi (a stand-in too) succeeds. The real python writes the summary."""
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    _executable(bin_dir / "nvidia-smi", "#!/bin/sh\necho 'fake nvidia-smi'\n")
-    fake_python = _executable(bin_dir / "python", f"""#!/bin/bash
-if [ "$1" = "-" ]; then cat > /dev/null; echo "Fake GPU 80GB HBM3"; exit 0; fi
-if [ "$1" = "scripts/gpu_summary.py" ]; then exec {sys.executable} "$@"; fi
-echo "fake python: $* (OELM_TEST_DEVICE=${{OELM_TEST_DEVICE:-}})"
-exit 7
-""")
+    fake_python = _fake_gpu_python(bin_dir, 'echo "fake python: $* (OELM_TEST_DEVICE=${OELM_TEST_DEVICE:-})"\nexit 7')
     out_dir = tmp_path / "out"
     res = _run({"PYTHON": str(fake_python), "OUT": str(out_dir), "PATH": f"{bin_dir}:{os.environ['PATH']}"})
     assert res.returncode == 1, res.stdout + res.stderr
@@ -140,18 +127,6 @@ def test_summary_copies_the_numbers(tmp_path):
     assert "operators per step: engine 1362, plain 1352; engine extra: aten::div +2, aten::to +2" in text
     assert ("| sst2 | baseline-seed0 | finished | accuracy 84.500 | 250,123 | 11.37 | 3.1% | 96 | 11.25 | 512 | 71 | 1,980 |") in text
     assert "| sst2 | oelm_freeze-seed0 | failed |" in text and "n/a (pynvml is not importable)" in text
-
-
-def _fake_gpu_python(bin_dir: Path, body: str) -> Path:
-    """A stand-in python that reports a GPU to the script's CUDA probe, hands the summary to the real
-    python, and runs ``body`` (bash) for every other call."""
-    bin_dir.mkdir(exist_ok=True)
-    _executable(bin_dir / "nvidia-smi", "#!/bin/sh\necho 'fake nvidia-smi'\n")
-    return _executable(bin_dir / "python", f"""#!/bin/bash
-if [ "$1" = "-" ]; then cat > /dev/null; echo "Fake GPU 80GB HBM3"; exit 0; fi
-if [ "$1" = "scripts/gpu_summary.py" ]; then exec {sys.executable} "$@"; fi
-{body}
-""")
 
 
 def test_the_steps_list_is_the_scripts():

@@ -11,12 +11,12 @@ import hashlib
 import json
 import os
 import shutil
-import stat
 import sys
 import tarfile
 from pathlib import Path
 
 import pytest
+from _gpu_check_fakes import fake_gpu_python
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -103,26 +103,18 @@ def test_bad_build_inputs_are_named(tmp_path):
 def _fake_gpu_python(tmp_path: Path) -> Path:
     """Claims a GPU; an ``oelm run ... --output-dir X`` call writes a run with a result and weights."""
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'fake nvidia-smi'\n")
-    script = bin_dir / "python"
-    script.write_text(f"""#!/bin/bash
-if [ "$1" = "-" ]; then cat > /dev/null; echo "Fake GPU 80GB HBM3"; exit 0; fi
-if [ "$1" = "scripts/gpu_summary.py" ]; then exec {sys.executable} "$@"; fi
-if [ "$3" = "env" ]; then echo '{{"cuda": {{"name": "Fake GPU 80GB HBM3"}}, "timestamp_utc": "2026-11-25T12:00:00+00:00"}}'; exit 0; fi
+    fake_gpu_python(bin_dir, """\
+if [ "$3" = "env" ]; then echo '{"cuda": {"name": "Fake GPU 80GB HBM3"}, "timestamp_utc": "2026-11-25T12:00:00+00:00"}'; exit 0; fi
 for ((i = 1; i <= $#; i++)); do
-  if [ "${{!i}}" = "--output-dir" ]; then
-    j=$((i + 1)); run="${{!j}}/runs/baseline-seed0"
-    mkdir -p "$run/checkpoints" "${{!j}}/tensorboard"
-    echo '{{"status": "finished", "timing": {{"per_step_ms": {{"median": 7.5}}}}}}' > "$run/result.json"
+  if [ "${!i}" = "--output-dir" ]; then
+    j=$((i + 1)); run="${!j}/runs/baseline-seed0"
+    mkdir -p "$run/checkpoints" "${!j}/tensorboard"
+    echo '{"status": "finished", "timing": {"per_step_ms": {"median": 7.5}}}' > "$run/result.json"
     echo weights > "$run/model.safetensors"; echo state > "$run/checkpoints/optimizer.pt"
-    echo events > "${{!j}}/tensorboard/events.out.tfevents.1"; echo '{{}}' > "${{!j}}/tokenizer.json"
+    echo events > "${!j}/tensorboard/events.out.tfevents.1"; echo '{}' > "${!j}/tokenizer.json"
   fi
 done
-exit 0
-""")
-    for path in bin_dir.iterdir():
-        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+exit 0""")
     return bin_dir
 
 
