@@ -20,7 +20,7 @@ from oelm.data.prepare import prepare_data
 from oelm.errors import ChecksumError
 from oelm.io import sha256_file
 from oelm.models.build import resolve_init_from
-from oelm.runs import PlannedRun
+from oelm.records import PlannedRun, RunRecord
 
 TINY_GPT = "{gpt: gpt-tiny, gpt_overrides: {hidden_size: 32, num_layers: 2, num_heads: 2, intermediate_size: 64, dropout: 0.0}}"
 SELECTED = "baseline-lr0.003-seed0"  # the sweep's better candidate (the other barely moves in 4 steps)
@@ -89,7 +89,7 @@ def test_promotion_checks_the_sweep_runs_checkpoint(swept):
     cfg, out = swept
     config = load_config(cfg)
     run_dir = out / "runs" / SELECTED
-    result = json.loads((run_dir / "result.json").read_text()) | {"stage": "sweep", "selected": False}
+    result = RunRecord(json.loads((run_dir / "result.json").read_text()) | {"stage": "sweep", "selected": False})
     data = prepare_data(config)
     run = PlannedRun("baseline", 3.0e-3, 0, "final", SELECTED)
     before = (run_dir / "result.json").read_bytes()
@@ -97,7 +97,7 @@ def test_promotion_checks_the_sweep_runs_checkpoint(swept):
         with flipped_byte(_ckpt(out)) as bad, pytest.raises(ChecksumError, match=f"{bad} is corrupted"):
             promote(config, config.methods[0], run, data, run_dir, result, lambda m: None)
         promoted = promote(config, config.methods[0], run, data, run_dir, result, lambda m: None)
-        assert promoted["stage"] == "final" and promoted["performance"]["test"] is not None
+        assert promoted.stage == "final" and promoted.test is not None
     finally:
         (run_dir / "result.json").write_bytes(before)
 

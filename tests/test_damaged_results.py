@@ -19,7 +19,7 @@ import pytest
 from oelm.cli import main
 from oelm.errors import DamagedFileError
 from oelm.io import read_json, read_json_object
-from oelm.matrix.store import MatrixFolder, read_record
+from oelm.records import MatrixFolder, read_record
 from oelm.monitor import collect_runs, snapshot_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -277,7 +277,7 @@ def test_a_rerun_on_a_damaged_experiment_json_names_it_and_trains_nothing(tmp_pa
 
 
 def test_a_damaged_status_json_is_replaced_when_the_run_starts(tmp_path):
-    from oelm.runs import PlannedRun, read_status, write_status
+    from oelm.records import PlannedRun, read_status, write_status
 
     (tmp_path / "status.json").write_text("{")
     with pytest.raises(DamagedFileError, match="status.json is damaged"):

@@ -392,7 +392,7 @@ def test_selection_writes_the_grid_edge_of_the_winner(tmp_path, winner, failed_t
     from oelm.config import config_from_dict
     from oelm.matrix.output import write_selection
     from oelm.matrix.plan import select_learning_rates
-    from oelm.matrix.store import RunRecord
+    from oelm.records import RunRecord
 
     grid = [1e-4, 2e-4, 4e-4] + ([8e-4] if failed_top else [])
     c = config_from_dict({
@@ -540,11 +540,11 @@ def test_interrupted_run_stops_the_matrix_and_resumes(tmp_path, data_dir, monkey
     """train() raising RunInterruptedError (what it does on SIGTERM after saving a checkpoint)
     leaves an 'interrupted' status and no result; the CLI exits 130; rerunning calls train()
     again on the same run directory and finishes the matrix."""
-    import oelm.train
+    import oelm.training
     from oelm.errors import RunInterruptedError
     from oelm.monitor import collect_runs
 
-    real_train, calls = oelm.train.train, []
+    real_train, calls = oelm.training.train, []
 
     def train_interrupted_once(*args, **kwargs):
         calls.append(kwargs["run_dir"])
@@ -552,7 +552,7 @@ def test_interrupted_run_stops_the_matrix_and_resumes(tmp_path, data_dir, monkey
             raise RunInterruptedError("stopped by SIGTERM", step=2, signal_name="SIGTERM")
         return real_train(*args, **kwargs)
 
-    monkeypatch.setattr(oelm.train, "train", train_interrupted_once)
+    monkeypatch.setattr(oelm.training, "train", train_interrupted_once)
     cfg = _protocol_config(tmp_path, "[{name: baseline}, {name: oelm_freeze}]", name="interrupt")
     out = tmp_path / "out"
     args = ["run", str(cfg), "--output-dir", str(out), "task.test_split=null"]

@@ -15,8 +15,7 @@ from oelm.cli import main
 from oelm.config import config_from_dict
 from oelm.lock import acquire, release
 from oelm.matrix.plan import ready_runs, select_learning_rates
-from oelm.matrix.store import MatrixFolder, RunRecord
-from oelm.runs import run_name
+from oelm.records import MatrixFolder, RunRecord, run_name
 
 SWEPT = {
     "name": "x", "task": {"dataset": "sst2"}, "model": {"gpt": "gpt-tiny"}, "seeds": [0, 1],
@@ -176,11 +175,11 @@ def test_results_record_their_executor_and_a_matrix_with_overlaps_is_not_timing_
     cfg, out = local
     comparison = json.loads((out / "comparison.json").read_text())
     assert comparison["execution"]["timing_grade"] is True and comparison["execution"]["executors"] == ["local"]
-    results: dict[str, list[dict]] = {}
+    results: dict[str, list[RunRecord]] = {}
     for _, r in MatrixFolder(out).iter_results():
         assert r.executor["name"] == "local" and r.executor["overlapped"] == [] and r.executor["shared_node"] is False
         if r.is_final:
-            shared = r.raw | {"executor": r.executor | {"shared_node": True, "overlapped": [{"run": "other", "node": r.executor["node"]}]}}
+            shared = RunRecord(r.raw | {"executor": r.executor | {"shared_node": True, "overlapped": [{"run": "other", "node": r.executor["node"]}]}})
             results.setdefault(r.method, []).append(shared)
     shared = compare_results(load_config(cfg), results, out)
     assert shared["execution"]["timing_grade"] is False and shared["execution"]["most_overlapped_runs"] == 1

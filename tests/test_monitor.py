@@ -55,10 +55,10 @@ def test_once_on_a_finished_matrix(finished, capsys):
 
 def test_once_on_a_partly_finished_matrix(finished, tmp_path, monkeypatch, capsys):
     """The first final run is interrupted: the sweep is done, one run interrupted, the rest pending."""
-    import oelm.train
+    import oelm.training
     from oelm.errors import RunInterruptedError
 
-    real_train, calls = oelm.train.train, []
+    real_train, calls = oelm.training.train, []
 
     def stop_at_first_final_run(*args, **kwargs):
         calls.append(kwargs["run_dir"].name)
@@ -66,7 +66,7 @@ def test_once_on_a_partly_finished_matrix(finished, tmp_path, monkeypatch, capsy
             raise RunInterruptedError("SIGTERM", step=2)
         return real_train(*args, **kwargs)
 
-    monkeypatch.setattr(oelm.train, "train", stop_at_first_final_run)
+    monkeypatch.setattr(oelm.training, "train", stop_at_first_final_run)
     (tmp_path / "c.yaml").write_text(CONFIG)
     out = tmp_path / "out"
     assert main(["run", str(tmp_path / "c.yaml"), "--output-dir", str(out)]) == 130
@@ -151,7 +151,7 @@ def test_monitor_on_a_non_output_dir_is_a_clear_error(tmp_path, capsys):
 def test_a_resumed_run_no_longer_reports_the_signal_that_stopped_its_last_process(tmp_path):
     """status.json after SIGTERM says interrupted + signal; once the run resumes, it is running and
     the old signal and failure are gone (they described the earlier process)."""
-    from oelm.runs import PlannedRun, read_status, write_status
+    from oelm.records import PlannedRun, read_status, write_status
 
     run = PlannedRun(method="baseline", seed=0, learning_rate=1e-4, stage="final", name="baseline-seed0")
     write_status(tmp_path, run, "interrupted", signal="SIGTERM", step=706, failure="x")

@@ -18,6 +18,7 @@ from scipy import stats
 from _tiny_lm import tiny_lm_overrides
 from oelm.cli import main
 from oelm.report import compare_results, load_results, original_layout, write_comparison
+from oelm.records import RunRecord
 from oelm.report.stats import (
     CHANCE_MARGIN_POINTS,
     collapse_reasons,
@@ -85,8 +86,8 @@ def test_step_time_stats_matches_numpy():
 
 
 def _result(metric="accuracy", final=85.0, status="finished", loss=0.4, **extra):
-    return {"status": status, "performance": {"metric": metric, "best_validation": final, "final_validation": final,
-                                              "final_train_loss": loss}, **extra}
+    return RunRecord({"status": status, "performance": {"metric": metric, "best_validation": final,
+                                                        "final_validation": final, "final_train_loss": loss}, **extra})
 
 
 def test_collapse_rule_cases():
@@ -161,7 +162,7 @@ def test_run_writes_every_report_file(lm_run):
 def test_comparison_statistics_match_the_runs(lm_run):
     c = json.loads((lm_run / "comparison.json").read_text())
     results = load_results(lm_run)
-    best = {m: {r["seed"]: r["performance"]["best_validation"] for r in runs} for m, runs in results.items()}
+    best = {m: {r.seed: r.best_validation for r in runs} for m, runs in results.items()}
     f = c["methods"]["oelm_freeze"]["best_validation"]
     vals = [best["oelm_freeze"][s] for s in (0, 1)]
     assert f["mean"] == pytest.approx(np.mean(vals)) and f["std"] == pytest.approx(np.std(vals, ddof=1))
@@ -171,7 +172,7 @@ def test_comparison_statistics_match_the_runs(lm_run):
     assert paired["n"] == 2 and paired["p_value"] == pytest.approx(ref.pvalue)
     # time to target: baseline's mean final perplexity, reached where the metrics log says so
     t = c["time_to_target"]
-    target = np.mean([r["performance"]["final_validation"] for r in results["baseline"]])
+    target = np.mean([r.final_validation for r in results["baseline"]])
     assert t["target"] == pytest.approx(target)
     for seed in (0, 1):
         evals = [json.loads(l) for l in (lm_run / "runs" / f"oelm_freeze-seed{seed}" / "metrics.jsonl").read_text().splitlines()]
@@ -190,14 +191,14 @@ def test_mfu_per_method_is_the_mean_of_the_runs_and_has_its_section(lm_run):
     mfu_percent is 100 x the mean of the runs' fractions and the report shows it."""
     c = json.loads((lm_run / "comparison.json").read_text())
     for method, runs in load_results(lm_run).items():
-        fractions = [r["timing"]["mfu"]["mfu"] for r in runs]
+        fractions = [r.mfu["mfu"] for r in runs]
         assert all(0 < f < 1 for f in fractions), fractions
-        sources = {r["timing"]["mfu"]["peak_source"] for r in runs}
+        sources = {r.mfu["peak_source"] for r in runs}
         if torch.cuda.is_available():  # the engine trained on the GPU: its datasheet peak (e.g. "datasheet:H100 SXM")
             assert len(sources) == 1 and next(iter(sources)).startswith("datasheet:")
         else:
             assert sources == {"measured-probe"}
-            assert all(r["timing"]["gpu_telemetry"]["available"] is False for r in runs)
+            assert all(r.gpu_telemetry["available"] is False for r in runs)
         assert c["methods"][method]["mfu_percent"]["mean"] == pytest.approx(100 * np.mean(fractions))
         assert c["methods"][method]["mfu_peak_source"] == sorted(sources)
     md = (lm_run / "report.md").read_text()
@@ -292,8 +293,8 @@ def test_drift_and_device_warnings(lm_run):
     results = load_results(lm_run)
     results = copy.deepcopy(results)
     r = results["baseline"][0]
-    r["environment"]["matmul_probe_drift_percent"] = -25.0
-    r["environment"]["hostname"] = "other-node"
+    r.raw["environment"]["matmul_probe_drift_percent"] = -25.0
+    r.raw["environment"]["hostname"] = "other-node"
     from oelm.config import load_config
 
     config = load_config(ROOT / "configs/tinystories-tiny.yaml", TINY_LM)
@@ -312,12 +313,12 @@ def test_methods_measured_at_different_machine_speeds_are_warned(lm_run):
     results = copy.deepcopy(load_results(lm_run))
     for method, gflops in (("baseline", 30.0), ("oelm_freeze", 34.0)):
         for r in results[method]:
-            r["environment"]["matmul_probe"] = {"gflops": gflops}
-            r["environment"]["matmul_probe_drift_percent"] = 0.0
+            r.raw["environment"]["matmul_probe"] = {"gflops": gflops}
+            r.raw["environment"]["matmul_probe_drift_percent"] = 0.0
     text = " ".join(compare_results(config, results, lm_run)["warnings"])
     assert "between methods (median GFLOP/s: baseline 30.0, oelm_freeze 34.0)" in text
     for r in results["oelm_freeze"]:
-        r["environment"]["matmul_probe"] = {"gflops": 32.9}  # 9.7% faster: inside the 10% tolerance
+        r.raw["environment"]["matmul_probe"] = {"gflops": 32.9}  # 9.7% faster: inside the 10% tolerance
     assert "between methods" not in " ".join(compare_results(config, results, lm_run)["warnings"])
 
 
@@ -329,20 +330,20 @@ def test_a_gpu_waiting_for_data_is_warned_with_the_workers_to_raise(lm_run):
     config = load_config(ROOT / "configs/tinystories-tiny.yaml", TINY_LM)
     results = copy.deepcopy(load_results(lm_run))
     for r in results["oelm_freeze"]:
-        assert r["timing"]["num_workers"] == 0  # "auto" on CPU: no worker processes
-        r["timing"]["data_stall_seconds"] = 0.1 * r["timing"]["train_seconds"]  # idle 1 / 11 of the span: 9.1%
+        assert r.loader_workers == 0  # "auto" on CPU: no worker processes
+        r.raw["timing"]["data_stall_seconds"] = 0.1 * r.train_seconds  # idle 1 / 11 of the span: 9.1%
     c = compare_results(config, results, lm_run)
     assert c["methods"]["oelm_freeze"]["data_stall_percent"]["mean"] == pytest.approx(100 / 11)
     assert c["methods"]["oelm_freeze"]["num_workers"] == [0]
     assert not [w for w in c["warnings"] if "waited for data" in w]  # CPU
     for r in results["oelm_freeze"]:
-        r["timing"]["device"] = "cuda:0"
+        r.raw["timing"]["device"] = "cuda:0"
     warned = [w for w in compare_results(config, results, lm_run)["warnings"] if "waited for data" in w]
     assert warned == ["oelm_freeze: the GPU waited for data 9% of its training time (timing.data_stall_seconds, mean over "
                       "seeds) with 0 DataLoader worker(s): step times and tokens/s are partly data loading; raise "
                       "training.num_workers so batches are ready before each step."]
     for r in results["oelm_freeze"]:
-        r["timing"]["data_stall_seconds"] = 0.04 * r["timing"]["train_seconds"]  # 3.8%: under the 5% bar
+        r.raw["timing"]["data_stall_seconds"] = 0.04 * r.train_seconds  # 3.8%: under the 5% bar
     assert not [w for w in compare_results(config, results, lm_run)["warnings"] if "waited for data" in w]
 
 
@@ -370,7 +371,7 @@ def _old_sweep(out: Path, grid: list[float], selected: float, **extra) -> None:
 
 
 def test_grid_edge_needs_two_rates_and_a_selection():
-    from oelm.runs import grid_edge
+    from oelm.records import grid_edge
 
     assert grid_edge([4e-4, 1e-4, 2e-4], 1e-4) == "low" and grid_edge([4e-4, 1e-4, 2e-4], 4e-4) == "high"
     assert grid_edge([1e-4, 2e-4, 4e-4], 2e-4) is None
@@ -421,17 +422,17 @@ def test_report_of_a_directory_without_runs_is_a_clear_error(tmp_path, capsys):
 
 
 def test_layers_point_one_way_report_and_monitor_never_import_the_experiment():
-    """The run record (oelm.runs) is the ground floor: the readers (report, monitor) and the run
+    """The run record (oelm.records) is the ground floor: the readers (report, monitor) and the run
     record itself load without oelm.experiment, so there is no experiment <-> report cycle."""
     import subprocess
     import sys
 
     code = (
-        "import sys, oelm.runs, oelm.metrics; a = 'oelm.experiment' in sys.modules; "
+        "import sys, oelm.records, oelm.metrics; a = 'oelm.experiment' in sys.modules; "
         "import oelm.report, oelm.monitor; b = 'oelm.experiment' in sys.modules; print(a, b)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]
-    from oelm.runs import DRIFT_WARNING_PERCENT
+    from oelm.report.compare import DRIFT_WARNING_PERCENT
 
     assert math.isclose(DRIFT_WARNING_PERCENT, 10.0)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from oelm.matrix.store import RunRecord
+from oelm.records import RunRecord
 from oelm.report import comparison_warnings
 from oelm.report.stats import best_at_last_evaluation
 

@@ -258,7 +258,7 @@ def _stays_inside(folder: Path, name: str) -> None:
 
 @pytest.mark.parametrize("method", HOSTILE)
 def test_run_name_of_a_hostile_method_name_stays_in_runs(tmp_path, method):
-    from oelm.runs import run_name
+    from oelm.records import run_name
 
     _stays_inside(tmp_path, run_name(method, 0))
 
@@ -266,7 +266,7 @@ def test_run_name_of_a_hostile_method_name_stays_in_runs(tmp_path, method):
 @settings(max_examples=200, deadline=None)
 @given(st.text(alphabet=st.characters(exclude_categories=()), max_size=80), st.text(alphabet=st.characters(exclude_categories=()), max_size=80))
 def test_run_names_are_safe_and_distinct(a, b):
-    from oelm.runs import run_name
+    from oelm.records import run_name
 
     folder = Path("/tmp/oelm-runs")
     _stays_inside(folder, run_name(a, 3))
@@ -276,7 +276,7 @@ def test_run_names_are_safe_and_distinct(a, b):
 
 
 def test_safe_method_names_are_kept_as_they_are():
-    from oelm.runs import run_name
+    from oelm.records import run_name
 
     assert run_name("oelm_freeze", 2) == "oelm_freeze-seed2"
     assert run_name("baseline-lr1e-4", 0) == "baseline-lr1e-4-seed0"

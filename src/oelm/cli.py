@@ -150,10 +150,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.only:
             result = run_only(config, out, args.only, retry_failed=args.retry_failed,
                               allow_missing_weights=args.allow_missing_weights)
-            perf = result.get("performance") or {}
-            print(f"oelm run --only {args.only}: {result.get('status')}"
-                  + (f", best validation {perf.get('metric')} {perf['best_validation']:.4f}" if perf.get("best_validation") is not None else "")
-                  + (f", test {perf['test']:.4f}" if perf.get("test") is not None else ""))
+            print(f"oelm run --only {args.only}: {result.status}"
+                  + (f", best validation {result.metric} {result.best_validation:.4f}" if result.best_validation is not None else "")
+                  + (f", test {result.test:.4f}" if result.test is not None else ""))
             return 0
         if args.collect:
             comparison, missing = collect(config, out)
@@ -205,21 +204,22 @@ def cmd_monitor(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from oelm.config import load_config
+    from oelm.records import MatrixFolder, RunRecord
     from oelm.report import comparison_rows, load_results, write_comparison
 
     out = Path(args.dir)
-    cfg_path = out / "config.yaml"
-    if not cfg_path.is_file():
+    folder = MatrixFolder(out)
+    if not folder.config.is_file():
         raise OELMError(f"{out} is not an oelm output directory (no config.yaml); pass the --output-dir of `oelm run`")
-    config = load_config(cfg_path)  # a damaged config.yaml: one line naming it (not valid YAML, empty, ...)
-    results: dict[str, list[dict]] = {m.name: [] for m in config.methods}
+    config = load_config(folder.config)  # a damaged config.yaml: one line naming it (not valid YAML, empty, ...)
+    results: dict[str, list[RunRecord]] = {m.name: [] for m in config.methods}
     results.update(load_results(out))
     if not any(results.values()):
-        raise OELMError(f"no runs under {out / 'runs'} (no runs/*/result.json); run `oelm run` with --output-dir {out} first")
+        raise OELMError(f"no runs under {folder.runs} (no runs/*/result.json); run `oelm run` with --output-dir {out} first")
     comparison = write_comparison(config, results, out)
     header, rows = comparison_rows(comparison)
     _print_table(f"{config.name}", header, rows)
-    corrupted, absent = _checked_checkpoints(out, results)
+    corrupted, absent = _checked_checkpoints(folder, results)
     for message in corrupted:
         print(f"oelm: warning: {message}", file=sys.stderr)
     if absent:
@@ -227,33 +227,34 @@ def cmd_report(args: argparse.Namespace) -> int:
               "results leave them out): the report reads result.json and metrics.jsonl only", file=sys.stderr)
     for w in comparison.get("warnings", []):
         print(f"warning: {w}")
-    print(f"report: {out / 'report.md'}  {out / 'report.html'}  numbers: {out / 'comparison.json'}")
+    print(f"report: {folder.report_md}  {folder.report_html}  numbers: {folder.comparison}")
     return 0
 
 
-def _checked_checkpoints(out: Path, results: dict[str, list[dict]]) -> tuple[list[str], int]:
+def _checked_checkpoints(folder, results: dict) -> tuple[list[str], int]:
     """The final finished runs' best weights against the sha256 in their ``result.json``: one
     message per file that is there but does not match, and the number of recorded files that are
     not there at all (weights left out of committed results, say). The report's numbers come
-    from the JSON, so it is written either way."""
+    from the JSON, so it is written either way.
+
+    Args:
+        folder: the :class:`~oelm.records.MatrixFolder`.
+        results: method -> its final runs' :class:`~oelm.records.RunRecord`."""
     from oelm.errors import ChecksumError, RecordedFileMissingError
-    from oelm.runs import verify_checkpoint
 
     problems, absent = [], 0
     for runs in results.values():
         for r in runs:
-            if r.get("status") == "finished" and r.get("run_name"):
-                run_dir = out / "runs" / r["run_name"]
+            if r.finished and r.name:
+                run = folder.run(r.name)
                 try:
-                    verify_checkpoint(run_dir, r, f"the numbers are reported, but delete {run_dir} and rerun `oelm run` "
-                                      "if you need these weights")
+                    run.verify_weights(r, f"the numbers are reported, but delete {run.path} and rerun `oelm run` "
+                                       "if you need these weights")
                 except RecordedFileMissingError:
                     absent += 1
                 except ChecksumError as exc:
                     problems.append(str(exc))
     return problems, absent
-
-
 
 
 def cmd_stop(args: argparse.Namespace) -> int:

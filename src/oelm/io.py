@@ -99,6 +99,11 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
+def json_value(obj: Any) -> Any:
+    """``obj`` as :func:`write_json_atomic` writes it: NaN/Inf as None, tuples as lists, keys as strings."""
+    return _jsonable(obj)
+
+
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     """Atomically write ``obj`` as indented JSON (NaN/Inf become null)."""
     write_text_atomic(path, json.dumps(_jsonable(obj), indent=2, sort_keys=False) + "\n")

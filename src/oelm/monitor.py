@@ -36,7 +36,7 @@ from typing import Any
 from oelm.errors import DamagedFileError, OELMError
 from oelm.io import read_json, read_jsonl
 from oelm.lock import pid_alive
-from oelm.matrix.store import RunRecord, read_record
+from oelm.records import MatrixFolder, RunRecord, read_record
 
 __all__ = ["collect_runs", "snapshot_text", "build_table", "watch_lines", "monitor"]
 
@@ -68,7 +68,7 @@ def _damage(path: Path) -> str | None:
 
 def _result(path: Path) -> tuple[RunRecord | None, str | None]:
     """A run's record (None when it has no ``result.json``) and why its ``result.json`` is damaged
-    (checked field by field: :func:`oelm.matrix.store.read_record`), else None."""
+    (checked field by field: :func:`oelm.records.read_record`), else None."""
     try:
         return read_record(path), None
     except DamagedFileError as exc:
@@ -135,8 +135,9 @@ def collect_runs(out: Path, now: float | None = None) -> list[dict[str, Any]]:
         OELMError: ``out`` is not an ``oelm run`` output directory.
     """
     out = Path(out)
-    plan = _read(out / "plan.json")
-    if plan is None and not (out / "runs").is_dir():
+    folder = MatrixFolder(out)
+    plan = _read(folder.plan)
+    if plan is None and not folder.runs.is_dir():
         raise OELMError(f"{out} is not an oelm run output directory (no plan.json or runs/); pass the --output-dir of `oelm run`")
     now = time.time() if now is None else now
     entries, planned = [], set()
@@ -148,13 +149,11 @@ def collect_runs(out: Path, now: float | None = None) -> list[dict[str, Any]]:
             continue  # the selected sweep run is also that seed's final run: one row
         planned.add(e.get("name")) if e.get("name") else None
         entries.append(e)
-    runs_dir = out / "runs"
-    if runs_dir.is_dir():
-        for d in sorted(p for p in runs_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
-            if d.name not in planned:
-                status = _read(d / "status.json") or {}
-                entries.append({"name": d.name, "method": status.get("method"), "seed": status.get("seed"),
-                                "learning_rate": status.get("learning_rate"), "stage": status.get("stage")})
+    for d in folder.run_folders():
+        if d.name not in planned:
+            status = _read(d.status) or {}
+            entries.append({"name": d.name, "method": status.get("method"), "seed": status.get("seed"),
+                            "learning_rate": status.get("learning_rate"), "stage": status.get("stage")})
     rows = []
     for e in entries:
         row = {"name": e.get("name"), "method": e.get("method"), "seed": e.get("seed"), "stage": e.get("stage"),
@@ -165,14 +164,13 @@ def collect_runs(out: Path, now: float | None = None) -> list[dict[str, Any]]:
         rows.append(row)
         if not e.get("name"):
             continue
-        d = runs_dir / e["name"]
-        status = _read(d / "status.json") or {}
-        record, damage = _result(d / "result.json")
-        result = record.raw if record else None
-        damaged_file = d / "result.json"
-        if damage is None and record is None and (d / "status.json").exists():
-            damage, damaged_file = _damage(d / "status.json"), d / "status.json"
-        train, evaluation, evals = _last_records(d / "metrics.jsonl")
+        d = folder.run(e["name"])
+        status = _read(d.status) or {}
+        record, damage = _result(d.result)
+        damaged_file = d.result
+        if damage is None and record is None and d.status.exists():
+            damage, damaged_file = _damage(d.status), d.status
+        train, evaluation, evals = _last_records(d.metrics)
         row["total_steps"] = _number(status.get("total_steps"))
         row["node"], row["pid"] = status.get("host"), status.get("pid")
         if train:
@@ -182,22 +180,22 @@ def collect_runs(out: Path, now: float | None = None) -> list[dict[str, Any]]:
             row["metric"], row["validation"] = metric, _number(evaluation.get(metric))
             row["best_validation"] = _best(metric, [e.get(metric) for e in evals]) if metric else None
         # a folder with no status and no record yet (made, not started, or emptied by hand) is not running
-        state = status.get("state") or ("running" if (d / "metrics.jsonl").exists() else "pending")
+        state = status.get("state") or ("running" if d.metrics.exists() else "pending")
         if damage is not None:
             state = "damaged"
             row["damage"] = f"{damaged_file}: {damage}"
         elif record is not None:
             state = "failed" if record.failed else "finished"
             if state == "finished":
-                row["step"] = record.performance.get("steps", row["step"])
+                row["step"] = record.steps if record.steps is not None else row["step"]
                 row["best_validation"] = record.best_validation if record.best_validation is not None else row["best_validation"]
-                row["early_stopped"] = bool(record.performance.get("early_stopped"))
+                row["early_stopped"] = record.early_stopped
                 row["stage"] = record.stage or row["stage"]
-                row["executor"] = record.executor.get("name")
+                row["executor"] = record.executor_name if record.executor else None
         elif state == "running" and status.get("host") == platform.node() and status.get("pid") and not pid_alive(status["pid"]):
             state = "interrupted"
         row["state"] = state
-        row["elapsed_seconds"] = _elapsed(status, result, train, state, now)
+        row["elapsed_seconds"] = _elapsed(status, record, train, state, now)
         if state == "running" and row["step"] and row["total_steps"] and train and _number(train.get("elapsed_seconds")):
             per_step = train["elapsed_seconds"] / row["step"]
             row["eta_seconds"] = max(0.0, per_step * (row["total_steps"] - row["step"]))
@@ -209,12 +207,12 @@ def collect_runs(out: Path, now: float | None = None) -> list[dict[str, Any]]:
     return [r for r in rows if r["name"] or (r["method"], r["seed"]) not in done]
 
 
-def _elapsed(status: dict, result: dict | None, train: dict | None, state: str, now: float) -> float | None:
+def _elapsed(status: dict, record: RunRecord | None, train: dict | None, state: str, now: float) -> float | None:
     """A run's own time in seconds, across resumes: a finished run's ``timing.total_seconds``;
     otherwise the larger of its last train record's ``elapsed_seconds`` (which counts earlier
     processes of a resumed run) and the time since ``status.json``'s ``started_at`` (which a
     resume resets, so alone it shows only the last process)."""
-    total = ((result or {}).get("timing") or {}).get("total_seconds")
+    total = record.total_seconds if record is not None else None
     if state == "finished" and total is not None:
         return float(total)
     started = _parse_time(status.get("started_at"))
@@ -284,9 +282,10 @@ def _notes(out: Path, rows: list[dict[str, Any]]) -> list[str]:
     """Lines below the table: each damaged run's file and reason (and what to do), a damaged plan.json."""
     notes = [f"damaged: {r['damage']} (rerun `oelm run` with this --output-dir: it moves the run's folder to "
              "runs/.damaged/ and trains the run again)" for r in rows if r.get("damage")]
-    reason = _damage(Path(out) / "plan.json")
+    plan = MatrixFolder(out).plan
+    reason = _damage(plan)
     if reason:
-        notes.append(f"damaged: {Path(out) / 'plan.json'}: {reason} (runs shown from runs/; `oelm run` writes it again)")
+        notes.append(f"damaged: {plan}: {reason} (runs shown from runs/; `oelm run` writes it again)")
     return notes
 
 

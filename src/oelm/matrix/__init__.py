@@ -2,14 +2,14 @@
 
 - :mod:`~oelm.matrix.plan`: config + results found so far -> the runs, which are ready, the
   learning-rate selection (pure functions).
-- :mod:`~oelm.matrix.store`: the output-folder contract (every path) and the typed run record.
 - :mod:`~oelm.matrix.run_one`: train exactly one planned run.
 - :mod:`~oelm.matrix.executors`: where a ready run trains (local, Ray).
 - :mod:`~oelm.matrix.driver`: the plan driven by an executor; ``oelm plan`` / ``--only`` /
   ``--collect`` for batch systems.
 - :mod:`~oelm.matrix.output`: the driver's files (config, fingerprint, plan, selection).
 
-Names are imported on first use, so that readers of the store (``oelm monitor``) do not load torch.
+Names are imported on first use, so that ``import oelm.matrix`` does not load torch. The output
+folder and the run record (read by every layer) live in :mod:`oelm.records`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from typing import Any
 _WHERE = {
     "run_matrix": "driver", "plan_matrix": "driver", "run_only": "driver", "collect": "driver",
     "RunTask": "plan", "plan_runs": "plan", "ready_runs": "plan", "run_order": "plan", "select_learning_rates": "plan",
-    "MatrixFolder": "store", "RunFolder": "store", "RunRecord": "store",
 }
 __all__ = sorted(_WHERE)
 

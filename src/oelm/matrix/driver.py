@@ -29,7 +29,7 @@ from oelm.matrix.output import (
 )
 from oelm.matrix.plan import RunTask, final_results, plan_runs, ready_runs, unfinished_final_runs, why_not_ready
 from oelm.matrix.run_one import RunContext, placement_record, train_planned_run, verify_kept
-from oelm.matrix.store import MatrixFolder, RunRecord
+from oelm.records import MatrixFolder, RunRecord
 
 __all__ = ["run_matrix", "plan_matrix", "run_only", "collect", "task_metric"]
 
@@ -93,7 +93,7 @@ def _check_kept(ctx: RunContext, results: dict[str, RunRecord], names: set[str])
     """Check every earlier result the rerun keeps (:func:`oelm.matrix.run_one.verify_kept`)."""
     for name in sorted(names & set(results)):
         if not (results[name].failed and ctx.retry_failed):
-            verify_kept(ctx, ctx.out / "runs" / name, results[name].raw)
+            verify_kept(ctx, ctx.folder.run(name), results[name])
 
 
 def _drive(config: ExperimentConfig, out: Path, log: Callable[[str], None], retry_failed: bool,
@@ -131,12 +131,12 @@ def _drive(config: ExperimentConfig, out: Path, log: Callable[[str], None], retr
                 busy[task.name] = task
             if not busy:
                 break
-            for task, result in executor.wait():
+            for task, record in executor.wait():
                 busy.pop(task.name)
-                results[task.name] = RunRecord(result)
-    finals = {m: [r.raw for r in runs] for m, runs in final_results(config, selection, results).items() if runs}
-    if not any(r.get("status") == "finished" for runs in finals.values() for r in runs):
-        raise OELMError(f"no run of {config.name} finished (see the failures under {out / 'runs'})")
+                results[task.name] = record
+    finals = {m: runs for m, runs in final_results(config, selection, results).items() if runs}
+    if not any(r.finished for runs in finals.values() for r in runs):
+        raise OELMError(f"no run of {config.name} finished (see the failures under {ctx.folder.runs})")
     barrier()  # every result.json and metrics.jsonl is on disk before the comparison reads them
     from oelm.report import compare_results, write_comparison
 
@@ -182,14 +182,14 @@ def plan_matrix(config: ExperimentConfig, output_dir: str | Path | None = None,
 
 
 def run_only(config: ExperimentConfig, output_dir: str | Path | None, name: str, log: Callable[[str], None] = print, *,
-             retry_failed: bool = False, allow_missing_weights: bool = False) -> dict[str, Any]:
+             retry_failed: bool = False, allow_missing_weights: bool = False) -> RunRecord:
     """Train exactly the planned run ``name`` in this process (``oelm run --only NAME``), for a
     batch system that runs each of ``oelm plan``'s lines as a job. Several ``--only`` processes may
     share an output folder (its lock in shared mode; never beside a driver), each run is locked
     while it trains (``runs/<name>/.oelm.lock``), and a run writes only its own folder.
 
     Returns:
-        The run's result dict.
+        The run's :class:`~oelm.records.RunRecord`.
 
     Raises:
         ConfigError: the folder was not started by ``oelm plan`` (or holds another config), or
@@ -233,9 +233,9 @@ def collect(config: ExperimentConfig, output_dir: str | Path | None = None,
         results = MatrixFolder(out).results()
         _, selection = ready_runs(config, task_metric(config), results)
         write_selection(out, config, selection, log, set())
-        finals = {m: [r.raw for r in runs] for m, runs in final_results(config, selection, results).items() if runs}
-        if not any(r.get("status") == "finished" for runs in finals.values() for r in runs):
-            raise OELMError(f"no final run of {config.name} has finished under {out / 'runs'} yet; "
+        finals = {m: runs for m, runs in final_results(config, selection, results).items() if runs}
+        if not any(r.finished for runs in finals.values() for r in runs):
+            raise OELMError(f"no final run of {config.name} has finished under {MatrixFolder(out).runs} yet; "
                             "train the runs `oelm plan` lists first")
         from oelm.report import write_comparison
 

@@ -34,6 +34,7 @@ import torch
 
 from oelm.config import ExecutorConfig
 from oelm.errors import ConfigError, OELMError
+from oelm.records import RunRecord
 
 from oelm.matrix.plan import RunTask
 from oelm.matrix.run_one import RunContext, execute, placement_record, train_planned_run
@@ -111,7 +112,7 @@ class LocalExecutor:
     def submit(self, task: RunTask) -> None:
         self._queue.append((task, time.time()))
 
-    def wait(self) -> list[tuple[RunTask, dict]]:
+    def wait(self) -> list[tuple[RunTask, RunRecord]]:
         task, submitted = self._queue.pop(0)
         self.ctx.placement = self._placement | {"submitted_unix": submitted}
         with _torch_threads(self.config.cpus_per_run):
@@ -281,7 +282,7 @@ class RayExecutor:
                  self.ctx.allow_missing_weights, placement, max(1, int(self.cpus_per_run)))
         self._refs[ref] = task
 
-    def wait(self) -> list[tuple[RunTask, dict]]:
+    def wait(self) -> list[tuple[RunTask, RunRecord]]:
         done, _ = self._ray.wait(list(self._refs), num_returns=1)
         finished = []
         for ref in done:

@@ -19,12 +19,13 @@ from oelm.config import ExperimentConfig, TrainingConfig
 from oelm.data.prepare import PreparedData, prepare_data
 from oelm.distributed import is_main_process, main_process_only
 from oelm.errors import ConfigError, DamagedFileError, RunInterruptedError
-from oelm.io import read_json, read_json_object, write_json_atomic, write_text_atomic
+from oelm.io import read_json_object, write_json_atomic, write_text_atomic
 from oelm.models.build import check_init_tokenizer, resolve_init_from
-from oelm.runs import format_rates, grid_edge_note, read_sweep, run_name, utc_now
+from oelm.records import (
+    MatrixFolder, format_rates, grid_edge_note, read_status, read_sweep, run_name, sweep_file, utc_now,
+)
 
 from oelm.matrix.plan import Selection, plan_runs
-from oelm.matrix.store import MatrixFolder
 
 __all__ = ["open_output_dir", "start_output", "config_fingerprint", "prepare_matrix_data", "interruptible", "write_plan",
            "write_selection", "COSMETIC_TRAINING_KEYS"]
@@ -50,7 +51,7 @@ def _experiment(out: Path) -> dict[str, Any]:
     Raises:
         DamagedFileError: it does not parse, or its ``fingerprint`` / ``grid_growth`` is not an
             object (names the file, the field and the fix)."""
-    path = out / "experiment.json"
+    path = MatrixFolder(out).experiment
     if not path.exists():
         return {}
     record = read_json_object(path, _EXPERIMENT_FIX)
@@ -99,13 +100,16 @@ def config_fingerprint(config: ExperimentConfig) -> dict[str, Any]:
 
 
 def _methods_with_runs(out: Path) -> set[str]:
-    """Methods that have a run folder with a status or result under ``out/runs``."""
+    """Methods that have a run folder with a result or a status under ``out/runs``."""
     found = set()
-    for p in list((out / "runs").glob("*/status.json")) + list((out / "runs").glob("*/result.json")):
-        try:
-            found.add(read_json(p)["method"])
-        except (OSError, ValueError, KeyError, TypeError):  # a damaged file: no method to count
-            continue
+    for d in MatrixFolder(out).run_folders():
+        for read in (lambda: d.read_result().method, lambda: read_status(d)["method"]):
+            try:
+                found.add(read())
+                break
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):  # absent or damaged: no method to count
+                continue
+    found.discard(None)
     return found
 
 
@@ -133,8 +137,7 @@ def _check_fingerprint(out: Path, fingerprint: dict[str, Any]) -> tuple[dict[str
         ConfigError: task/model/training/init_from/sweep seeds changed, or the settings of a
             method that already has runs changed otherwise (naming what changed).
     """
-    path = out / "experiment.json"
-    if not path.exists():
+    if not MatrixFolder(out).experiment.exists():
         return fingerprint, {}
     previous = _experiment(out).get("fingerprint") or {}
     if isinstance(previous.get("training"), dict):  # keys added to TrainingConfig since: their defaults held
@@ -227,9 +230,10 @@ def start_output(config: ExperimentConfig, out: Path, log: Callable[[str], None]
         (log or _quiet)(f"[{name}] learning-rate grid grows from {format_rates(old)} to {format_rates(new)}; its runs are kept, the new rates "
             "are swept and the rate is selected again"
             + (f" (already tested at the earlier selection: {', '.join(tested)})" if tested else ""))
-    _write_json(out / "experiment.json", {"name": config.name, "fingerprint": fingerprint}
+    folder = MatrixFolder(out)
+    _write_json(folder.experiment, {"name": config.name, "fingerprint": fingerprint}
                 | ({"grid_growth": growth} if growth else {}))
-    _write_text(out / "config.yaml", yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    _write_text(folder.config, yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     write_plan(out, config, {})
 
 
@@ -293,10 +297,10 @@ def _prepare(config: ExperimentConfig, out: Path | None, log: Callable[[str], No
     if unchecked:
         log(f"init_from: {len(unchecked)} checkpoint(s) (e.g. {unchecked[0]}) record no tokenizer (a bare safetensors file, "
             "or written by an oelm before it recorded one), so oelm cannot check that task.tokenizer is the pretraining's")
-    if save_tokenizer and out is not None and config.model.gpt and is_main_process() and not (out / "tokenizer.json").is_file():
+    if save_tokenizer and out is not None and config.model.gpt and is_main_process() and not MatrixFolder(out).tokenizer.is_file():
         from oelm.data.lm import save_tokenizer as _save
 
-        _save(data.tokenizer, out / "tokenizer.json")
+        _save(data.tokenizer, MatrixFolder(out).tokenizer)
     return data
 
 
@@ -308,7 +312,7 @@ def write_plan(out: Path, config: ExperimentConfig, selected: dict[str, float]) 
     for m in config.methods:
         if len(config.learning_rate_candidates(m)) > 1 and m.name not in selected:
             runs += [{"name": None, "method": m.name, "seed": s, "learning_rate": None, "stage": "final"} for s in config.seeds]
-    _write_json(out / "plan.json", {"name": config.name, "runs": runs})
+    _write_json(MatrixFolder(out).plan, {"name": config.name, "runs": runs})
 
 
 def write_selection(out: Path, config: ExperimentConfig, selection: Selection, log: Callable[[str], None],
@@ -319,7 +323,7 @@ def write_selection(out: Path, config: ExperimentConfig, selection: Selection, l
     ``sweep.json`` lists swept methods only (two or more candidates). ``selected_at_grid_edge``: per
     swept method ``"low"`` / ``"high"`` when the selected rate is the smallest / largest candidate
     (a wider grid could move the result), null when it is interior or nothing was selected (every
-    sweep run failed); see :func:`oelm.runs.grid_edge`. ``grid_growth`` (only when a grid grew):
+    sweep run failed); see :func:`oelm.records.grid_edge`. ``grid_growth`` (only when a grid grew):
     ``experiment.json``'s record of it, for the report."""
     folder = MatrixFolder(out)
     before = _selected_before(out, log)
@@ -338,12 +342,6 @@ def write_selection(out: Path, config: ExperimentConfig, selection: Selection, l
         announced.add(name)
     growth = _experiment(out).get("grid_growth") or {}
     if selection.summary:
-        _write_json(folder.sweep, {
-            "selection_metric": "best_validation",
-            "selection_rule": "mean over sweep seeds; highest accuracy / lowest perplexity; ties: first candidate",
-            "sweep_seeds": config.sweep_seed_list(),
-            "selected_learning_rates": selection.selected,
-            "selected_at_grid_edge": selection.edges,
-            "methods": selection.summary,
-        } | ({"grid_growth": growth} if growth else {}))
+        _write_json(folder.sweep, sweep_file(config.sweep_seed_list(), selection.selected, selection.edges,
+                                             selection.summary, growth))
     write_plan(out, config, selection.selected)

@@ -23,9 +23,7 @@ from typing import Any, Iterable, Literal
 
 from oelm.config import ExperimentConfig
 from oelm.metrics import get_metric
-from oelm.runs import PlannedRun, grid_edge, run_name
-
-from oelm.matrix.store import RunRecord
+from oelm.records import PlannedRun, RunRecord, final_runs, grid_edge, run_name, sweep_entry
 
 __all__ = ["run_order", "plan_runs", "Selection", "select_learning_rates", "select", "RunTask", "ready_runs",
            "final_results", "unfinished_final_runs", "why_not_ready"]
@@ -84,7 +82,7 @@ class Selection:
         selected: method -> selected learning rate (swept methods whose sweep is complete and
             has a finished run).
         complete: swept methods whose sweep is complete (selected or every run failed).
-        edges: method -> ``"low"`` / ``"high"`` / None (:func:`oelm.runs.grid_edge`).
+        edges: method -> ``"low"`` / ``"high"`` / None (:func:`oelm.records.grid_edge`).
         summary: method -> one entry per sweep run (learning_rate, seed, best_validation,
             selected, status): ``sweep.json``'s ``methods``.
     """
@@ -128,11 +126,7 @@ def select_learning_rates(config: ExperimentConfig, metric: str, results: dict[s
         if choice is not None:
             out.selected[m.name] = choice
         out.edges[m.name] = grid_edge(cands, choice)
-        out.summary[m.name] = [
-            {"learning_rate": lr, "seed": s, "best_validation": r.best_validation, "selected": lr == choice,
-             "status": r.status}
-            for lr, s in cells for r in [sweep[(m.name, lr, s)]]
-        ]
+        out.summary[m.name] = [sweep_entry(lr, s, sweep[(m.name, lr, s)], lr == choice) for lr, s in cells]
     return out
 
 
@@ -205,15 +199,13 @@ def _entry(config: ExperimentConfig, method: str):
 
 
 def final_results(config: ExperimentConfig, selection: Selection, results: dict[str, RunRecord]) -> dict[str, list[RunRecord]]:
-    """Per method (config order), the records of its final runs that exist: a finished final run,
-    a failed one, or a swept seed's failed run at the selected rate. A sweep run not yet promoted
-    is not a final result."""
-    out: dict[str, list[RunRecord]] = {m.name: [] for m in config.methods}
-    for run in plan_runs(config, selection.selected):
-        record = results.get(run.name)
-        if run.stage == "final" and record is not None and (record.is_final or record.failed):
-            out[run.method].append(record)
-    return out
+    """Per method (config order), the records of its final runs that exist, over the config's
+    seeds: :func:`oelm.records.final_runs` (the report's selector too) at the selection made.
+    A sweep run not yet promoted is not a final result.
+
+    Raises:
+        OELMError: two final runs of one method and seed (a copied run folder)."""
+    return final_runs(results, selection.selected, methods=[m.name for m in config.methods], seeds=config.seeds)
 
 
 def unfinished_final_runs(config: ExperimentConfig, selection: Selection, results: dict[str, RunRecord]) -> list[str]:
@@ -231,7 +223,7 @@ def why_not_ready(config: ExperimentConfig, metric: str, results: dict[str, RunR
     """One line saying why run ``name`` is not in :func:`ready_runs` (for ``oelm run --only``)."""
     record = results.get(name)
     if record is not None and record.failed:
-        return f"run {name} failed earlier ({(record.failure or {}).get('kind')}); pass --retry-failed to train it again"
+        return f"run {name} failed earlier ({record.failure_kind}); pass --retry-failed to train it again"
     if record is not None:
         return f"run {name} is done ({record.stage} run, {record.status}; runs/{name}/result.json exists)"
     selection = select_learning_rates(config, metric, results)

@@ -13,8 +13,7 @@ import torch
 from oelm.config import ExperimentConfig, MethodEntry
 from oelm.errors import ConfigError
 from oelm.method import apply_oelm
-from oelm.io import read_json
-from oelm.runs import run_results, verify_checkpoint
+from oelm.records import MatrixFolder, RunFolder
 
 if TYPE_CHECKING:
     from oelm.data.prepare import PreparedData
@@ -183,11 +182,13 @@ def resolve_init_from(config: ExperimentConfig, method: str, seed: int) -> Path 
         if problem:
             raise ConfigError(f"init_from: the file {path} {problem}; give a model.safetensors or an `oelm run` output directory")
         return path
-    if path.is_dir() and (path / "runs").is_dir():
-        for run_dir, r in run_results(path):
-            if r.get("method") == method and r.get("seed") == seed and r.get("stage", "final") == "final" and r.get("status") == "finished":
-                ckpt = verify_checkpoint(run_dir, r, (
-                    f"init_from cannot use it: delete {run_dir} and rerun the pretraining config with "
+    pretraining = MatrixFolder(path)
+    if path.is_dir() and pretraining.runs.is_dir():
+        for run, r in pretraining.iter_results("restore it from a copy, or rerun `oelm run` with that --output-dir "
+                                               "to train the run again"):
+            if r.method == method and r.seed == seed and r.stage in (None, "final") and r.finished:
+                ckpt = run.verify_weights(r, (
+                    f"init_from cannot use it: delete {run.path} and rerun the pretraining config with "
                     f"--output-dir {path} to train that run again"))
                 if ckpt.is_file():
                     return ckpt
@@ -219,13 +220,14 @@ def check_init_tokenizer(checkpoint: Path, tokenizer: dict[str, Any]) -> bool:
     Raises:
         ConfigError: the tokenizers differ (sha256); names both and the file to use instead.
     """
-    result = checkpoint.parent.parent / "result.json"
-    recorded = read_json(result).get("tokenizer") if checkpoint.parent.name == "checkpoint" and result.is_file() else None
+    run = RunFolder(checkpoint.parent.parent)  # <run>/checkpoint/model.safetensors
+    record = run.read_result() if checkpoint.parent.name == "checkpoint" else None
+    recorded = record.tokenizer if record is not None else None
     if not recorded or not recorded.get("sha256"):
         return False
     if recorded["sha256"] == tokenizer.get("sha256"):
         return True
-    saved = checkpoint.parents[3] / "tokenizer.json"  # <output_dir>/runs/<run>/checkpoint/model.safetensors
+    saved = MatrixFolder(run.path.parent.parent).tokenizer  # <output_dir>/runs/<run>/checkpoint/model.safetensors
     fix = (f"set task.tokenizer: {saved} (the tokenizer that pretraining saved)" if saved.is_file()
            else "set task.tokenizer to the pretraining's tokenizer (the same spec and training text, or its tokenizer.json)")
     raise ConfigError(

@@ -34,6 +34,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
+    from oelm.records import RunRecord
     from oelm.report.compare import compare_results, comparison_warnings, original_layout, run_records, step_times_of
     from oelm.report.render import build_sections, comparison_rows, render_html, render_markdown
 
@@ -60,68 +61,52 @@ def render_report(comparison: dict[str, Any], out: str | Path | None = None) -> 
     return text
 
 
-def load_results(out: str | Path) -> dict[str, list[dict]]:
-    """method -> the final runs under ``out`` (``runs/*/result.json``), sorted by seed.
-
-    A final run is one of the selected configuration: ``stage == "final"`` (results written before
-    the learning-rate sweep existed have no stage and count as final), or a sweep run that failed at
-    the learning rate later selected for its method (``sweep.json``) — kept so the report lists the
-    failure instead of silently dropping it. Sweep runs at other learning rates are left out; they
-    are summarized from ``sweep.json``. Final runs at a rate that is no longer selected (the
-    method's grid grew and the selection moved: :func:`oelm.runs.is_superseded`) are left out.
+def load_results(out: str | Path) -> dict[str, list[RunRecord]]:
+    """method -> the final runs under ``out`` (``runs/*/result.json``), sorted by seed: the
+    selector the plan uses too (:func:`oelm.records.final_runs`), at the learning rates
+    ``sweep.json`` selected. A sweep run that failed at the selected rate counts (the report lists
+    the failure instead of silently dropping it); sweep runs at other rates are summarized from
+    ``sweep.json``; superseded final runs (:func:`oelm.records.is_superseded`) are left out.
 
     Raises:
         DamagedFileError: a ``result.json`` or ``sweep.json`` is damaged (names it).
         OELMError: two final runs of one method and seed (a copied run folder), naming both folders.
     """
-    from oelm.errors import OELMError
-    from oelm.matrix.store import MatrixFolder, RunRecord
-    from oelm.runs import is_superseded, read_sweep
+    from oelm.records import MatrixFolder, final_runs, selected_rates
 
     folder = MatrixFolder(out)
-    selected = (read_sweep(folder.sweep).get("selected_learning_rates") or {}) if folder.sweep.exists() else {}
-    records: dict[str, list[RunRecord]] = {}
-    where: dict[tuple[str, int], str] = {}  # (method, seed) -> the run folder that holds its final run
-    for run, r in folder.iter_results():
-        final = r.stage in (None, "final")
-        failed_at_selected = r.failed and selected.get(r.method) == r.learning_rate
-        if (final and not is_superseded(r, selected)) or failed_at_selected:
-            if (r.method, r.seed) in where:  # a copied run folder would count one seed twice in every mean
-                raise OELMError(f"two final runs of {r.method} seed {r.seed} under {folder.runs}: {where[r.method, r.seed]} "
-                                f"and {run.name} (a copied run folder?); move the one that does not belong out of runs/ "
-                                "and rerun `oelm report`")
-            where[r.method, r.seed] = run.name
-            records.setdefault(r.method, []).append(r)
-    return {method: [r.raw for r in sorted(runs, key=lambda r: r.seed)] for method, runs in records.items()}
+    return final_runs(folder.results(), selected_rates(folder), under=folder.runs)
 
 
-def write_comparison(config, results: dict[str, list[dict]], out: str | Path) -> dict[str, Any]:
-    """Compare ``results`` (method -> run results) and write comparison.json, original_layout.json,
-    report.md (+ report_files/*.png) and report.html atomically into ``out``. Returns the comparison.
+def write_comparison(config, results: dict[str, list[RunRecord]], out: str | Path) -> dict[str, Any]:
+    """Compare ``results`` (method -> its final runs' records) and write comparison.json,
+    original_layout.json, report.md (+ report_files/*.png) and report.html atomically into
+    ``out``. Returns the comparison.
 
     Raises:
         OELMError: a file cannot be written (a read-only folder, a full disk): one line naming the
             file and the fix; files already written are whole (atomic writes).
         DamagedFileError: ``sweep.json`` is damaged (names it)."""
-    from oelm.matrix.store import RunRecord
+    from oelm.records import MatrixFolder
     from oelm.report.compare import compare_results, original_layout, run_records, step_times_of
     from oelm.report.render import build_sections, render_html, render_markdown
 
     out = Path(out)
+    folder = MatrixFolder(out)
     comparison = compare_results(config, results, out)
     step_ms: dict[str, list[float]] = {}
     for name, runs in results.items():
         keep = set(comparison["methods"].get(name, {}).get("included_seeds", []))
-        step_ms[name] = [t for r in map(RunRecord, runs) if r.seed in keep for t in step_times_of(r, run_records(out, r))[0]]
+        step_ms[name] = [t for r in runs if r.seed in keep for t in step_times_of(r, run_records(out, r))[0]]
     sections = build_sections(comparison, out, step_ms)
     md, images = render_markdown(comparison, sections)
     try:
-        write_json_atomic(out / "comparison.json", comparison)
-        write_json_atomic(out / "original_layout.json", original_layout(comparison))
+        write_json_atomic(folder.comparison, comparison)
+        write_json_atomic(folder.original_layout, original_layout(comparison))
         for rel, png in images.items():
             write_bytes_atomic(out / rel, png)
-        write_text_atomic(out / "report.md", md)
-        write_text_atomic(out / "report.html", render_html(comparison, sections))
+        write_text_atomic(folder.report_md, md)
+        write_text_atomic(folder.report_html, render_html(comparison, sections))
     except OSError as exc:  # a read-only folder, a full disk: the runs' files are untouched
         from oelm.errors import OELMError
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from oelm.io import read_json_object
+from oelm.records import MatrixFolder
 from oelm.report.compare import mfu_reference
 from oelm.report.render import _num, _p, _signed  # the report's number formats
 
@@ -144,7 +145,7 @@ def measure(claim: Claim, results: Path) -> dict[str, Any]:
 
     if claim.untestable:
         return {"status": "untestable", "why": claim.untestable}
-    path = results / claim.comparison / "comparison.json"
+    path = MatrixFolder(results / claim.comparison).comparison
     if not path.exists():
         return {"status": "pending", "config": claim.config}
     comparison = _read(path)
@@ -262,7 +263,7 @@ def _anchor_row(results: Path) -> list[str]:
     """Issue 10's anchor: our SST-2 baseline within 2 points of the published MiniLM-L6xH384 figure."""
     claim = "(anchor) our MiniLM baseline is within 2 points of published MiniLM-L6xH384 on SST-2"
     original = f"{PUBLISHED_MINILM_L6_SST2} (GLUE dev; Wang et al. 2020, arXiv:2002.10957)"
-    path = results / "evidence-sst2-minilm" / "comparison.json"
+    path = MatrixFolder(results / "evidence-sst2-minilm").comparison
     if not path.exists():
         return [claim, original, "pending: `configs/evidence/sst2_minilm.yaml` has not finished", _ANCHOR_SETTING, "pending"]
     stat = _read(path)["methods"]["baseline"]["best_validation"]

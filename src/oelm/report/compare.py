@@ -1,10 +1,10 @@
 """Aggregate an experiment's runs into ``comparison.json`` and the original project's layout.
 
-Inputs are what ``oelm run`` writes: per run ``runs/<method>-seed<k>/result.json`` (the results
-dicts passed in) and ``metrics.jsonl`` (read from the output directory when it is given).
-Fields added by later versions of the runner are used when present and never required:
-``result["timing"]["step_ms"]`` (every measured step), ``result["status"]`` / ``["failure"]``,
-``result["learning_rate"]``, ``result["data"]["num_labels"]`` and ``sweep.json`` (whose
+Inputs are what ``oelm run`` writes: per run ``runs/<name>/result.json`` (the
+:class:`~oelm.records.RunRecord` objects passed in) and ``metrics.jsonl`` (read from the output
+directory when it is given). Fields added by later versions of the runner are used when present
+and never required: ``RunRecord.step_ms`` (every measured step), ``status`` / ``failure_kind``,
+``learning_rate``, ``num_labels`` and ``sweep.json`` (whose
 ``selected_at_grid_edge`` is not read: the report recomputes it from the sweep's entries, so
 outputs written before that key existed get it too).
 """
@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from oelm.io import read_jsonl
-from oelm.matrix.store import RunRecord
 from oelm.metrics import get_metric
-from oelm.runs import DRIFT_WARNING_PERCENT, format_rates, grid_edge, grid_edge_note, read_sweep, run_name, superseded_final_runs
+from oelm.records import MatrixFolder, RunRecord, format_rates, grid_edge, grid_edge_note, read_sweep, superseded_final_runs
 from oelm.report.stats import (
     CHANCE_MARGIN_POINTS,
     best_at_last_evaluation,
@@ -30,6 +29,10 @@ from oelm.report.stats import (
     summarize,
     time_to_target,
 )
+
+# Change of the matmul speed probe between the start and the end of a run (%) beyond which the
+# report says the run's timings are suspect (the machine's speed drifted).
+DRIFT_WARNING_PERCENT = 10.0
 
 # A GPU idle for more than this % of its training time waiting for batches gets a warning (CPU runs
 # do not: there a loader worker would compete with the model for the same cores).
@@ -56,22 +59,17 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 
 def run_records(out: str | Path | None, record: RunRecord) -> list[dict[str, Any]]:
-    """The ``metrics.jsonl`` records of ``record``'s run under ``out`` ([] when ``out`` is None).
+    """The ``metrics.jsonl`` records of ``record``'s run under ``out`` ([] when ``out`` is None,
+    or the run has none): :meth:`oelm.records.MatrixFolder.metrics_of`."""
+    return metrics_records(out, record.name, record.method, record.seed, record.learning_rate)
 
-    The run folder is ``record.name``; results written before ``run_name`` existed are found
-    under ``<method>-lr<lr>-seed<k>`` (swept methods) or ``<method>-seed<k>``.
-    """
-    if out is None:
-        return []
-    runs = Path(out) / "runs"
-    names = [record.name] if record.name else []
-    if record.learning_rate is not None:
-        names.append(run_name(record.method, record.seed, record.learning_rate))
-    names.append(run_name(record.method, record.seed))
-    for name in names:
-        if (runs / name / "metrics.jsonl").exists():
-            return read_metrics(runs / name / "metrics.jsonl")
-    return []
+
+def metrics_records(out: str | Path | None, name: str | None, method: str, seed: int,
+                    learning_rate: float | None = None) -> list[dict[str, Any]]:
+    """The ``metrics.jsonl`` records of the run ``name`` (``method``, ``seed``, ``learning_rate``:
+    how older outputs named its folder) under ``out``; [] when ``out`` is None or it has none."""
+    path = None if out is None else MatrixFolder(out).metrics_of(name, method, seed, learning_rate)
+    return [] if path is None else read_metrics(path)
 
 
 def mfu_reference(peak_source: str | None, precision: str | None = None) -> str:
@@ -89,21 +87,21 @@ def mfu_reference(peak_source: str | None, precision: str | None = None) -> str:
 
 def _mfu(record: RunRecord) -> dict[str, Any]:
     """``timing.mfu`` of a run ({} when absent: older results, or FLOPs not derivable)."""
-    return record.timing.get("mfu") or {}
+    return record.mfu
 
 
 def _telemetry(record: RunRecord, key: str, stat: str = "median") -> float | None:
     """One statistic of ``timing.gpu_telemetry`` (None on CPU, or when NVML was not available)."""
-    tel = record.timing.get("gpu_telemetry") or {}
+    tel = record.gpu_telemetry
     return (tel.get(key) or {}).get(stat) if tel.get("available") else None
 
 
 def num_labels_of(record: RunRecord) -> int | None:
     """Classes of a classification run: ``data.num_labels``, else the dataset registry's label names."""
-    n = record.data.get("num_labels")
+    n = record.num_labels
     if isinstance(n, int) and n > 0:
         return n
-    task = record.task or (record.config.get("task") or {}).get("dataset")
+    task = record.dataset
     if not task:
         return None
     try:
@@ -118,31 +116,28 @@ def num_labels_of(record: RunRecord) -> int | None:
 def majority_percent_of(record: RunRecord) -> float | None:
     """The validation split's most frequent label in % of its examples (``None`` in outputs
     written before oelm recorded label counts, or for language modelling)."""
-    value = (record.data.get("validation") or {}).get("majority_class_percent")
+    value = record.validation_majority_percent
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def learning_rate_of(record: RunRecord) -> float | None:
-    """``record.learning_rate``, else ``record.method_config["learning_rate"]``."""
-    lr = record.learning_rate
-    return lr if lr is not None else record.method_config.get("learning_rate")
+    """``record.learning_rate``, else the method config's (older results)."""
+    return record.method_learning_rate
 
 
 def device_label(record: RunRecord) -> str:
     """Which machine and device a run used: ``host / device (GPU name or CPU model)``."""
-    env = record.environment
-    device = record.timing.get("device") or env.get("device") or "?"
-    name = (env.get("cuda") or {}).get("name") or env.get("cpu_model") or ""
-    host = env.get("hostname") or "?"
+    device = record.device or "?"
+    name = (record.cuda or {}).get("name") or record.cpu_model or ""
+    host = record.hostname or "?"
     return f"{host} / {device}" + (f" ({name})" if name else "")
 
 
 def step_times_of(record: RunRecord, records: list[dict[str, Any]]) -> tuple[list[float], str]:
     """Every measured step time (``timing.step_ms``), else the step times logged at log steps."""
-    timing = record.timing
-    if timing.get("step_ms"):
-        return [float(x) for x in timing["step_ms"] if x is not None], "every step"
-    warm = timing.get("timing_warmup_steps_excluded") or 0
+    if record.step_ms:
+        return [float(x) for x in record.step_ms if x is not None], "every step"
+    warm = record.timing_warmup_steps_excluded or 0
     logged = [r["step_ms"] for r in records if r.get("type") == "train" and r.get("step_ms") is not None and r.get("step", 0) > warm]
     return [float(x) for x in logged], "sampled at log steps"
 
@@ -154,12 +149,12 @@ def _pct(a: float | None, b: float | None) -> float | None:
     return 100.0 * (a - b) / b
 
 
-def compare_results(config, results: dict[str, list[dict]], out: str | Path | None = None) -> dict[str, Any]:
+def compare_results(config, results: dict[str, list[RunRecord]], out: str | Path | None = None) -> dict[str, Any]:
     """Aggregate each method over seeds, compare with ``baseline``, flag collapsed runs.
 
     Args:
         config: the :class:`~oelm.config.ExperimentConfig`.
-        results: method -> run results (``result.json`` dicts, read as :class:`RunRecord`), any status.
+        results: method -> its runs' records (:class:`~oelm.records.RunRecord`), any status.
         out: the output directory, to read each run's ``metrics.jsonl`` (time-to-target, the
             perplexity collapse rule, logged step times) and an optional ``sweep.json``.
 
@@ -169,7 +164,7 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
     steps pooled); parameters, learning rate, devices, speed-probe drift per seed;
     ``learning_rate_grid`` (the sorted rates of its learning-rate sweep, None when it was not
     swept) and ``selected_at_grid_edge`` (``"low"`` / ``"high"`` when the selected rate is the
-    grid's smallest / largest, else None: see :func:`oelm.runs.grid_edge`), computed from
+    grid's smallest / largest, else None: see :func:`oelm.records.grid_edge`), computed from
     ``sweep.json``'s entries; an edge is also a warning (a wider grid could change the result).
 
     Against baseline: ``metric_gap`` (method − baseline means, in metric units: accuracy points
@@ -194,10 +189,10 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
     Time to target: the target is baseline's mean final validation value over its sound seeds;
     per method and seed the first evaluation reaching it (step, seconds), or None.
     """
-    results = {name: [RunRecord(r) for r in runs] for name, runs in results.items()}
     higher = None
     metric = None
-    sweep = read_sweep(Path(out) / "sweep.json") if out is not None and (Path(out) / "sweep.json").is_file() else None
+    sweep_file = None if out is None else MatrixFolder(out).sweep
+    sweep = read_sweep(sweep_file) if sweep_file is not None and sweep_file.is_file() else None
     grids = _sweep_grids(sweep)
     methods: dict[str, Any] = {}
     collapsed: list[dict[str, Any]] = []
@@ -211,7 +206,6 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
         for r in runs:
             recs = run_records(out, r)
             records_of[(name, r.seed)] = recs
-            perf = r.performance
             metric = metric or r.metric
             reasons = collapse_reasons(r, recs, num_labels=num_labels_of(r), majority_percent=majority_percent_of(r))
             per_run.append({
@@ -219,15 +213,15 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
                 "run_name": r.name,
                 "status": r.status,
                 "best_validation": r.best_validation,
-                "final_validation": perf.get("final_validation"),
+                "final_validation": r.final_validation,
                 "test": r.test,
-                "total_seconds": r.timing.get("total_seconds"),
+                "total_seconds": r.total_seconds,
                 "learning_rate": learning_rate_of(r),
                 "device": device_label(r),
                 "collapse": reasons,
             })
-            if perf.get("early_stopped"):  # only then: comparisons of runs without early stopping stay as they were
-                per_run[-1]["stopped_early_at"] = perf.get("steps")
+            if r.early_stopped:  # only then: comparisons of runs without early stopping stay as they were
+                per_run[-1]["stopped_early_at"] = r.steps
             if best_at_last_evaluation(r, recs):
                 still_improving.setdefault(name, []).append(r.seed)
             if reasons:
@@ -241,22 +235,19 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
         def col(get):
             return summarize([get(r) for r in sound])
 
-        def timing(key):
-            return lambda r: r.timing.get(key)
-
         groups = runs[0].parameters
         methods[name] = {
             "seeds": [r.seed for r in runs],
             "included_seeds": [r.seed for r in sound],
             "excluded": excluded,
             "best_validation": col(lambda r: r.best_validation),
-            "final_validation": col(lambda r: r.performance.get("final_validation")),
+            "final_validation": col(lambda r: r.final_validation),
             "test": col(lambda r: r.test),
-            "total_seconds": col(timing("total_seconds")),
-            "train_seconds": col(timing("train_seconds")),
-            "steps": col(lambda r: r.performance.get("steps")),
-            "step_ms_median": col(lambda r: (r.timing.get("per_step_ms") or {}).get("median")),
-            "tokens_per_second": col(timing("tokens_per_second")),
+            "total_seconds": col(lambda r: r.total_seconds),
+            "train_seconds": col(lambda r: r.train_seconds),
+            "steps": col(lambda r: r.steps),
+            "step_ms_median": col(lambda r: r.median_step_ms),
+            "tokens_per_second": col(lambda r: r.tokens_per_second),
             # % of step + data-stall time the device sat idle waiting for a batch, and the loader workers
             "data_stall_percent": col(_data_stall_percent),
             "num_workers": sorted({w for w in map(_loader_workers, sound) if w is not None}),
@@ -266,7 +257,7 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
             # what the MFU is a fraction of, in words (the measured probe on CPU, not the hardware peak)
             "mfu_reference": sorted({mfu_reference(_mfu(r).get("peak_source"), _mfu(r).get("peak_precision"))
                                      for r in sound if _mfu(r).get("mfu") is not None}),
-            "compile_seconds": col(timing("compile_seconds")),
+            "compile_seconds": col(lambda r: r.compile_seconds),
             "gpu_utilization_percent_median": col(lambda r: _telemetry(r, "gpu_utilization_percent")),
             "gpu_temperature_c_max": col(lambda r: _telemetry(r, "temperature_c", "max")),
             "step_times": step_time_stats(steps_all) | {"source": step_source},
@@ -274,7 +265,7 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
             "learning_rate": learning_rate_of(runs[0]),
             **(grids.get(name) or {"learning_rate_grid": None, "selected_at_grid_edge": None}),
             "devices": sorted({device_label(r) for r in runs}),
-            "probe_drift_percent": {r.seed: r.environment.get("matmul_probe_drift_percent") for r in runs},
+            "probe_drift_percent": {r.seed: r.drift_percent for r in runs},
             "runs": per_run,
         }
     higher = get_metric(metric).higher_is_better if metric else False
@@ -379,12 +370,11 @@ def _execution(results: list[RunRecord]) -> dict[str, Any]:
     and the runs that trained beside another run on the same node (shared cores or GPUs), whose
     step times are therefore not speed evidence. ``timing_grade``: no such run (a local or
     ``--parallel 1`` matrix)."""
-    shared = sorted(r.name or f"{r.method}-seed{r.seed}" for r in results if r.executor.get("shared_node"))
-    most = max((sum(o.get("node") == r.executor.get("node") for o in r.executor.get("overlapped") or [])
-                for r in results), default=1)
+    shared = sorted(r.name or f"{r.method}-seed{r.seed}" for r in results if r.shared_node)
+    most = max((sum(o.get("node") == r.node for o in r.overlapped) for r in results), default=1)
     return {
-        "executors": sorted({r.executor.get("name", "local") for r in results}),
-        "nodes": sorted({n for r in results if (n := r.executor.get("node"))}),
+        "executors": sorted({r.executor_name for r in results}),
+        "nodes": sorted({n for r in results if (n := r.node)}),
         "shared_node_runs": shared,
         "most_overlapped_runs": most,  # the most other runs one final run overlapped on its node
         "timing_grade": not shared,
@@ -393,26 +383,25 @@ def _execution(results: list[RunRecord]) -> dict[str, Any]:
 
 def _environment(results: list[RunRecord]) -> dict[str, Any]:
     """What the runs ran on: devices, versions and the speed probe per run."""
-    envs = [(r, r.environment) for r in results]
-    first = envs[0][1] if envs else {}
+    first = results[0] if results else RunRecord({})
     return {
-        "devices": sorted({device_label(r) for r, _ in envs}),
-        "python": first.get("python"),
-        "platform": first.get("platform"),
-        "packages": first.get("packages") or {},
-        "cpu_model": first.get("cpu_model"),
-        "torch_num_threads": first.get("torch_num_threads"),
-        "cuda": {k: (first.get("cuda") or {}).get(k) for k in ("name", "torch_cuda", "cudnn", "driver_version")} if first.get("cuda") else None,
-        "mixed_precision": sorted({str(r.timing.get("mixed_precision")) for r, _ in envs}),
+        "devices": sorted({device_label(r) for r in results}),
+        "python": first.python_version,
+        "platform": first.platform,
+        "packages": first.packages or {},
+        "cpu_model": first.cpu_model,
+        "torch_num_threads": first.torch_num_threads,
+        "cuda": {k: first.cuda.get(k) for k in ("name", "torch_cuda", "cudnn", "driver_version")} if first.cuda else None,
+        "mixed_precision": sorted({str(r.mixed_precision) for r in results}),
         "probe": [
             {
                 "run": f"{r.method}-seed{r.seed}",
                 "method": r.method,
-                "gflops_before": (e.get("matmul_probe") or {}).get("gflops"),
-                "gflops_after": (e.get("matmul_probe_after") or {}).get("gflops"),
-                "drift_percent": e.get("matmul_probe_drift_percent"),
+                "gflops_before": r.probe_gflops,
+                "gflops_after": r.probe_gflops_after,
+                "drift_percent": r.drift_percent,
             }
-            for r, e in envs
+            for r in results
         ],
     }
 
@@ -514,7 +503,7 @@ def _warnings(c: dict[str, Any]) -> list[str]:
 def _data_stall_percent(record: RunRecord) -> float | None:
     """``100 * data_stall_seconds / (train_seconds + data_stall_seconds)`` of a run: the share of its
     steps' span the device sat idle waiting for a batch; None when not recorded."""
-    stall, train = record.timing.get("data_stall_seconds"), record.timing.get("train_seconds")
+    stall, train = record.data_stall_seconds, record.train_seconds
     if stall is None or not train:
         return None
     return 100.0 * stall / (train + stall)
@@ -523,9 +512,9 @@ def _data_stall_percent(record: RunRecord) -> float | None:
 def _loader_workers(record: RunRecord) -> int | None:
     """The training loader's worker processes: ``timing.num_workers``, else (results written before
     oelm recorded it) the run's ``training.num_workers`` when it was a number; None when unknown."""
-    if record.timing.get("num_workers") is not None:
-        return int(record.timing["num_workers"])
-    configured = ((record.raw.get("config") or {}).get("training") or {}).get("num_workers", 0)
+    if record.loader_workers is not None:
+        return int(record.loader_workers)
+    configured = record.configured_num_workers
     return configured if isinstance(configured, int) and not isinstance(configured, bool) else None
 
 

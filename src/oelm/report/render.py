@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oelm.matrix.store import RunRecord
-from oelm.report.compare import mfu_reference, run_records
-from oelm.runs import format_rates
+from oelm.records import format_rates
+from oelm.report.compare import metrics_records, mfu_reference
 
 __all__ = ["Section", "comparison_rows", "build_sections", "render_markdown", "render_html", "curves_from_runs"]
 
@@ -135,8 +134,7 @@ def curves_from_runs(out: Path, comparison: dict[str, Any]) -> dict[str, dict[st
         runs = {r["seed"]: r for r in m.get("runs", [])}
         for seed in m.get("included_seeds", m["seeds"]):
             run = runs.get(seed, {})
-            recs = run_records(out, RunRecord({"method": method, "seed": seed, "run_name": run.get("run_name"),
-                                               "learning_rate": run.get("learning_rate", m.get("learning_rate"))}))
+            recs = metrics_records(out, run.get("run_name"), method, seed, run.get("learning_rate", m.get("learning_rate")))
             for kind, key in (("train", "loss"), ("eval", metric)):
                 c = {
                     int(r["step"]): (float(r[key]), float(r.get("elapsed_seconds") or 0.0))

@@ -25,7 +25,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from oelm.matrix.store import RunRecord
+from oelm.records import RunRecord
 from oelm.metrics import METRICS, get_metric
 
 __all__ = [
@@ -123,7 +123,7 @@ def step_time_stats(step_ms: Sequence[float]) -> dict[str, Any]:
 
 
 def collapse_reasons(
-    result: RunRecord | dict[str, Any],
+    record: RunRecord,
     records: Sequence[dict[str, Any]] = (),
     *,
     num_labels: int | None = None,
@@ -145,33 +145,31 @@ def collapse_reasons(
        evaluation's (needs at least two evaluations in ``records``).
 
     Args:
-        result: a run's record, or its ``result.json`` content.
+        record: a run's record.
         records: the run's ``metrics.jsonl`` records (may be empty for old outputs).
         num_labels: classes of the task (for the chance rule).
         majority_percent: the validation split's most frequent label, in % of its examples
             (``data.validation.majority_class_percent`` of the run's record).
         chance_margin: points above chance still counted as chance.
     """
-    record = result if isinstance(result, RunRecord) else RunRecord(result)
     reasons: list[str] = []
     if not record.finished:
-        failure = record.failure or {}
-        detail = ", ".join(f"{k} {failure[k]}" for k in ("kind", "step") if failure.get(k) is not None)
+        detail = ", ".join(f"{k} {v}" for k, v in (("kind", record.failure_kind), ("step", record.failure_step))
+                           if v is not None)
         reasons.append(f"{record.status}" + (f" ({detail})" if detail else ""))
         return reasons
-    perf = record.performance
     losses = [r.get("loss") for r in records if r.get("type") == "train"]
     bad_loss = [x for x in losses if not _finite([x])]
-    final_loss = perf.get("final_train_loss")
+    final_loss = record.final_train_loss
     if bad_loss or (final_loss is not None and not _finite([final_loss])):
         reasons.append("non-finite training loss")
-    for key in ("best_validation", "final_validation"):
-        if not _finite([perf.get(key)]):
-            reasons.append(f"non-finite {key.replace('_', ' ')}")
+    for what, value in (("best validation", record.best_validation), ("final validation", record.final_validation)):
+        if not _finite([value]):
+            reasons.append(f"non-finite {what}")
     if reasons:
         return reasons
     metric = get_metric(record.metric) if record.metric in METRICS else None
-    final = float(perf["final_validation"])
+    final = float(record.final_validation)
     majority = majority_percent if _finite([majority_percent]) else None
     chance = metric.chance_level(num_labels=num_labels, majority_percent=majority) if metric else None
     if chance is not None:
@@ -201,17 +199,16 @@ def best_at_last_evaluation(record: RunRecord, records: Sequence[dict[str, Any]]
     that has none after it, is flagged either way. Without records (or without ``best_step``):
     ``best_step == steps``, or the last evaluation (``final_validation``) equals the best.
     """
-    perf = record.performance
-    if perf.get("early_stopped"):
+    if record.early_stopped:
         return False  # it stopped because it no longer improved
-    best_step, steps = perf.get("best_step"), perf.get("steps")
+    best_step, steps = record.best_step, record.steps
     if isinstance(best_step, int) and best_step == steps:
         return True
     evals = sorted({r["step"] for r in records if r.get("type") == "eval" and isinstance(r.get("step"), int)})
     if isinstance(best_step, int) and len(evals) >= 2:
         interval = float(np.median(np.diff(evals)))
         return all(s - best_step < interval / 2 for s in evals if s > best_step)
-    best, final = perf.get("best_validation"), perf.get("final_validation")
+    best, final = record.best_validation, record.final_validation
     numbers = _finite([best, final])
     return len(numbers) == 2 and math.isclose(numbers[0], numbers[1], rel_tol=1e-12, abs_tol=1e-12)
 

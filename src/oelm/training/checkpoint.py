@@ -18,6 +18,7 @@ from torch import nn
 
 from oelm.errors import ConfigError
 from oelm.io import atomic_path, verify_dir, write_dir_atomic
+from oelm.records import RunFolder
 from oelm.training.evaluation import cpu_copy
 from oelm.training.faults import DISK_FULL, TrainingDivergedError, all_finite, check_finite, disk_full_error, raise_disk_full
 from oelm.training.metrics_log import MetricsLog
@@ -201,7 +202,7 @@ def save_best_weights(engine: "Engine", state: TrainState) -> None:
         e.unwrapped.load_state_dict(e.best_state)
     if not (e.config.save_best_checkpoint and e.is_main):
         return
-    target = e.run_dir / "checkpoint" / "model.safetensors"
+    target = RunFolder(e.run_dir).best_weights
     try:
         target.parent.mkdir(exist_ok=True)
         with atomic_path(target) as tmp:

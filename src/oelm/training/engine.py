@@ -21,14 +21,13 @@ from torch.utils.data import DataLoader
 from oelm.config import TrainingConfig
 from oelm.errors import ConfigError, OELMError
 from oelm.metrics import Metric, get_metric
+from oelm.records import RunFolder
 from oelm.timing import PhaseTimer, StepTimer
 from oelm.training.metrics_log import MetricsLog
 from oelm.training.precision import Precision
 
-__all__ = ["CHECKPOINTS_DIR", "Engine", "build_engine", "build_optimizer", "compile_mode", "compiled_graphs", "direct_step_safe",
+__all__ = ["Engine", "build_engine", "build_optimizer", "compile_mode", "compiled_graphs", "direct_step_safe",
            "make_scheduler", "optimizer_steps_per_epoch", "planned_total_steps", "use_fused_adamw", "with_learning_rate"]
-
-CHECKPOINTS_DIR = "checkpoints"
 
 #: Device types whose fused AdamW kernel the engine uses (one kernel per step instead of one per tensor).
 FUSED_ADAMW_DEVICES = ("cuda", "cpu")
@@ -212,7 +211,8 @@ class Engine:
 
     @property
     def ckpt_root(self) -> Path:
-        return self.run_dir / CHECKPOINTS_DIR
+        """``checkpoints/`` of the run folder (:attr:`oelm.records.RunFolder.checkpoints`)."""
+        return RunFolder(self.run_dir).checkpoints
 
     @property
     def device(self) -> torch.device:

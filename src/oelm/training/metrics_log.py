@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from oelm.records import RunFolder
 from oelm.training.faults import DISK_FULL, check_finite, disk_full_error
 
 if TYPE_CHECKING:
@@ -31,7 +32,8 @@ class MetricsLog:
 
     def __init__(self, run_dir: Path, tensorboard: bool, offset: int = 0, purge_step: int | None = None,
                  enabled: bool = True) -> None:
-        self.path = run_dir / "metrics.jsonl"
+        folder = RunFolder(run_dir)
+        self.path = folder.metrics
         self.enabled = enabled  # False on every process but rank 0: nothing is written
         self._offset = offset
         self._tb = None
@@ -43,7 +45,7 @@ class MetricsLog:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge_step)
+            self._tb = SummaryWriter(log_dir=str(folder.tensorboard), purge_step=purge_step)
 
     @property
     def offset(self) -> int:
@@ -58,7 +60,7 @@ class MetricsLog:
             self._fh.flush()
         except OSError as exc:
             if exc.errno in DISK_FULL:
-                raise disk_full_error(exc, "metrics.jsonl", record.get("step", 0)) from exc
+                raise disk_full_error(exc, self.path.name, record.get("step", 0)) from exc
             raise
         if self._tb is not None:
             kind, step = record["type"], record["step"]

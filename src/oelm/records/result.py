@@ -1,0 +1,432 @@
+"""The run record: the schema of ``runs/<name>/result.json``, the typed :class:`RunRecord` every
+reader uses, the validated read, and the writer's one constructor of a finished (or failed)
+result, checked by the same schema before the atomic write.
+
+Result keys are spelled here (and in the JSON / HTML writers) only: readers ask the record's
+properties (``record.best_validation``, ``record.total_seconds``, ...), never string keys.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from typing_extensions import TypedDict  # pydantic validates it (typing.TypedDict only from Python 3.12)
+
+from oelm.errors import DamagedFileError
+from oelm.io import json_value, read_json_object, write_json_atomic
+
+if TYPE_CHECKING:
+    from oelm.records.folder import PlannedRun
+
+__all__ = ["RunResult", "Performance", "RunRecord", "read_record", "write_record", "validate_result", "budget_record",
+           "finished_result", "failed_result", "run_identity", "DAMAGED_RESULT_FIX"]
+
+#: What to do about a damaged ``result.json`` (ends the error of ``oelm report`` and readers).
+DAMAGED_RESULT_FIX = ("restore it from a copy, or rerun `oelm run` with the same --output-dir: it moves the run's "
+                      "folder to runs/.damaged/ and trains that run again")
+
+
+class Performance(TypedDict, total=False):
+    """``result["performance"]``: metric values in the metric's unit (accuracy %, perplexity);
+    None where a value was not finite (JSON has no NaN)."""
+
+    metric: str
+    best_validation: float | None
+    best_step: int | None
+    final_validation: float | None
+    final_train_loss: float | None
+    test: float | None
+    steps: int | None  # optimizer steps taken
+    early_stopped: bool  # training.early_stopping_patience ended it before budget.planned_steps (absent in older results)
+
+
+class Timing(TypedDict, total=False):
+    """The parts of ``result["timing"]`` the readers use (seconds, ms, tokens/s; the rest is free)."""
+
+    device: str | None
+    mixed_precision: str | None
+    total_seconds: float | None
+    train_seconds: float | None
+    tokens_per_second: float | None
+    compile_seconds: float | None
+    timing_warmup_steps_excluded: int | None
+    per_step_ms: dict[str, Any] | None  # median, mean, p10, p90 (ms), n
+    step_ms: list[float | None] | None  # every measured step
+    mfu: dict[str, Any] | None  # mfu (a fraction), peak_source, peak_precision, ...
+    gpu_telemetry: dict[str, Any] | None
+
+
+class Environment(TypedDict, total=False):
+    """The parts of ``result["environment"]`` the readers use."""
+
+    hostname: str | None
+    device: str | None
+    cpu_model: str | None
+    python: str | None
+    platform: str | None
+    torch_num_threads: int | None
+    packages: dict[str, Any] | None
+    cuda: dict[str, Any] | None
+    matmul_probe: dict[str, Any] | None  # gflops (GFLOP/s) before the run
+    matmul_probe_after: dict[str, Any] | None
+    matmul_probe_drift_percent: float | None
+
+
+class Parameters(TypedDict, total=False):
+    """``result["parameters"]``: counts of the model's parameters."""
+
+    total: int | None
+    trainable: int | None
+    frozen: int | None
+    trainable_percent: float | None
+    groups: dict[str, Any] | None
+
+
+class Data(TypedDict, total=False):
+    """The parts of ``result["data"]`` the readers use: per split sizes and label counts."""
+
+    num_labels: int | None
+    train: dict[str, Any] | None
+    validation: dict[str, Any] | None
+    test: dict[str, Any] | None
+
+
+class RunResult(TypedDict, total=False):
+    """The schema of ``runs/<name>/result.json`` (a plain JSON object on disk).
+
+    Identity: ``method``, ``seed``, ``run_name``, ``learning_rate``, ``stage`` ("sweep" |
+    "final"), ``selected``, ``task``, ``model``. ``status`` is "finished" or "failed"; a failed
+    run has ``failure`` {kind, message, step} and no numbers. A finished run has ``config``,
+    ``method_config``, ``init_from``, ``tokenizer`` ({spec, vocab_size, sha256}:
+    :func:`oelm.data.lm.tokenizer_record`; absent in older results), ``data`` (per split sizes,
+    label counts), ``budget``
+    (steps and steps_run: taken, planned_steps; samples, tokens, batch sizes, accumulation, world
+    size), ``environment``,
+    ``parameters`` (total / trainable / frozen, per group), ``projections``, ``performance``
+    (:class:`Performance`), ``timing`` (see :func:`oelm.training.train`) and ``stop_signal``,
+    and (with ``training.save_best_checkpoint``) ``checkpoint`` {path (relative to the run
+    folder), sha256 (hex), bytes} of its best weights (:meth:`RunFolder.checkpoint_record
+    <oelm.records.folder.RunFolder.checkpoint_record>`), checked by
+    :meth:`~oelm.records.folder.RunFolder.verify_weights` whenever those weights are reused.
+    """
+
+    method: str
+    seed: int
+    run_name: str
+    learning_rate: float
+    stage: Literal["sweep", "final"] | None
+    selected: bool
+    swept: bool
+    task: str
+    model: str
+    status: Literal["finished", "failed"]
+    failure: dict[str, Any]
+    config: dict[str, Any]
+    method_config: dict[str, Any]
+    init_from: dict[str, Any] | None
+    tokenizer: dict[str, Any] | None
+    data: Data
+    budget: dict[str, Any]
+    environment: Environment
+    parameters: Parameters
+    projections: list[dict[str, Any]]
+    performance: Performance
+    timing: Timing
+    stop_signal: str | None
+    checkpoint: dict[str, Any] | None
+    executor: dict[str, Any]  # where it trained: name, node, shared_node, overlapped
+
+
+@functools.lru_cache(maxsize=1)
+def _result_schema():
+    from pydantic import TypeAdapter  # pydantic costs ~0.3 s: only when a record is read or written
+
+    return TypeAdapter(RunResult)
+
+
+def _schema_problem(raw: dict[str, Any]) -> str | None:
+    """``"field <where> = <value> (<reason>)"`` for the first field of ``raw`` that does not fit
+    :class:`RunResult` (strict types: a number where a number belongs; unknown keys are free),
+    None when it fits."""
+    from pydantic import ValidationError
+
+    try:
+        _result_schema().validate_python(raw, strict=True)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        return f"field {where} = {err.get('input')!r:.60} ({err['msg'].lower()})"
+    return None
+
+
+def read_record(path: str | os.PathLike, fix: str = DAMAGED_RESULT_FIX) -> "RunRecord":
+    """The :class:`RunRecord` of the ``result.json`` at ``path``, its fields checked against
+    :class:`RunResult` (strict types: a number where a number belongs; unknown keys are free).
+
+    Raises:
+        DamagedFileError: the file does not parse, is not an object, or a field has the wrong
+            type; one line naming the file, the field and its value, and ``fix``.
+        OSError: the file cannot be read.
+    """
+    raw = read_json_object(path, fix)
+    problem = _schema_problem(raw)
+    if problem:
+        raise DamagedFileError(f"{path} is damaged: {problem}; {fix}")
+    return RunRecord(raw)
+
+
+def validate_result(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` as it will be on disk (NaN/Inf as null), checked against :class:`RunResult`.
+
+    Raises:
+        ValueError: a field does not fit the schema (a bug in the writer: nothing is written)."""
+    on_disk = json_value(raw)
+    problem = _schema_problem(on_disk)
+    if problem:
+        raise ValueError(f"refusing to write a run result that does not fit its schema: {problem}")
+    return on_disk
+
+
+def write_record(path: str | os.PathLike, record: "RunRecord") -> None:
+    """Write ``record`` to ``path`` (a ``result.json``) atomically, after checking it against the
+    schema readers check it with (:func:`validate_result`): what is written can be read back."""
+    write_json_atomic(path, validate_result(record.raw))
+
+
+def run_identity(run: "PlannedRun", task: str, model: str) -> dict[str, Any]:
+    """The identity block every result starts with: method, seed, run name (the folder under
+    ``runs/``, through which readers find ``metrics.jsonl``), learning rate, stage, selected, task
+    (the dataset) and model (its display name)."""
+    return {
+        "method": run.method,
+        "seed": run.seed,
+        "run_name": run.name,
+        "learning_rate": run.learning_rate,
+        "stage": run.stage,
+        "selected": run.stage == "final",
+        "task": task,
+        "model": model,
+    }
+
+
+def finished_result(identity: dict[str, Any], *, config: dict[str, Any], method_config: dict[str, Any],
+                    init_from: dict[str, Any] | None, tokenizer: dict[str, Any] | None, data: dict[str, Any],
+                    budget: dict[str, Any], environment: dict[str, Any], report: Any, train: Any,
+                    checkpoint: dict[str, Any] | None) -> "RunRecord":
+    """The record of a finished run: the writer's one constructor.
+
+    Args:
+        identity: :func:`run_identity`.
+        config: the resolved experiment config (``model_dump(mode="json")``).
+        method_config: the method's settings with its ``learning_rate``.
+        init_from: what ``init_from`` loaded (path, tensors loaded and skipped), or None.
+        tokenizer: ``{spec, vocab_size, sha256}`` of an oelm GPT's tokenizer, or None.
+        data: per split sizes and label counts (``PreparedData.summary``).
+        budget: steps (taken and planned), samples, tokens, batch sizes as run, accumulation,
+            processes, epochs, max_steps.
+        environment: the host before the run, with the speed probe after it and its drift (%).
+        report: the method's :class:`~oelm.method.ParameterReport` (total / trainable / frozen
+            counts, trainable %, groups, projections).
+        train: the :class:`~oelm.training.TrainResult` (metric values in the metric's unit,
+            steps, early stop, ``timing``, ``stop_signal``: a SIGTERM/SIGINT that arrived during
+            the final evaluation: the run is complete and kept, the matrix stops after it).
+        checkpoint: ``{path, sha256, bytes}`` of the best weights, or None.
+
+    Returns:
+        The :class:`RunRecord` (``status`` "finished"); :func:`write_record` checks it against
+        the schema before writing.
+    """
+    return RunRecord({
+        **identity,
+        "status": "finished",
+        "config": config,
+        "method_config": method_config,
+        "init_from": init_from,
+        "tokenizer": tokenizer,
+        "data": data,
+        "budget": budget,
+        "environment": environment,
+        "parameters": {
+            "total": report.total,
+            "trainable": report.trainable,
+            "frozen": report.frozen,
+            "trainable_percent": report.trainable_percent,
+            "groups": report.groups,
+        },
+        "projections": report.projections,
+        "performance": {
+            "metric": train.metric,
+            "best_validation": train.best_validation,
+            "best_step": train.best_step,
+            "final_validation": train.final_validation,
+            "final_train_loss": train.final_train_loss,
+            "test": train.test,
+            "steps": train.steps,
+            "early_stopped": train.early_stopped,
+        },
+        "timing": train.timing,
+        "stop_signal": train.stop_signal,
+        "checkpoint": checkpoint,
+    })
+
+
+def failed_result(identity: dict[str, Any], *, config: dict[str, Any], kind: str, message: str,
+                  step: int | None) -> "RunRecord":
+    """The record of a run that ended in a fault the matrix goes on from (``kind`` nan / oom /
+    disk_full at ``step``): identity, ``status`` "failed", ``failure`` and the config; no numbers."""
+    return RunRecord({**identity, "selected": False, "status": "failed",
+                      "failure": {"kind": kind, "message": message, "step": step}, "config": config})
+
+
+def budget_record(*, steps: int, planned_steps: int, samples: Any, tokens: Any, batch_size: int,
+                  batch_size_configured: int, gradient_accumulation_steps: int, num_processes: int,
+                  epochs: Any, max_steps: Any) -> dict[str, Any]:
+    """A finished result's ``budget``: optimizer steps taken (``steps``, ``steps_run``: fewer than
+    ``planned_steps`` after an early stop), samples and tokens seen, the micro-batch as run (the
+    configured one capped at the training set) and as configured, accumulation, processes, the
+    global batch (examples per optimizer step over all processes: the batch the learning rate
+    sees), and the configured epochs / max_steps."""
+    return {
+        "steps": steps,
+        "planned_steps": planned_steps,
+        "steps_run": steps,
+        "samples": samples,
+        "tokens": tokens,
+        "batch_size": batch_size,
+        "batch_size_configured": batch_size_configured,
+        "gradient_accumulation_steps": gradient_accumulation_steps,
+        "num_processes": num_processes,
+        "global_batch_size": batch_size * gradient_accumulation_steps * num_processes,
+        "epochs": epochs,
+        "max_steps": max_steps,
+    }
+
+
+def _get(section: str, key: str, doc: str | None = None) -> property:
+    """A property reading ``raw[section][key]`` (None when either is absent)."""
+    return property(lambda self: (self.raw.get(section) or {}).get(key), doc=doc)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A run's ``result.json``, typed (schema: :class:`RunResult`).
+
+    ``raw`` is the JSON object as written (only the writer and the JSON writers touch it); the
+    properties are what readers use: identity (``method``, ``seed``, ``learning_rate``,
+    ``stage``, ``name``), ``status`` ("finished" | "failed"), the performance numbers
+    (``best_validation``, ``test``: the metric's unit, accuracy % or perplexity), the timing
+    figures (seconds, ms, tokens/s), where it ran (``executor``) and the other sections
+    (``timing``, ``environment``, ``parameters``, ``data``, ``config``, ``method_config``:
+    ``{}`` when absent).
+    """
+
+    raw: dict[str, Any] = field(repr=False)
+
+    method = property(lambda self: self.raw.get("method"))
+    seed = property(lambda self: self.raw.get("seed"))
+    learning_rate = property(lambda self: self.raw.get("learning_rate"))
+    stage = property(lambda self: self.raw.get("stage"))
+    name = property(lambda self: self.raw.get("run_name"))
+    status = property(lambda self: self.raw.get("status", "finished"))
+    finished = property(lambda self: self.status == "finished")
+    failed = property(lambda self: self.status == "failed")
+    is_final = property(lambda self: self.stage == "final")
+    selected = property(lambda self: self.raw.get("selected"))
+    performance = property(lambda self: self.raw.get("performance") or {})
+    best_validation = property(lambda self: self.performance.get("best_validation"))
+    best_step = property(lambda self: self.performance.get("best_step"))
+    final_validation = property(lambda self: self.performance.get("final_validation"))
+    test = property(lambda self: self.performance.get("test"))
+    metric = property(lambda self: self.performance.get("metric"))
+    steps = property(lambda self: self.performance.get("steps"), doc="Optimizer steps taken.")
+    early_stopped = property(lambda self: bool(self.performance.get("early_stopped")))
+    failure = property(lambda self: self.raw.get("failure"))
+    failure_kind = property(lambda self: (self.raw.get("failure") or {}).get("kind"), doc="nan, oom, disk_full, ...")
+    failure_step = property(lambda self: (self.raw.get("failure") or {}).get("step"))
+    stop_signal = property(lambda self: self.raw.get("stop_signal"))
+    executor = property(lambda self: self.raw.get("executor") or {})
+    checkpoint = property(lambda self: self.raw.get("checkpoint"),
+                          doc="``{path, sha256, bytes}`` of the best weights (None when not recorded).")
+    tokenizer = property(lambda self: self.raw.get("tokenizer"), doc="``{spec, vocab_size, sha256}`` or None.")
+    task = property(lambda self: self.raw.get("task"), doc="The dataset's name (None in older results).")
+    config = property(lambda self: self.raw.get("config") or {}, doc="The resolved experiment config, as a dict.")
+    method_config = property(lambda self: self.raw.get("method_config") or {}, doc="The method's config, as a dict.")
+    data = property(lambda self: self.raw.get("data") or {},
+                    doc="Per split sizes and label counts (majority_class_percent in %), num_labels.")
+    parameters = property(lambda self: self.raw.get("parameters") or {},
+                          doc="Parameter counts: total / trainable / frozen, trainable_percent (%), per group.")
+    environment = property(lambda self: self.raw.get("environment") or {},
+                           doc="Host, device, versions; the matmul speed probe (GFLOP/s) and its drift (%).")
+    timing = property(lambda self: self.raw.get("timing") or {},
+                      doc="Seconds (total_seconds, train_seconds, ...), step times (ms), tokens/s, MFU, GPU telemetry.")
+    total_seconds = _get("timing", "total_seconds", "Seconds after the warm-up, summed over resumes.")
+    train_seconds = _get("timing", "train_seconds")
+    compile_seconds = _get("timing", "compile_seconds")
+    tokens_per_second = _get("timing", "tokens_per_second")
+    data_stall_seconds = _get("timing", "data_stall_seconds", "Seconds the device sat idle waiting for a batch.")
+    mixed_precision = _get("timing", "mixed_precision")
+    timing_device = _get("timing", "device")
+    loader_workers = _get("timing", "num_workers", "The training loader's worker processes (None in older results).")
+    step_ms = _get("timing", "step_ms", "Every measured step time (ms), None where not recorded.")
+    timing_warmup_steps_excluded = _get("timing", "timing_warmup_steps_excluded")
+    median_step_ms = property(lambda self: (self.timing.get("per_step_ms") or {}).get("median"))
+    mfu = property(lambda self: self.timing.get("mfu") or {},
+                   doc="``timing.mfu``: mfu (a fraction), peak_source, peak_precision ({} when absent).")
+    gpu_telemetry = property(lambda self: self.timing.get("gpu_telemetry") or {})
+    drift_percent = _get("environment", "matmul_probe_drift_percent", "Speed-probe change over the run (%).")
+    probe_gflops = property(lambda self: (self.environment.get("matmul_probe") or {}).get("gflops"))
+    probe_gflops_after = property(lambda self: (self.environment.get("matmul_probe_after") or {}).get("gflops"))
+    final_train_loss = property(lambda self: self.performance.get("final_train_loss"))
+    num_labels = _get("data", "num_labels", "Classes of a classification task (None in older results, or LM).")
+    validation_majority_percent = property(
+        lambda self: (self.data.get("validation") or {}).get("majority_class_percent"),
+        doc="The validation split's most frequent label in % of its examples (None in older results, or LM).")
+    dataset = property(lambda self: self.task or (self.config.get("task") or {}).get("dataset"),
+                       doc="The dataset's name: ``task``, else the config's ``task.dataset``.")
+    method_learning_rate = property(
+        lambda self: self.learning_rate if self.learning_rate is not None else self.method_config.get("learning_rate"),
+        doc="``learning_rate``, else the method config's (older results).")
+    device = property(lambda self: self.timing.get("device") or self.environment.get("device"),
+                      doc="Where it trained (``cuda:0``, ``cpu``): the timing's, else the environment's.")
+    hostname = _get("environment", "hostname")
+    cpu_model = _get("environment", "cpu_model")
+    python_version = _get("environment", "python")
+    platform = _get("environment", "platform")
+    packages = _get("environment", "packages", "Versions of the packages that matter (torch, transformers, ...).")
+    torch_num_threads = _get("environment", "torch_num_threads")
+    cuda = _get("environment", "cuda", "The GPU: name, torch_cuda, cudnn, driver_version, ... (None on CPU).")
+    executor_name = property(lambda self: self.executor.get("name", "local"))
+    node = property(lambda self: self.executor.get("node"), doc="The host it trained on (its executor's node).")
+    shared_node = property(lambda self: bool(self.executor.get("shared_node")),
+                           doc="Whether another run trained on its node meanwhile (its times are not speed evidence).")
+    overlapped = property(lambda self: self.executor.get("overlapped") or [],
+                          doc="The runs that trained meanwhile: ``{run, node}`` each.")
+    configured_num_workers = property(
+        lambda self: ((self.config.get("training") or {}).get("num_workers", 0)),
+        doc="``training.num_workers`` as configured (an int or \"auto\").")
+
+    def key(self) -> tuple[str, float, int]:
+        """``(method, learning rate, seed)``: the cell of the matrix this run fills."""
+        return (self.method, self.learning_rate, self.seed)
+
+    def placed(self, executor: dict[str, Any]) -> "RunRecord":
+        """This record with its ``executor`` block (where and when it trained, the runs beside it)."""
+        return RunRecord(self.raw | {"executor": executor})
+
+    def promoted(self, test: float | None, test_seconds: float | None) -> "RunRecord":
+        """This finished sweep run promoted to its seed's final run: ``test`` (evaluated once from
+        the best checkpoint, the metric's unit; None without a test split) and
+        ``timing.test_seconds``; stage final, selected, swept."""
+        timing = {} if test_seconds is None else {"timing": self.timing | {"test_seconds": test_seconds}}
+        return RunRecord(self.raw | {"performance": self.performance | {"test": test}} | timing
+                         | {"stage": "final", "selected": True, "swept": True})
+
+    def retrained_without_weights(self, sweep: "RunRecord", sweep_result: str) -> "RunRecord":
+        """This final run, trained again because the selected sweep run ``sweep`` lost its best
+        weights: selected, swept, and ``retrained_without_weights`` {the lost run's best
+        validation, where its ``result.json`` was moved (relative to the matrix folder)}."""
+        return RunRecord(self.raw | {"selected": True, "swept": True, "retrained_without_weights": {
+            "sweep_best_validation": sweep.best_validation, "sweep_result": sweep_result}})
