@@ -107,6 +107,32 @@ def test_corrupted_newest_checkpoint_is_skipped_for_the_previous_one(tmp_path, r
     assert metrics_records(run_dir) == reference[1]
 
 
+@pytest.mark.parametrize("written", [0, 2, None])
+def test_a_checkpoint_of_another_format_is_refused_in_one_line(tmp_path, data_dir, monkeypatch, written):
+    """A checkpoint written by an older or a newer oelm (another trainer_state format, intact
+    manifest) is refused on resume with one line naming it, both formats and the fix; nothing of
+    the run is removed. ``None``: a trainer_state.json without a format."""
+    import oelm.training.checkpoint as checkpoint
+    from oelm.errors import ConfigError
+
+    run_dir = tmp_path / "run"
+    monkeypatch.setattr(checkpoint, "CHECKPOINT_FORMAT", written)  # what the other oelm writes
+    with pytest.raises(RunInterruptedError):
+        in_process(run_dir, hook=sigterm_at(10))
+    monkeypatch.undo()
+    ckpt = max((run_dir / "checkpoints").iterdir(), key=lambda p: int(p.name.split("-")[1]))  # step-10: the SIGTERM
+    assert verify_dir(ckpt) is None and json.loads((ckpt / "trainer_state.json").read_text())["format"] == written
+    before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    with pytest.raises(ConfigError) as info:
+        in_process(run_dir)
+    message = str(info.value)
+    age = "a newer" if written == 2 else "an older"
+    assert message == (f"the checkpoint {ckpt} has format {written!r}, but this oelm reads format 1 (it was written by "
+                       f"{age} oelm); set training.resume=false to start this run over, or resume it with the oelm that "
+                       "wrote it")
+    assert "\n" not in message and sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == before
+
+
 def test_resume_false_starts_over(tmp_path, reference):
     run_dir = tmp_path / "run"
     with pytest.raises(RunInterruptedError):

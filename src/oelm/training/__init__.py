@@ -62,7 +62,8 @@ Checkpoints and resume:
     the data seeds, Python/NumPy RNG states, the ``metrics.jsonl`` byte offset). On several
     processes rank 0 writes it with every rank's RNG states; each rank restores its own. The
     batch size, accumulation, number of processes, learning rate and planned steps are the
-    resume identity: a checkpoint of other settings is refused. The newest ``keep_checkpoints``
+    resume identity: a checkpoint of other settings is refused, and so is one of another
+    ``format`` (written by an older or newer oelm: one line naming both formats). The newest ``keep_checkpoints``
     are kept; all are removed when the run finishes. With ``resume`` (default) a run continues
     from the newest intact checkpoint (failing ones are skipped with a warning), cutting
     ``metrics.jsonl`` back to that point. On CPU in fp32 in one process the resumed run's metrics

@@ -28,10 +28,12 @@ from oelm.training.state import TrainState
 if TYPE_CHECKING:
     from oelm.training.engine import Engine
 
-__all__ = ["checkpoint_dirs", "identity_changes", "save_best_weights", "save_checkpoint", "start_or_resume"]
+__all__ = ["CHECKPOINT_FORMAT", "check_format", "checkpoint_dirs", "identity_changes", "save_best_weights", "save_checkpoint", "start_or_resume"]
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-_CHECKPOINT_FORMAT = 1
+#: The layout of ``trainer_state.json`` / ``state.pt`` this oelm writes and reads (``format`` in
+#: ``trainer_state.json``); a checkpoint of another format is refused on resume (:func:`check_format`).
+CHECKPOINT_FORMAT = 1
 
 #: Identity entries recorded only when they differ from these (one process, no accumulation).
 _IDENTITY_DEFAULTS = {"gradient_accumulation_steps": 1, "num_processes": 1}
@@ -78,13 +80,35 @@ def identity_changes(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, tu
     return {k: v for k, v in values.items() if v[0] != v[1]}
 
 
+def check_format(ckpt_dir: Path, trainer_state: dict[str, Any]) -> None:
+    """Refuse a checkpoint whose ``format`` (in ``trainer_state.json``) is not :data:`CHECKPOINT_FORMAT`:
+    its files would be read with the wrong layout (a KeyError mid-resume, or states restored into
+    the wrong places).
+
+    Raises:
+        ConfigError: one line naming the checkpoint, its format and this oelm's, and the fix
+            (start the run over, or resume with the oelm that wrote it).
+    """
+    found = trainer_state.get("format")
+    if found == CHECKPOINT_FORMAT:
+        return
+    newer = isinstance(found, int) and not isinstance(found, bool) and found > CHECKPOINT_FORMAT
+    age = "a newer" if newer else "an older"
+    raise ConfigError(
+        f"the checkpoint {ckpt_dir} has format {found!r}, but this oelm reads format {CHECKPOINT_FORMAT} (it was "
+        f"written by {age} oelm); set training.resume=false to start this run over, or resume it with the oelm that "
+        "wrote it"
+    )
+
+
 def start_or_resume(engine: "Engine") -> tuple[TrainState, tuple | None, bool]:
     """Open ``metrics.jsonl`` and load the newest intact checkpoint (when ``config.resume``).
 
     Returns ``(state, RNG states to restore once the first batch is drawn, resumed?)``.
 
     Raises:
-        ConfigError: the checkpoint was written by a run with other settings.
+        ConfigError: the checkpoint was written by a run with other settings, or in another
+            format (:func:`check_format`).
     """
     config, ckpt_root = engine.config, engine.ckpt_root
     found = _find_checkpoint(ckpt_root, remove_bad=engine.is_main) if config.resume else None
@@ -96,6 +120,7 @@ def start_or_resume(engine: "Engine") -> tuple[TrainState, tuple | None, bool]:
         return TrainState(), None, False
     ckpt_step, ckpt_dir = found
     st = json.loads((ckpt_dir / "trainer_state.json").read_text(encoding="utf-8"))
+    check_format(ckpt_dir, st)
     changed = identity_changes(st["identity"], engine.identity)
     if changed:
         raise ConfigError(
@@ -164,7 +189,7 @@ def save_checkpoint(engine: "Engine", state: TrainState) -> Path:
         }
         state.elapsed_seconds = time.perf_counter() - engine.t_start
         trainer_state = state.to_dict() | {
-            "format": _CHECKPOINT_FORMAT, "identity": engine.identity,
+            "format": CHECKPOINT_FORMAT, "identity": engine.identity,
             "phases": {"seconds": engine.phases.seconds, "counts": engine.phases.counts},
             "metrics_offset": engine.log.offset, "rng": rng_json,
         }
