@@ -38,7 +38,7 @@ BASE = {
 
 def main(argv: list[str]) -> int:
     from oelm.errors import RunInterruptedError
-    from oelm.train import train
+    from oelm.training import train
 
     run_dir, rest = Path(argv[0]), argv[1:]
     config, data, model, (train_loader, val_loader, _) = _train_driver.build([], base=BASE)

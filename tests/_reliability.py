@@ -91,7 +91,7 @@ def in_process(run_dir: Path, *overrides: str, hook=None, pre_hook=None):
     With a ``hook``/``pre_hook`` (which count training forwards to act at a chosen step), the
     engine's undone warm-up pass is switched off: it is a training-mode forward too, and would
     shift every count by one (``training.timing_warmup_passes=0``; results do not depend on it)."""
-    from oelm.train import train
+    from oelm.training import train
 
     if hook is not None or pre_hook is not None:
         overrides = ("training.timing_warmup_passes=0", *overrides)

@@ -70,7 +70,7 @@ def main(argv: list[str]) -> int:
         sleep, rest = float(rest[1]), rest[2:]
     from safetensors.torch import load_file
 
-    from oelm.train import train
+    from oelm.training import train
 
     config, data, model, (train_loader, val_loader, test_loader) = build(rest)
     if sleep:  # throttle (test only) so a killer can hit chosen steps; changes no number

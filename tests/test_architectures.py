@@ -40,7 +40,7 @@ from oelm.checkpoint import WEIGHTS_NAME
 from oelm.config import TrainingConfig
 from oelm.method import OELMConfig, find_attention_projections, parameter_report
 from oelm.models.gpt import GPTConfig, GPTForCausalLM
-from oelm.train import build_optimizer
+from oelm.training import build_optimizer
 
 VOCAB, LAYERS, HEADS = 100, 2, 4
 _BERT_KW = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=LAYERS, num_attention_heads=HEADS,

@@ -423,8 +423,8 @@ def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "oelm.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 
-def test_output_dir_of_a_different_config_is_refused_by_run_experiment(tmp_path):
-    from oelm.experiment import run_experiment
+def test_output_dir_of_a_different_config_is_refused_by_run_matrix(tmp_path):
+    from oelm.matrix import run_matrix
 
     out = tmp_path / "out"
     out.mkdir()
@@ -433,7 +433,7 @@ def test_output_dir_of_a_different_config_is_refused_by_run_experiment(tmp_path)
     )
     before = sorted(p.name for p in out.iterdir())
     with pytest.raises(ConfigError, match=rf"output directory {out} holds results of a different config \(changed: .*task"):
-        run_experiment(config_from_dict(_valid_config()), out, log=lambda _: None)
+        run_matrix(config_from_dict(_valid_config()), out, log=lambda _: None)
     assert sorted(p.name for p in out.iterdir()) == before  # nothing overwritten
 
 

@@ -82,7 +82,7 @@ def test_plain_loop_does_the_engines_math():
     """Same batches, same initial weights: the plain loop (clipping, schedule, weight decay, the
     engine's AdamW) ends with the engine baseline's weights; it would not without clipping."""
     from oelm.bench import runners as R, shapes as S
-    from oelm.train import autocast_context
+    from oelm.training import autocast_context
 
     cfg = BenchConfig(model="dispatch-proxy", device="cpu", learning_rate=1e-2)
     gpt, batch_size, seq_len = S.model_config(cfg)

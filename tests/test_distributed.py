@@ -187,25 +187,25 @@ def _engine(rank: int, world: int):
 
 
 def test_each_rank_takes_its_own_rng_states_and_an_old_checkpoint_falls_back_to_rank_0s(tmp_path):
-    from oelm.train import _rank_rng
+    from oelm.training.rng import rank_rng
 
     st = {"rng": "json0", "rng_ranks": ["json0", "json1"]}
     tensors = {"rng": "t0", "rng_ranks": ["t0", "t1"]}
-    assert [_rank_rng(_engine(r, 2), st, tensors, tmp_path) for r in (0, 1)] == [("json0", "t0"), ("json1", "t1")]
-    assert _rank_rng(_engine(0, 1), {"rng": "json0"}, {"rng": "t0"}, tmp_path) == ("json0", "t0")  # one process
+    assert [rank_rng(_engine(r, 2), st, tensors, tmp_path) for r in (0, 1)] == [("json0", "t0"), ("json1", "t1")]
+    assert rank_rng(_engine(0, 1), {"rng": "json0"}, {"rng": "t0"}, tmp_path) == ("json0", "t0")  # one process
     old_st, old_tensors = {"rng": "json0"}, {"rng": "t0"}  # several processes, before per-rank states
     with pytest.warns(RuntimeWarning, match="RNG states of rank 0 only .* ranks 1-1 resume with rank 0's"):
-        assert _rank_rng(_engine(0, 2), old_st, old_tensors, tmp_path) == ("json0", "t0")
-    assert _rank_rng(_engine(1, 2), old_st, old_tensors, tmp_path) == ("json0", "t0")  # rank 0 alone warns
+        assert rank_rng(_engine(0, 2), old_st, old_tensors, tmp_path) == ("json0", "t0")
+    assert rank_rng(_engine(1, 2), old_st, old_tensors, tmp_path) == ("json0", "t0")  # rank 0 alone warns
 
 
 def test_a_checkpoint_of_another_number_of_processes_is_refused():
-    from oelm.train import _identity_changes
+    from oelm.training.checkpoint import identity_changes
 
     one = {"learning_rate": 1e-3, "steps_per_epoch": 6}
     two = one | {"gradient_accumulation_steps": 1, "num_processes": 2}
-    assert _identity_changes(one, dict(one)) == {} and _identity_changes(two, dict(two)) == {}
-    assert _identity_changes(one, two) == {"num_processes": (1, 2)}
-    assert _identity_changes(two, one) == {"num_processes": (2, 1)}  # the entry left out for its default counts as 1
-    assert _identity_changes(one | {"gradient_accumulation_steps": 2, "num_processes": 1}, one) == {
+    assert identity_changes(one, dict(one)) == {} and identity_changes(two, dict(two)) == {}
+    assert identity_changes(one, two) == {"num_processes": (1, 2)}
+    assert identity_changes(two, one) == {"num_processes": (2, 1)}  # the entry left out for its default counts as 1
+    assert identity_changes(one | {"gradient_accumulation_steps": 2, "num_processes": 1}, one) == {
         "gradient_accumulation_steps": (2, 1)}

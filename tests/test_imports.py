@@ -55,8 +55,8 @@ def test_oelm_run_start_up_loads_no_report_library():
         "from oelm.config import load_config\n"
         "from oelm.distributed import is_main_process\n"
         "from oelm.errors import RunInterruptedError\n"
-        "from oelm.experiment import run_experiment\n"
-        "import oelm.train, oelm.models.build, oelm.data.prepare\n"
+        "from oelm.matrix import run_matrix\n"
+        "import oelm.matrix.driver, oelm.training, oelm.models.build, oelm.data.prepare\n"
         "import inspect, oelm.cli\n"
         "src = inspect.getsource(oelm.cli.cmd_run)\n"
         "head = src.split('started = ')[0]\n"
@@ -82,6 +82,30 @@ def test_public_api_is_unchanged():
         "assert comparison_rows is oelm.report.render.comparison_rows\n"
     )
     _loaded_after(code)  # asserts a zero exit status
+
+
+def test_the_old_module_names_stay_public_aliases_that_nothing_inside_oelm_imports():
+    """``oelm.train`` and ``oelm.experiment`` keep their public names for users (the same objects
+    as ``oelm.training`` / ``oelm.matrix``), but oelm's own code imports the packages directly."""
+    import ast
+
+    import oelm.experiment
+    import oelm.matrix
+    import oelm.train
+    import oelm.training
+
+    assert oelm.train.train is oelm.training.train and oelm.train.build_engine is oelm.training.build_engine
+    assert oelm.experiment.run_experiment is oelm.matrix.run_matrix
+    assert not [n for n in oelm.train.__all__ if n.startswith("_")]
+    src = Path(oelm.__file__).parent
+    importers = []
+    for path in src.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            if any(n in ("oelm.train", "oelm.experiment") for n in names):
+                importers.append(str(path.relative_to(src)))
+    assert importers == []
 
 
 def test_unknown_attribute_is_an_attribute_error():

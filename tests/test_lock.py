@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import oelm.experiment as experiment
+import oelm.matrix as matrix
 import oelm.matrix.driver as driver
 from oelm.cli import main
 from oelm.config import load_config
@@ -98,10 +98,10 @@ def test_lock_is_held_during_the_run_and_released_after_it(tmp_path, monkeypatch
     monkeypatch.setattr(driver, "_drive", fake_matrix)
     config = load_config(QUICKSTART)
     if exc is None:
-        assert experiment.run_experiment(config, out) == {"ok": True}
+        assert matrix.run_matrix(config, out) == {"ok": True}
     else:
         with pytest.raises(type(exc)):
-            experiment.run_experiment(config, out)
+            matrix.run_matrix(config, out)
     assert seen["holder"]["pid"] == os.getpid()
     assert not (out / LOCK_NAME).exists()
     release(acquire(out), out)  # free again
@@ -111,7 +111,7 @@ def test_only_the_main_process_takes_the_lock(tmp_path, monkeypatch):
     seen = {}
     monkeypatch.setattr(driver, "is_main_process", lambda: False)
     monkeypatch.setattr(driver, "_drive", lambda c, o, l, r, a, e: seen.setdefault("exists", (o / LOCK_NAME).exists()))
-    experiment.run_experiment(load_config(QUICKSTART), tmp_path)
+    matrix.run_matrix(load_config(QUICKSTART), tmp_path)
     assert seen["exists"] is False
 
 

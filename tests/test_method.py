@@ -11,7 +11,7 @@ from oelm import METHODS, ConfigError, UnsupportedModelError, apply_oelm, max_or
 from oelm.config import TrainingConfig
 from oelm.method import find_attention_projections, parameter_report
 from oelm.models.gpt import build_gpt
-from oelm.train import build_optimizer
+from oelm.training import build_optimizer
 
 
 def tiny_bert(num_labels: int = 2) -> BertForSequenceClassification:

@@ -44,9 +44,9 @@ def no_work(monkeypatch):
 
 
 def _run(config: dict, out: Path):
-    from oelm.experiment import run_experiment
+    from oelm.matrix import run_matrix
 
-    return run_experiment(config_from_dict(config), out, log=lambda _: None)
+    return run_matrix(config_from_dict(config), out, log=lambda _: None)
 
 
 # --- max_length / block_size against the model's positions -----------------------------------

@@ -130,7 +130,7 @@ def test_a_run_writes_weights_only_as_safetensors(data_dir, tmp_path):
     from oelm.data import LMBlockDataset, load_documents, load_gpt2_tokenizer, pack_documents
     from oelm.method import apply_oelm
     from oelm.models.gpt import build_gpt
-    from oelm.train import train
+    from oelm.training import train
 
     tokenizer = load_gpt2_tokenizer(data_dir)
     docs = load_documents("tinystories", "train", data_dir)[:12]

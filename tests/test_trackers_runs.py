@@ -142,7 +142,7 @@ def test_a_killed_and_resumed_run_gives_mlflow_both_halves(tmp_path, data_dir, m
 
 
 def test_a_tracker_not_installed_stops_the_run_before_anything_is_written(tmp_path, monkeypatch):
-    from oelm.train import train
+    from oelm.training import train
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))

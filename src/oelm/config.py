@@ -411,7 +411,7 @@ _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
 class ExperimentConfig(_Strict):
     """A comparison: one task and model, several methods, several seeds.
 
-    The protocol (see :mod:`oelm.experiment`): each method's learning-rate candidates
+    The protocol (see :mod:`oelm.matrix.plan`): each method's learning-rate candidates
     (:meth:`learning_rate_candidates`) are swept on ``sweep_seeds`` and the best on validation
     (mean over those seeds) is selected; then every seed runs at the selected rate. With a
     single candidate there is no sweep stage.

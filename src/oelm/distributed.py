@@ -2,7 +2,7 @@
 
 ``accelerate launch -m oelm run CONFIG`` and ``torchrun --nproc_per_node=N -m oelm run CONFIG``
 start N processes that each run the whole protocol in lockstep (the same runs in the same
-order; the collectives inside :func:`oelm.train.train` keep them together). Rank 0 (the main
+order; the collectives inside :func:`oelm.training.train` keep them together). Rank 0 (the main
 process) alone writes files and prints; the others compute the same records and discard them.
 All of it comes from :class:`accelerate.PartialState`, which reads the launcher's environment
 (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ...); nothing here communicates on its own.

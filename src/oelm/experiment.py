@@ -1,7 +1,8 @@
-"""The comparison protocol's public entry point, kept for its users: :func:`run_experiment` runs a
-matrix (:func:`oelm.matrix.run_matrix`). The protocol itself lives in :mod:`oelm.matrix`: the plan
-(:mod:`oelm.matrix.plan`), the output folder and run record (:mod:`oelm.records`), one run
-(:mod:`oelm.matrix.run_one`) and the executors (:mod:`oelm.matrix.executors`).
+"""A documented public alias: :func:`run_experiment` runs a matrix (:func:`oelm.matrix.run_matrix`),
+importable from ``oelm.experiment`` as before the protocol became the :mod:`oelm.matrix` package.
+Nothing inside oelm imports this module. The protocol lives in :mod:`oelm.matrix`: the plan
+(:mod:`oelm.matrix.plan`), one run (:mod:`oelm.matrix.run_one`), the executors
+(:mod:`oelm.matrix.executors`); the output folder and run record in :mod:`oelm.records`.
 """
 
 from __future__ import annotations

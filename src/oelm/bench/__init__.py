@@ -114,7 +114,7 @@ def run_bench(config: BenchConfig, progress: bool = True) -> dict:
     """
     from oelm.environment import capture_environment, mfu_record
     from oelm.flops import executed_flops_per_token, model_flops_per_token
-    from oelm.train import autocast_context
+    from oelm.training import autocast_context
 
     check(config)
     device = resolve_device(config.device)

@@ -57,7 +57,7 @@ class Runner:
 def engine_step(r: Runner, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """oelm's training step: :func:`oelm.train.optimizer_step` itself (forward, backward,
     clipping, the NaN check's accumulator, AdamW, schedule), timed by the engine's own timer."""
-    from oelm.train import optimizer_step
+    from oelm.training import optimizer_step
 
     return optimizer_step(r.engine, r.state, batch, iter(()))
 
@@ -105,7 +105,7 @@ def make_runners(template: nn.Module, names: list[str], *, device: torch.device,
 
     from oelm.method import apply_oelm
     from oelm.timing import StepTimer
-    from oelm.train import TrainState, build_engine, build_optimizer, make_scheduler
+    from oelm.training import TrainState, build_engine, build_optimizer, make_scheduler
 
     training = training_config(learning_rate, steps, warmup_steps, precision)
     # The engine's loader only sizes the schedule: the bench feeds the same batches to every runner.

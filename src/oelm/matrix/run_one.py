@@ -74,7 +74,7 @@ def placement_record(executor: str, **fields: Any) -> dict[str, Any]:
 
 
 def _total_steps(training: TrainingConfig, train_loader: DataLoader) -> int:
-    """Optimizer steps of a run (as :func:`oelm.train.train` computes them from the loader
+    """Optimizer steps of a run (as :func:`oelm.training.train` computes them from the loader
     Accelerate shards over the processes)."""
     from oelm.distributed import num_processes
     from oelm.training import optimizer_steps_per_epoch, planned_total_steps
