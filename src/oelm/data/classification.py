@@ -31,6 +31,8 @@ import numpy as np
 import torch
 
 from oelm.data.registry import DatasetSpec, find_local_files, get_dataset_spec, holdout_indices, load_hub_split, resolve_split
+from oelm.data.text import check_texts, documents_digest
+from oelm.data.tokenizers import tokenizer_record
 from oelm.errors import ConfigError, DataFormatError
 
 if TYPE_CHECKING:  # pandas (~0.4 s to import) is imported where a file is read, not with oelm.data
@@ -105,33 +107,6 @@ def load_classification(
                 "Fix: use a train file with at least 2 rows (shared/data, MANIFEST.md)."
             )
     return df
-
-
-def check_texts(texts: Sequence[Any], where: str, unit: str = "item") -> None:
-    """Check that every item of ``texts`` is a ``str`` that UTF-8 can encode (what tokenizers need).
-
-    ``where`` starts the message (e.g. ``"sst2/train (path): column 'text'"``); ``unit`` names one
-    item in it ("row", "document").
-
-    Raises:
-        DataFormatError: the first bad item, with its position and type: a non-string value
-            (bytes, a number, ...) or a string with a lone UTF-16 surrogate (``"\\ud800"``).
-    """
-    for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            shown = repr(text)[:60]
-            raise DataFormatError(
-                f"{where}: {unit} {i} is {type(text).__name__} {shown}, not text (str). "
-                "Fix: store text as UTF-8 strings (decode bytes first)."
-            )
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise DataFormatError(
-                f"{where}: {unit} {i} is not valid Unicode text ({exc.reason} at character {exc.start}: "
-                f"{text[max(0, exc.start - 10):exc.end + 10]!r}). Fix: repair or drop that text "
-                "(e.g. text.encode('utf-8', 'replace').decode())."
-            ) from None
 
 
 def _read_parquet(spec: DatasetSpec, split: str, paths: list[Path]) -> pd.DataFrame:
@@ -300,7 +275,7 @@ def encode_classification(df: pd.DataFrame, tokenizer, text_columns: Sequence[st
 
     ``cache_dir``: read the encodings from, or write them to, ``cache_dir/cls-<key>.npz``
     (:func:`encoding_cache_key`; ``tokenizer_sha256`` is the tokenizer's
-    :func:`oelm.data.lm.tokenizer_record` hash, computed when not given). The labels always come
+    :func:`oelm.data.tokenizers.tokenizer_record` hash, computed when not given). The labels always come
     from ``df``. A cache file that cannot be read or does not fit (row count, lengths, ids outside
     the vocabulary) is warned about, deleted and written again.
 
@@ -340,12 +315,10 @@ _ENCODING_FORMAT = "cls-encodings-v1"  # bump when the file layout or what encod
 def encoding_cache_key(texts: Sequence[Sequence[str]], tokenizer, text_columns: Sequence[str], max_length: int,
                        tokenizer_sha256: str | None = None) -> str:
     """The 24-hex-digit key of one split's cached encodings: sha256 over the texts (each column's
-    :func:`oelm.data.lm.documents_digest`), the tokenizer's identity (``tokenizer_sha256``, its
-    :func:`oelm.data.lm.tokenizer_record` hash, computed when None), what else decides the ids a
+    :func:`oelm.data.text.documents_digest`), the tokenizer's identity (``tokenizer_sha256``, its
+    :func:`oelm.data.tokenizers.tokenizer_record` hash, computed when None), what else decides the ids a
     call returns (the fast tokenizer's post-processor, which adds [CLS]/[SEP]; truncation side;
     model input names; class), ``max_length`` and the column names."""
-    from oelm.data.lm import documents_digest, tokenizer_record
-
     if tokenizer_sha256 is None:
         tokenizer_sha256 = tokenizer_record(tokenizer, "")["sha256"]
     backend = getattr(tokenizer, "backend_tokenizer", None)

@@ -39,7 +39,7 @@ from oelm.data.registry import (
     resolve_split,
 )
 from oelm.data.cache import load_token_cache, write_token_cache
-from oelm.data.classification import check_texts
+from oelm.data.text import check_texts, documents_digest
 from oelm.data.tokenizers import (  # the tokenizers live there; their names stay importable from here
     EOS_TOKEN,
     get_lm_tokenizer,
@@ -264,16 +264,6 @@ def _apply_fixes(doc: str, fixes: Sequence[str]) -> str:
     if "single_newline_paragraphs" in fixes:
         doc = re.sub(r"\n[ \t]*\n+", "\n", doc)
     return doc
-
-
-def documents_digest(documents: Sequence[str]) -> str:
-    """sha256 (hex) of a document list; boundaries count ("ab" ≠ "a", "b")."""
-    h = hashlib.sha256()
-    for doc in documents:
-        data = doc.encode("utf-8")
-        h.update(len(data).to_bytes(8, "little"))
-        h.update(data)
-    return h.hexdigest()
 
 
 def _tokenizer_fingerprint(tokenizer) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from oelm.data.cache import drop_damaged_cache, load_digest_cache, write_text_cache
-from oelm.data.classification import check_texts
+from oelm.data.text import check_texts, documents_digest
 from oelm.data.registry import hub_offline, resolve_data_dir
 from oelm.errors import ConfigError, DataNotFoundError
 
@@ -199,8 +199,6 @@ def train_bpe_tokenizer(documents: Sequence[str], vocab_size: int, cache_dir: st
     if not documents:
         raise ConfigError("train_bpe_tokenizer needs at least one training document")
     check_texts(documents, "cannot train a BPE tokenizer", "document")
-    from oelm.data.lm import documents_digest  # here: oelm.data.lm imports this module
-
     key = hashlib.sha256(f"{_BPE_RECIPE}|{vocab_size}|{documents_digest(documents)}".encode()).hexdigest()[:16]
     target = Path(cache_dir) / f"bpe-{vocab_size}-{key}" / "tokenizer.json" if cache_dir is not None else None
     if target is not None and target.is_file():
