@@ -1,18 +1,27 @@
-"""The datasets oelm ships: one :class:`~oelm.data.registry.DatasetSpec` per task, registered on import
-(``import oelm.data.registry`` imports this module last). Counts and caveats: shared/data/MANIFEST.md
-and the Hub dataset cards."""
+"""The datasets oelm ships: one :class:`~oelm.data.spec.DatasetSpec` per task in :data:`SHIPPED`,
+which :mod:`oelm.data.registry` registers when it is imported (this module imports nothing of the
+registry). Counts and caveats: shared/data/MANIFEST.md and the Hub dataset cards."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from oelm.data.registry import DatasetSpec, get_dataset_spec, register_dataset
+from oelm.data.spec import DatasetSpec
+
+#: The shipped specs by name, in the order they are defined here.
+SHIPPED: dict[str, DatasetSpec] = {}
+
+
+def _ship(spec: DatasetSpec) -> None:
+    """Add ``spec`` to :data:`SHIPPED` (the registry registers them all on import)."""
+    SHIPPED[spec.name] = spec
+
 
 _PAIR = ("sentence1", "sentence2")
 _NLI_LABELS = ("entailment", "neutral", "contradiction")
 _NLI_HUB_COLUMNS = {"premise": "sentence1", "hypothesis": "sentence2"}
 
-register_dataset(
+_ship(
     DatasetSpec(
         name="sst2",
         task_type="classification",
@@ -40,7 +49,7 @@ register_dataset(
     )
 )
 
-register_dataset(
+_ship(
     DatasetSpec(
         name="imdb",
         task_type="classification",
@@ -61,7 +70,7 @@ register_dataset(
     )
 )
 
-register_dataset(
+_ship(
     DatasetSpec(
         name="ag_news",
         task_type="classification",
@@ -87,7 +96,7 @@ register_dataset(
     )
 )
 
-register_dataset(
+_ship(
     DatasetSpec(
         name="xnli",
         task_type="classification",
@@ -112,7 +121,7 @@ register_dataset(
     )
 )
 
-register_dataset(
+_ship(
     DatasetSpec(
         name="mnli",
         task_type="classification",
@@ -143,7 +152,7 @@ register_dataset(
     )
 )
 
-register_dataset(
+_ship(
     DatasetSpec(
         name="tinystories",
         task_type="language_modeling",
@@ -183,7 +192,7 @@ _WIKITEXT_NOTE = (
     "dropped (a few formula lines that look like headings also start a new document, e.g. in 'Constant k filter'). "
 )
 
-register_dataset(
+_ship(
     DatasetSpec(
         name="wikitext-2",
         task_type="language_modeling",
@@ -211,7 +220,7 @@ register_dataset(
     )
 )
 
-register_dataset(
+_ship(
     DatasetSpec(
         name="wikitext-2-raw",
         task_type="language_modeling",
@@ -236,7 +245,7 @@ register_dataset(
     )
 )
 
-register_dataset(
+_ship(
     DatasetSpec(
         name="wikitext-103",
         task_type="language_modeling",
@@ -257,7 +266,7 @@ register_dataset(
     )
 )
 
-register_dataset(
+_ship(
     DatasetSpec(
         name="openwebtext",
         task_type="language_modeling",
@@ -313,7 +322,7 @@ def _books(names: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(f"gutenberg/{n}.txt.gz" for n in names)
 
 
-register_dataset(
+_ship(
     DatasetSpec(
         name="gutenberg",
         task_type="language_modeling",
@@ -354,7 +363,7 @@ register_dataset(
 
 
 def _xnli_en_dev() -> DatasetSpec:
-    xnli = get_dataset_spec("xnli")
+    xnli = SHIPPED["xnli"]
     return dataclasses.replace(
         xnli,
         name="xnli-en-dev",
@@ -371,4 +380,4 @@ def _xnli_en_dev() -> DatasetSpec:
 
 
 XNLI_EN_DEV = _xnli_en_dev()
-register_dataset(XNLI_EN_DEV)
+_ship(XNLI_EN_DEV)
