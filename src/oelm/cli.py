@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from oelm.cli_inspect import _YAML, cmd_inspect  # `oelm inspect` lives in its own module
+from oelm.cli_inspect import YAML_SUFFIXES, cmd_inspect, print_table  # `oelm inspect` and the table printer live there
 from oelm.configs import resolve_config
 from oelm.errors import OELMError  # importing oelm sets OMP_WAIT_POLICY before torch loads
 
@@ -92,18 +92,6 @@ def _comparison_warnings(comparison: dict) -> list[str]:
     return list(fn(comparison) if fn is not None else comparison.get("warnings", []))
 
 
-def _print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=title, show_lines=False)
-    for i, h in enumerate(header):
-        table.add_column(h, justify="left" if i == 0 else "right")
-    for r in rows:
-        table.add_row(*r)
-    Console(width=max(120, len(" ".join(header)) + 20)).print(table)
-
-
 def _executor_config(config, args: argparse.Namespace):
     """The config's ``executor`` with the command line's ``--executor``, ``--address``,
     ``--parallel``, ``--cpus-per-run``, ``--gpus-per-run`` applied (validated as the config is)."""
@@ -173,7 +161,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from oelm.report import comparison_rows  # after the runs: scipy/matplotlib are not start-up cost
 
     header, rows = comparison_rows(comparison)
-    _print_table(f"{config.name}: {comparison['task']} / {comparison['model']}", header, rows)
+    print_table(f"{config.name}: {comparison['task']} / {comparison['model']}", header, rows)
     if missing:
         print(f"not finished yet (left out): {', '.join(missing)}")
     for w in _comparison_warnings(comparison):
@@ -218,7 +206,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise OELMError(f"no runs under {folder.runs} (no runs/*/result.json); run `oelm run` with --output-dir {out} first")
     comparison = write_comparison(config, results, out)
     header, rows = comparison_rows(comparison)
-    _print_table(f"{config.name}", header, rows)
+    print_table(f"{config.name}", header, rows)
     corrupted, absent = _checked_checkpoints(folder, results)
     for message in corrupted:
         print(f"oelm: warning: {message}", file=sys.stderr)
@@ -339,7 +327,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     from oelm.configs import starter_config
 
     dest = Path(args.path)
-    if dest.suffix not in _YAML:
+    if dest.suffix not in YAML_SUFFIXES:
         raise OELMError(f"{dest}: give a path ending in .yaml")
     if dest.exists() and not args.force:
         raise OELMError(f"{dest} exists; give another PATH, or --force to overwrite it")
@@ -385,7 +373,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     header, rows, lines = format_bench(result)
     m = result["model"]
     compiled = f", compiled ({config.compile_mode or 'default'})" if config.compile or config.compile_mode else ""
-    _print_table(f"oelm bench: {config.model} (batch {m['batch_size']} x {m['seq_len']} tokens, {config.precision}"
+    print_table(f"oelm bench: {config.model} (batch {m['batch_size']} x {m['seq_len']} tokens, {config.precision}"
                  f"{compiled})", header, rows)
     for line in lines:
         print(line)

@@ -1,5 +1,6 @@
 """``oelm inspect``: where each model's query/key projections are and the parameter table per
-method (split out of :mod:`oelm.cli`; the parser stays there)."""
+method (split out of :mod:`oelm.cli`; the parser stays there), and the table printer every
+``oelm`` command uses (:func:`print_table`)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,22 @@ from pathlib import Path
 from oelm.configs import resolve_config
 from oelm.errors import OELMError
 
-_YAML = (".yaml", ".yml")
+#: What a config file's name ends with.
+YAML_SUFFIXES = (".yaml", ".yml")
 
 
-def _print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
-    from oelm.cli import _print_table as print_table
+def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
+    """Print ``rows`` under ``header`` as a rich table titled ``title`` (first column left-aligned,
+    the numbers right-aligned), at least 120 characters wide."""
+    from rich.console import Console
+    from rich.table import Table
 
-    print_table(title, header, rows)
+    table = Table(title=title, show_lines=False)
+    for i, h in enumerate(header):
+        table.add_column(h, justify="left" if i == 0 else "right")
+    for r in rows:
+        table.add_row(*r)
+    Console(width=max(120, len(" ".join(header)) + 20)).print(table)
 
 
 def _inspect_model_source(name: str, config_only: bool, trust_remote_code: bool = False):
@@ -58,7 +68,7 @@ def _print_sites(title: str, sites) -> None:
          str(s.heads(t)), str(s.head_dim), s.fused or "no"]
         for s in sites for t in ("query", "key")
     ]
-    _print_table(title, ["module", "kind", "layer", "target", "shape", "heads", "head_dim", "fused"], rows)
+    print_table(title, ["module", "kind", "layer", "target", "shape", "heads", "head_dim", "fused"], rows)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -69,11 +79,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from oelm.method import METHODS, apply_oelm, find_attention_projections
 
     target = args.target
-    if target is not None and Path(target).suffix in _YAML:
+    if target is not None and Path(target).suffix in YAML_SUFFIXES:
         target = str(resolve_config(target))  # a YAML path that is not there is "no such file", not a Hub id
     elif target is not None and target.startswith(("/", "./", "../", "~")) and not Path(target).expanduser().exists():
         raise OELMError(f"{target}: no such file or directory (give a model directory, a Hub id or an experiment YAML)")
-    is_config = target is not None and Path(target).is_file() and Path(target).suffix in _YAML
+    is_config = target is not None and Path(target).is_file() and Path(target).suffix in YAML_SUFFIXES
     if target is not None and not is_config or (target is None and args.model and args.config_only):
         name = target or args.model
         set_seed(0)
@@ -127,7 +137,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                  str(p["head_dim"]), p["fused"] or "no", "yes" if p["frozen"] else "no", f"{p['max_orthogonality_error']:.1e}"]
                 for p in report.projections
             ]
-            _print_table("query/key projections found", ["module", "kind", "layer", "target", "shape", "heads", "head_dim", "fused", "frozen", "max |WWᵀ-I|"], rows)
+            print_table("query/key projections found", ["module", "kind", "layer", "target", "shape", "heads", "head_dim", "fused", "frozen", "max |WWᵀ-I|"], rows)
         print(report.table())
         print(report)
     return 0
