@@ -166,3 +166,31 @@ def test_mfu_record_uses_the_datasheet_on_a_known_gpu(monkeypatch):
     monkeypatch.setattr(environment, "_tf32_enabled", lambda: True)
     rec = mfu_record(1e9, 1.0, "cuda:0", "fp32")
     assert rec["peak_flops"] == 494.5e12 and rec["peak_precision"] == "tf32"
+
+
+def test_layers_and_width_are_asked_of_the_registered_architecture(monkeypatch):
+    """(L, H) come from the attributes the model's ArchitectureSpec names: a registered family
+    whose config calls them ``depth`` / ``width`` is counted, an unregistered one is refused
+    naming the attributes tried; oelm's GPT is found by its config's model_type."""
+    from types import SimpleNamespace
+
+    from oelm.architectures import ARCHITECTURES, architecture_from_dict, architecture_of, register_architecture
+    from oelm.flops import model_layers_and_width
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.config = SimpleNamespace(model_type="tiny-depth-width", depth=3, width=16, num_heads=2)
+            self.blocks = torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(3))
+
+    with pytest.raises(ValueError, match="has none of num_layers, num_hidden_layers, n_layer"):
+        model_layers_and_width(Tiny())
+    monkeypatch.setitem(ARCHITECTURES, "tiny-depth-width", None)  # removed again after the test
+    register_architecture(architecture_from_dict({
+        "model_type": "tiny-depth-width", "attention_pattern": r"blocks\.(\d+)$", "query": "q", "key": "k",
+        "num_heads": "num_heads", "num_layers": "depth", "hidden_size": "width"}))
+    assert model_layers_and_width(Tiny()) == (3, 16)
+    assert model_flops_per_token(Tiny(), 8) == 6 * (3 * (16 * 16 + 16)) + 12 * 3 * 16 * 8
+    gpt = GPTForCausalLM(GPTConfig(vocab_size=64, context_length=16, num_layers=2, num_heads=2, hidden_size=8,
+                                   intermediate_size=16))
+    assert architecture_of(gpt).model_type == "oelm-gpt" and model_layers_and_width(gpt) == (2, 8)

@@ -33,6 +33,9 @@ from __future__ import annotations
 
 from torch import nn
 
+from oelm.architectures import architecture_of
+from oelm.errors import UnsupportedModelError
+
 __all__ = [
     "count_matmul_parameters",
     "executed_flops_per_token",
@@ -40,7 +43,8 @@ __all__ = [
     "model_layers_and_width",
 ]
 
-# Config attribute names, in the order they are tried (oelm GPTConfig, BERT/Llama, GPT-2, T5/BART).
+# Config attribute names tried for a model whose architecture is not registered (oelm GPTConfig,
+# BERT/Llama, GPT-2, T5/BART); a registered one says its own (ArchitectureSpec.num_layers / hidden_size).
 _LAYER_ATTRS = ("num_layers", "num_hidden_layers", "n_layer")
 _WIDTH_ATTRS = ("hidden_size", "n_embd", "d_model")
 
@@ -89,8 +93,10 @@ def count_matmul_parameters(model: nn.Module, frozen: bool | None = None) -> int
 def model_layers_and_width(model: nn.Module) -> tuple[int, int]:
     """``(L, H)``: number of transformer layers and hidden size, read from ``model.config``.
 
-    Tries ``num_layers`` / ``num_hidden_layers`` / ``n_layer`` and ``hidden_size`` / ``n_embd`` /
-    ``d_model`` (oelm GPTConfig, BERT/Llama-style, GPT-2-style, T5/BART-style configs).
+    The model's registered architecture says which config attributes hold them
+    (:attr:`oelm.ArchitectureSpec.num_layers` / ``hidden_size``); for a model of an unregistered
+    type, ``num_layers`` / ``num_hidden_layers`` / ``n_layer`` and ``hidden_size`` / ``n_embd`` /
+    ``d_model`` are tried (oelm GPTConfig, BERT/Llama-style, GPT-2-style, T5/BART-style configs).
 
     Raises:
         ValueError: the model has no ``config``, or the config has none of those attributes
@@ -101,16 +107,26 @@ def model_layers_and_width(model: nn.Module) -> tuple[int, int]:
     if config is None:
         raise ValueError(f"{type(model).__name__} has no .config; cannot read its number of layers and hidden size")
 
-    def first(names: tuple[str, ...]) -> int:
+    try:
+        spec = architecture_of(model)
+    except UnsupportedModelError:
+        spec = None
+
+    def first(field: str, names: tuple[str, ...]) -> int:
+        if spec is not None:
+            value = spec.config_value(config, field)
+            if value is not None:
+                return value
+            names = (str(getattr(spec, field)), *names)
         for name in names:
             value = getattr(config, name, None)
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 return value
         raise ValueError(
-            f"{type(config).__name__} has none of {', '.join(names)}; cannot count attention FLOPs"
+            f"{type(config).__name__} has none of {', '.join(dict.fromkeys(names))}; cannot count attention FLOPs"
         )
 
-    return first(_LAYER_ATTRS), first(_WIDTH_ATTRS)
+    return first("num_layers", _LAYER_ATTRS), first("hidden_size", _WIDTH_ATTRS)
 
 
 def _check_seq_len(seq_len: int) -> int:

@@ -3,8 +3,6 @@ sources; the table in :mod:`oelm.architectures` lists them)."""
 
 from __future__ import annotations
 
-from torch import nn
-
 from oelm.architectures.spec import ArchitectureSpec, AttentionSpec, register_architecture
 
 _BERT_GROUPS = (
@@ -19,7 +17,7 @@ _BERT_GROUPS = (
 )
 
 
-def _bert_like(model_type: str) -> ArchitectureSpec:
+def _bert_like(model_type: str, padded_positions: bool = False) -> ArchitectureSpec:
     # BertLayer: .attention.self (BertSelfAttention); decoders with add_cross_attention also
     # have .crossattention.self (BertCrossAttention), both with query/key/value nn.Linear.
     return ArchitectureSpec(
@@ -29,6 +27,7 @@ def _bert_like(model_type: str) -> ArchitectureSpec:
             AttentionSpec(r"(?:^|\.)encoder\.layer\.(\d+)\.crossattention\.self$", "query", "key", kind="cross"),
         ),
         num_heads="num_attention_heads",
+        padded_positions=padded_positions,
         group_patterns=(
             ("norm", r"LayerNorm\."),
             ("embeddings", r"embeddings(_project)?\."),
@@ -43,7 +42,7 @@ def _bert_like(model_type: str) -> ArchitectureSpec:
 
 
 for _t in ("bert", "roberta", "xlm-roberta", "electra"):
-    register_architecture(_bert_like(_t))
+    register_architecture(_bert_like(_t, padded_positions=_t in ("roberta", "xlm-roberta")))  # RoBERTa numbers positions from pad + 1
 
 register_architecture(
     ArchitectureSpec(
@@ -191,12 +190,6 @@ for _t in ("t5", "mt5", "umt5"):
     )
 
 
-def _is_oelm_gpt(model: nn.Module) -> bool:
-    from oelm.models.gpt import GPTConfig
-
-    return isinstance(getattr(model, "config", None), GPTConfig)
-
-
 register_architecture(
     ArchitectureSpec(
         model_type="oelm-gpt",
@@ -204,6 +197,8 @@ register_architecture(
         query="q_proj",
         key="k_proj",
         num_heads="num_heads",
+        num_layers="num_layers",  # oelm's GPTConfig (model_type "oelm-gpt") names them as nanoGPT does
+        max_positions="context_length",
         group_patterns=(
             ("norm", r"(^|\.)ln_(1|2|f)\."),
             ("embeddings", r"(^|\.)(wte|wpe)\."),
@@ -214,6 +209,5 @@ register_architecture(
             ("ffn", r"mlp\."),
             ("head", r"(^|\.)(lm_head|score)\."),
         ),
-        matches=_is_oelm_gpt,
     )
 )

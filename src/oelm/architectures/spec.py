@@ -90,6 +90,14 @@ class ArchitectureSpec:
             An attribute that is missing or None on the config also means ``num_heads``.
         head_dim: attribute name, integer, or None; when None (or the attribute is missing or
             None), derived from the projection's size: ``out_features // num_heads``.
+        num_layers / hidden_size: the transformer's layers and width (``L``, ``H`` of the FLOP
+            count, :mod:`oelm.flops`): config attribute names or integers; the defaults are the
+            Hugging Face names, which every ``PretrainedConfig`` maps (``attribute_map``).
+        max_positions: the longest input in tokens (what ``task.max_length`` / ``block_size`` is
+            checked against before a run): attribute name, integer, or None (relative
+            positions: no limit from the config).
+        padded_positions: RoBERTa style: position ids start after ``pad_token_id``, so
+            ``pad_token_id + 1`` of ``max_positions`` are unusable.
         group_patterns: ``(group, regex)`` pairs tried in order on parameter names for the
             per-group parameter table (groups from :data:`PARAMETER_GROUPS`); first match wins,
             no match -> ``"other"``.
@@ -104,6 +112,10 @@ class ArchitectureSpec:
     num_heads: HeadCount = "num_attention_heads"
     num_kv_heads: HeadCount = None
     head_dim: HeadCount = None
+    num_layers: HeadCount = "num_hidden_layers"
+    hidden_size: HeadCount = "hidden_size"
+    max_positions: HeadCount = "max_position_embeddings"
+    padded_positions: bool = False
     group_patterns: tuple[tuple[str, str], ...] = ()
     matches: Callable[[nn.Module], bool] | None = None
     model_class: str | None = None
@@ -123,7 +135,7 @@ class ArchitectureSpec:
         bad = [g for g, _ in self.group_patterns if g not in PARAMETER_GROUPS]
         if bad:
             raise ConfigError(f"architecture {self.model_type!r}: unknown parameter group(s) {bad}; known: {PARAMETER_GROUPS}")
-        for name in ("num_heads", "num_kv_heads", "head_dim"):
+        for name in ("num_heads", "num_kv_heads", "head_dim", "num_layers", "hidden_size", "max_positions"):
             value = getattr(self, name)
             if not (value is None or isinstance(value, str) or (isinstance(value, int) and value > 0)):
                 raise ConfigError(
@@ -131,6 +143,17 @@ class ArchitectureSpec:
                 )
         if self.num_heads is None:
             raise ConfigError(f"architecture {self.model_type!r}: num_heads is required")
+        if not isinstance(self.padded_positions, bool):
+            raise ConfigError(f"architecture {self.model_type!r}: padded_positions={self.padded_positions!r} must be true or false")
+
+    def config_value(self, config: Any, name: str) -> int | None:
+        """The integer this spec's ``name`` field (``num_layers``, ``hidden_size``,
+        ``max_positions``, ``num_heads``, ...) gives for a model ``config``: the literal integer,
+        or the value of the config attribute it names; None when that is missing or not a
+        positive integer."""
+        field = getattr(self, name)
+        value = getattr(config, field, None) if isinstance(field, str) else field
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
     def claims(self, model: nn.Module) -> bool:
         """True if ``matches`` or ``model_class`` says ``model`` is of this type."""
@@ -152,7 +175,7 @@ def register_architecture(spec: ArchitectureSpec) -> ArchitectureSpec:
 
 _DICT_KEYS = {
     "model_type", "model_class", "attention", "attention_pattern", "query", "key", "fused",
-    "num_heads", "num_kv_heads", "head_dim", "groups",
+    "num_heads", "num_kv_heads", "head_dim", "num_layers", "hidden_size", "max_positions", "padded_positions", "groups",
 }
 _ATTENTION_KEYS = {"pattern", "query", "key", "kind", "fused"}
 
@@ -162,8 +185,8 @@ def architecture_from_dict(d: dict[str, Any], *, source: str = "architecture") -
 
     Keys: ``model_type`` (required); either ``attention_pattern`` + ``query`` + ``key`` (+
     ``fused``) or ``attention``: a list of mappings with ``pattern``, ``query``, ``key``, ``kind``,
-    ``fused``; ``num_heads`` / ``num_kv_heads`` / ``head_dim`` (config attribute names or
-    integers); ``groups``: mapping group -> regex (order kept); ``model_class``: class name to
+    ``fused``; ``num_heads`` / ``num_kv_heads`` / ``head_dim`` / ``num_layers`` / ``hidden_size``
+    / ``max_positions`` (config attribute names or integers), ``padded_positions``; ``groups``: mapping group -> regex (order kept); ``model_class``: class name to
     match instead of ``config.model_type``. Example::
 
         model_type: my-model
@@ -184,7 +207,8 @@ def architecture_from_dict(d: dict[str, Any], *, source: str = "architecture") -
         raise ConfigError(f"{source}: unknown key(s) {unknown}; allowed: {sorted(_DICT_KEYS)}")
     if not isinstance(d.get("model_type"), str):
         raise ConfigError(f"{source}.model_type is required (the Hugging Face config.model_type this entry is for)")
-    kwargs: dict[str, Any] = {k: d[k] for k in ("model_type", "model_class", "num_heads", "num_kv_heads", "head_dim") if k in d}
+    kwargs: dict[str, Any] = {k: d[k] for k in ("model_type", "model_class", "num_heads", "num_kv_heads", "head_dim",
+                                                "num_layers", "hidden_size", "max_positions", "padded_positions") if k in d}
     if "attention" in d:
         if not isinstance(d["attention"], list) or not d["attention"]:
             raise ConfigError(f"{source}.attention must be a non-empty list of mappings with keys {sorted(_ATTENTION_KEYS)}")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from oelm.architectures import ARCHITECTURES
 from oelm.config import ExperimentConfig, MethodEntry
 from oelm.errors import ConfigError
 from oelm.method import apply_oelm
@@ -26,16 +27,20 @@ __all__ = ["build_model", "build_run_model", "check_sequence_length", "pretraine
 # 512 GB allocation. A config that sets model.gpt_overrides.context_length chooses its own limit.
 MAX_GPT_CONTEXT = 65_536
 
-# config.json fields that hold a checkpoint's number of positions, most common first.
+# For a model type oelm has no architecture for (ArchitectureSpec.max_positions / padded_positions say it
+# for the registered ones): config.json fields that hold a checkpoint's number of positions, most
+# common first, and the RoBERTa-style types that number positions from padding_idx + 1 (so
+# pad_token_id + 1 of them are unusable).
 _POSITION_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len", "max_sequence_length", "seq_length", "n_ctx")
-# RoBERTa-style models number positions from padding_idx + 1, so pad_token_id + 1 of them are unusable.
 _PADDING_OFFSET_TYPES = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "longformer", "data2vec-text", "mpnet", "ibert"}
 
 
 def pretrained_max_positions(name: str, *, trust_remote_code: bool = False) -> tuple[int, str] | None:
     """The longest input (tokens) of pretrained checkpoint ``name`` and the config.json field it
-    comes from, read from its config only (no weights); None when the config cannot be read or
-    has no such field (relative positions, e.g. T5): the model loader reports a missing checkpoint."""
+    comes from, read from its config only (no weights): the field its registered architecture
+    names (:attr:`oelm.ArchitectureSpec.max_positions`, less ``pad_token_id + 1`` when
+    ``padded_positions``), else the common fields. None when the config cannot be read or has no
+    such field (relative positions, e.g. T5): the model loader reports a missing checkpoint."""
     from transformers import AutoConfig
 
     from oelm.models.pretrained import resolve_pretrained
@@ -44,10 +49,14 @@ def pretrained_max_positions(name: str, *, trust_remote_code: bool = False) -> t
         hf_config = AutoConfig.from_pretrained(resolve_pretrained(name), trust_remote_code=trust_remote_code)
     except (OSError, ValueError):
         return None
-    for field in _POSITION_FIELDS:
+    model_type = getattr(hf_config, "model_type", None)
+    spec = ARCHITECTURES.get(model_type)
+    fields = _POSITION_FIELDS if spec is None or not isinstance(spec.max_positions, str) else (spec.max_positions, *_POSITION_FIELDS)
+    padded = spec.padded_positions if spec is not None else model_type in _PADDING_OFFSET_TYPES
+    for field in dict.fromkeys(fields):
         value = getattr(hf_config, field, None)
         if isinstance(value, int) and value > 0:
-            if getattr(hf_config, "model_type", None) in _PADDING_OFFSET_TYPES:
+            if padded:
                 value -= (getattr(hf_config, "pad_token_id", None) or 0) + 1
             return value, field
     return None

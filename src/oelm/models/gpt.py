@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -190,6 +190,7 @@ class GPTConfig:
     num_labels: int = 2  # used by GPTForSequenceClassification only
     pad_token_id: int | None = None  # lets the classifier find the last real token without a mask
     tie_word_embeddings: bool = True  # lm_head shares the token-embedding matrix
+    model_type: ClassVar[str] = "oelm-gpt"  # the architecture registry's key (oelm.architectures)
 
     def __post_init__(self) -> None:
         for name in _POSITIVE_INTS:
