@@ -30,6 +30,7 @@ import time
 
 import torch
 
+from oelm.io import cache_dir
 from oelm.timing import cuda_synchronize_if_needed
 
 __all__ = [
@@ -187,7 +188,7 @@ def peak_flops(device: torch.device | str, dtype: str = "bf16") -> float | None:
 
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, "fp32": torch.float32}
 _measured_peaks: dict[tuple[str, str], dict] = {}  # (device, dtype) -> probe result; one probe per process
-PEAK_CACHE_FILE = "matmul-peaks.json"  # under oelm.data.prepare.cache_dir(): measured peaks of this machine
+PEAK_CACHE_FILE = "matmul-peaks.json"  # under oelm.io.cache_dir(): measured peaks of this machine
 
 
 def _peak_cache_key(device: torch.device, column: str) -> str:
@@ -197,8 +198,6 @@ def _peak_cache_key(device: torch.device, column: str) -> str:
 
 
 def _peak_cache_path():
-    from oelm.data.prepare import cache_dir  # imported late: oelm.environment stays light
-
     return cache_dir() / PEAK_CACHE_FILE
 
 

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-__all__ = ["atomic_path", "write_text_atomic", "write_bytes_atomic", "write_json_atomic", "read_json", "read_json_object", "read_jsonl", "sha256_file", "write_dir_atomic", "verify_dir"]
+__all__ = ["atomic_path", "write_text_atomic", "write_bytes_atomic", "write_json_atomic", "read_json", "read_json_object", "read_jsonl", "sha256_file", "write_dir_atomic", "verify_dir", "json_value", "cache_dir"]
 
 
 def _umask() -> int:
@@ -277,3 +277,10 @@ def verify_dir(path: str | os.PathLike) -> str | None:
         if sha256_file(f) != meta.get("sha256"):
             return f"{name} does not match its sha256 in the manifest (corrupted)"
     return None
+
+
+def cache_dir() -> Path:
+    """Tokenizer and token caches: ``$OELM_CACHE_DIR``, default ``~/.cache/oelm``: ``tokenizers/``
+    (trained BPEs), ``tokens/`` (LM token streams), ``encodings/`` (classification encodings),
+    ``tokenizer-hashes/`` (:func:`oelm.data.lm.tokenizer_record` hashes)."""
+    return Path(os.environ.get("OELM_CACHE_DIR", Path.home() / ".cache" / "oelm"))

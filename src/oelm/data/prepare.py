@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -18,6 +17,7 @@ from torch.utils.data import DataLoader
 from oelm.config import ExperimentConfig, TrainingConfig
 from oelm.data.lm import tokenizer_record
 from oelm.errors import ConfigError, DataFormatError
+from oelm.io import cache_dir  # where the caches live (the name stays importable from here)
 
 __all__ = ["PreparedData", "prepare_data", "make_loaders", "loader_workers", "cache_dir", "label_summary"]
 
@@ -41,13 +41,6 @@ class PreparedData:
     #: Classification: the padded lengths ``training.length_buckets`` pads batches to
     #: (:func:`oelm.data.classification.length_buckets` of ``task.max_length``); None for LM.
     length_buckets: tuple[int, ...] | None = None
-
-
-def cache_dir() -> Path:
-    """Tokenizer and token caches: ``$OELM_CACHE_DIR``, default ``~/.cache/oelm``: ``tokenizers/``
-    (trained BPEs), ``tokens/`` (LM token streams), ``encodings/`` (classification encodings),
-    ``tokenizer-hashes/`` (:func:`oelm.data.lm.tokenizer_record` hashes)."""
-    return Path(os.environ.get("OELM_CACHE_DIR", Path.home() / ".cache" / "oelm"))
 
 
 def _load_splits(task, load: Callable, sample: Callable) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import torch
 
 from oelm.architectures import ARCHITECTURES
 from oelm.config import ExperimentConfig, MethodEntry
+from oelm.config_io import safetensors_problem
 from oelm.errors import ConfigError
 from oelm.method import apply_oelm
 from oelm.records import MatrixFolder, RunFolder
@@ -185,8 +186,6 @@ def resolve_init_from(config: ExperimentConfig, method: str, seed: int) -> Path 
         return None
     path = Path(config.init_from.replace("{method}", method).replace("{seed}", str(seed))).expanduser()
     if path.is_file():
-        from oelm.config import safetensors_problem
-
         problem = safetensors_problem(path)  # a file written (or cut short) after the config was read
         if problem:
             raise ConfigError(f"init_from: the file {path} {problem}; give a model.safetensors or an `oelm run` output directory")

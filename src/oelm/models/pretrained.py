@@ -29,6 +29,7 @@ import importlib
 import json
 from pathlib import Path
 
+from oelm.config_io import safetensors_problem
 from oelm.errors import ConfigError, DataFormatError, DataNotFoundError, OELMError
 
 __all__ = ["PACKAGED_CHECKPOINTS", "TOKENIZER_FILES", "WEIGHT_FILES", "check_local_checkpoint", "resolve_pretrained",
@@ -123,8 +124,6 @@ def check_local_checkpoint(name: str, *, tokenizer: bool = True, weights: bool =
         raise DataFormatError(f"{where} holds no weights (none of {', '.join(WEIGHT_FILES)}; it holds {_listing(path)}); "
                               "write them with model.save_pretrained() or copy them there")
     if weights:
-        from oelm.config import safetensors_problem
-
         for file in sorted(path.glob("*.safetensors")):
             problem = safetensors_problem(file)
             if problem:
