@@ -247,7 +247,7 @@ def test_union_field_errors_are_one_line_without_pydantic_branch_names():
 
 
 def test_init_from_file_damaged_after_validation_is_refused_when_the_run_starts(tmp_path):
-    from oelm.models.build import resolve_init_from
+    from oelm.matrix.assemble import resolve_init_from
 
     path = tmp_path / "model.safetensors"
     save_file({"w": torch.ones(64, 64)}, str(path))

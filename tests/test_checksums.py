@@ -19,7 +19,7 @@ from oelm.config import load_config
 from oelm.data.prepare import prepare_data
 from oelm.errors import ChecksumError
 from oelm.io import sha256_file
-from oelm.models.build import resolve_init_from
+from oelm.matrix.assemble import resolve_init_from
 from oelm.records import PlannedRun, RunRecord
 
 TINY_GPT = "{gpt: gpt-tiny, gpt_overrides: {hidden_size: 32, num_layers: 2, num_heads: 2, intermediate_size: 64, dropout: 0.0}}"

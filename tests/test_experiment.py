@@ -577,7 +577,7 @@ def test_pretrain_then_finetune_loads_each_methods_weights(tmp_path, data_dir):
 
     from oelm.config import load_config
     from oelm.data.prepare import prepare_data
-    from oelm.models.build import build_run_model as _build_run_model
+    from oelm.matrix.assemble import build_run_model as _build_run_model
 
     model = "{gpt: gpt-tiny, gpt_overrides: {hidden_size: 32, num_layers: 2, num_heads: 2, intermediate_size: 64, dropout: 0.0, context_length: 32}}"
     common = "seeds: [0]\ntraining: {max_steps: 3, batch_size: 8, eval_every: 3, log_every: 3, progress_bar: false, tensorboard: false}\n"

@@ -59,7 +59,7 @@ def probe_run_seconds(config: dict[str, Any], task: dict[str, Any], threads: int
 
     from oelm.config import config_from_dict
     from oelm.data.prepare import make_loaders
-    from oelm.models.build import build_run_model
+    from oelm.matrix.assemble import build_run_model
     from oelm.matrix.plan import RunTask
     from oelm.matrix.run_one import _total_steps, prepared_data
 

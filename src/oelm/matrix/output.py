@@ -20,11 +20,11 @@ from oelm.data.prepare import PreparedData, prepare_data
 from oelm.distributed import is_main_process, main_process_only
 from oelm.errors import ConfigError, DamagedFileError, RunInterruptedError
 from oelm.io import read_json_object, write_json_atomic, write_text_atomic
-from oelm.models.build import check_init_tokenizer, resolve_init_from
 from oelm.records import (
     MatrixFolder, format_rates, grid_edge_note, read_status, read_sweep, run_name, sweep_file, utc_now,
 )
 
+from oelm.matrix.assemble import check_init_tokenizer, resolve_init_from
 from oelm.matrix.plan import Selection, plan_runs
 
 __all__ = ["open_output_dir", "start_output", "config_fingerprint", "prepare_matrix_data", "interruptible", "write_plan",

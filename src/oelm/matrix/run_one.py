@@ -24,7 +24,6 @@ from oelm.distributed import barrier, is_main_process, main_process_only
 from oelm.errors import OELMError, RecordedFileMissingError, RunFaultError, RunInterruptedError
 from oelm.lock import pid_alive
 from oelm.metrics import get_metric
-from oelm.models.build import build_run_model
 from oelm.records import (
     MatrixFolder, PlannedRun, RunFolder, RunRecord, budget_record, failed_result, finished_result, read_record,
     read_status, run_identity, write_record,
@@ -32,6 +31,7 @@ from oelm.records import (
 from oelm.records import write_status as _write_status_file
 from oelm.trackers import TrackedRun
 
+from oelm.matrix.assemble import build_run_model
 from oelm.matrix.plan import RunTask
 
 __all__ = ["RunContext", "execute", "train_planned_run", "placement_record", "verify_kept", "promote"]

@@ -1,27 +1,23 @@
-"""Build the model of one run: a pretrained checkpoint or oelm's GPT, optional ``init_from``
-weights (pretrain -> fine-tune), then the method (:func:`oelm.apply_oelm`).
+"""Build a fresh model from an experiment config: a pretrained checkpoint or oelm's GPT
+(:func:`build_model`), and the checks made before any data is read (:func:`check_sequence_length`,
+memory). A run's assembly (``init_from`` weights, the method) is :mod:`oelm.matrix.assemble`.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from oelm.architectures import ARCHITECTURES
-from oelm.config import ExperimentConfig, MethodEntry
-from oelm.config_io import safetensors_problem
+from oelm.config import ExperimentConfig
 from oelm.errors import ConfigError
-from oelm.method import apply_oelm
-from oelm.records import MatrixFolder, RunFolder
 
 if TYPE_CHECKING:
     from oelm.data.prepare import PreparedData
 
-__all__ = ["build_model", "build_run_model", "check_sequence_length", "pretrained_max_positions", "resolve_init_from",
-           "load_init_weights", "MAX_GPT_CONTEXT"]
+__all__ = ["build_model", "check_sequence_length", "pretrained_max_positions", "MAX_GPT_CONTEXT"]
 
 # An oelm GPT's context length defaults to task.max_length / block_size, and its position table
 # (and attention) grow with it: cap it, so a typo such as max_length=100000000 is an error, not a
@@ -164,143 +160,3 @@ def _check_fits_in_memory(parameters: int, what: str) -> None:
             f"fp32 weights, gradients, AdamW moments) but this machine has {available / 1e9:,.1f} GB of {where}; lower "
             "hidden_size / num_layers / intermediate_size / vocab_size"
         )
-
-
-
-def resolve_init_from(config: ExperimentConfig, method: str, seed: int) -> Path | None:
-    """The safetensors file a run of ``method`` / ``seed`` starts from (``config.init_from``).
-
-    ``{method}`` and ``{seed}`` are substituted. A directory is an ``oelm run`` output folder:
-    its finished *final* run of the same method and seed (at the learning rate selected there)
-    provides ``checkpoint/model.safetensors``.
-
-    The run's checkpoint is checked against the sha256 its ``result.json`` records (results
-    written before oelm recorded one are used unchecked).
-
-    Raises:
-        ConfigError: the file, or a finished final run of that method and seed, does not exist.
-        ChecksumError: that run's ``checkpoint/model.safetensors`` is missing or corrupted
-            (size or sha256 differs from its ``result.json``); names the file.
-    """
-    if not config.init_from:
-        return None
-    path = Path(config.init_from.replace("{method}", method).replace("{seed}", str(seed))).expanduser()
-    if path.is_file():
-        problem = safetensors_problem(path)  # a file written (or cut short) after the config was read
-        if problem:
-            raise ConfigError(f"init_from: the file {path} {problem}; give a model.safetensors or an `oelm run` output directory")
-        return path
-    pretraining = MatrixFolder(path)
-    if path.is_dir() and pretraining.runs.is_dir():
-        for run, r in pretraining.iter_results("restore it from a copy, or rerun `oelm run` with that --output-dir "
-                                               "to train the run again"):
-            if r.method == method and r.seed == seed and r.stage in (None, "final") and r.finished:
-                ckpt = run.verify_weights(r, (
-                    f"init_from cannot use it: delete {run.path} and rerun the pretraining config with "
-                    f"--output-dir {path} to train that run again"))
-                if ckpt.is_file():
-                    return ckpt
-        raise ConfigError(
-            f"init_from: {path} has no finished final run of method {method!r} with seed {seed} and a "
-            "checkpoint/model.safetensors; run the pretraining config first (same methods and seeds)"
-        )
-    raise ConfigError(f"init_from: {path} is neither a safetensors file nor an `oelm run` output directory")
-
-
-def _describe_tokenizer(record: dict[str, Any]) -> str:
-    return f"{record.get('spec')!r} ({record.get('vocab_size', 0):,} ids, sha256 {str(record.get('sha256'))[:12]})"
-
-
-def check_init_tokenizer(checkpoint: Path, tokenizer: dict[str, Any]) -> bool:
-    """Refuse an ``init_from`` checkpoint whose pretraining used another tokenizer than this
-    run's ``tokenizer`` (a :func:`oelm.data.lm.tokenizer_record`).
-
-    Two tokenizers with the same vocabulary size (two ``bpe-4096`` trained on different text)
-    give the same shapes, so :func:`load_init_weights` cannot see it, but every embedding row
-    would then belong to another token. The pretraining's record is read from the
-    ``result.json`` of the run that saved ``checkpoint`` (``<run>/checkpoint/model.safetensors``).
-
-    Returns:
-        True when the tokenizers match; False when there is nothing to compare with (a
-        safetensors file outside an ``oelm run`` folder, or a result written before oelm
-        recorded its tokenizer): the caller says it could not check.
-
-    Raises:
-        ConfigError: the tokenizers differ (sha256); names both and the file to use instead.
-    """
-    run = RunFolder(checkpoint.parent.parent)  # <run>/checkpoint/model.safetensors
-    record = run.read_result() if checkpoint.parent.name == "checkpoint" else None
-    recorded = record.tokenizer if record is not None else None
-    if not recorded or not recorded.get("sha256"):
-        return False
-    if recorded["sha256"] == tokenizer.get("sha256"):
-        return True
-    saved = MatrixFolder(run.path.parent.parent).tokenizer  # <output_dir>/runs/<run>/checkpoint/model.safetensors
-    fix = (f"set task.tokenizer: {saved} (the tokenizer that pretraining saved)" if saved.is_file()
-           else "set task.tokenizer to the pretraining's tokenizer (the same spec and training text, or its tokenizer.json)")
-    raise ConfigError(
-        f"init_from {checkpoint}: pretrained with tokenizer {_describe_tokenizer(recorded)}, but this config's "
-        f"task.tokenizer gives {_describe_tokenizer(tokenizer)}; the same token ids would be other tokens. Fix: {fix}"
-    )
-
-
-def load_init_weights(model: torch.nn.Module, path: Path) -> dict[str, Any]:
-    """Copy every tensor of ``path`` (safetensors) whose name and shape match into ``model``.
-
-    A language model's tied ``lm_head.weight`` stands in for ``transformer.wte.weight`` when
-    only one of them was saved. Task heads that the file lacks (e.g. a classifier's ``score``)
-    keep their fresh initialization.
-
-    Returns:
-        ``{"path", "loaded", "skipped"}``: tensor names copied and names left at their init.
-
-    Raises:
-        ConfigError: a tensor has a different shape (another vocabulary or context length), or
-            nothing in the file matches the model.
-    """
-    from safetensors.torch import load_file
-
-    state = load_file(str(path))
-    if "transformer.wte.weight" not in state and "lm_head.weight" in state:
-        state["transformer.wte.weight"] = state["lm_head.weight"]
-    own = model.state_dict()
-    loaded, skipped = [], []
-    for name, tensor in own.items():
-        src = state.get(name)
-        if src is None:
-            skipped.append(name)
-            continue
-        if src.shape != tensor.shape:
-            raise ConfigError(
-                f"init_from {path}: {name} has shape {tuple(src.shape)} there but {tuple(tensor.shape)} here; "
-                "use the same tokenizer (task.tokenizer) and context length (model.gpt_overrides.context_length) "
-                "as the pretraining config"
-            )
-        loaded.append(name)
-    if not loaded:
-        raise ConfigError(f"init_from {path}: no tensor name matches the model; is it a checkpoint of the same architecture?")
-    with torch.no_grad():
-        for name in loaded:
-            own[name].copy_(state[name])
-    return {"path": str(path), "loaded": len(loaded), "skipped": skipped}
-
-
-def build_run_model(config: ExperimentConfig, entry: MethodEntry, seed: int, data: "PreparedData"):
-    """Seeded fresh model with the method applied (and ``init_from`` weights loaded first).
-
-    With ``init_from`` the pretrained query/key weights are kept as they are (``init: none``)
-    and frozen as the method says: the pretraining run of the same method already gave them
-    their orthogonal or random initialization."""
-    from accelerate.utils import set_seed
-
-    set_seed(seed)
-    model, _ = build_model(config, data)
-    oelm_cfg = entry.oelm_config()
-    init_info = None
-    init_path = resolve_init_from(config, entry.name, seed)
-    if init_path is not None:
-        init_info = load_init_weights(model, init_path)
-        oelm_cfg = oelm_cfg.replace(init="none")
-    report = apply_oelm(model, oelm_cfg, seed=seed)
-    return model, oelm_cfg, report, init_info
-
