@@ -540,6 +540,7 @@ def test_interrupted_run_stops_the_matrix_and_resumes(tmp_path, data_dir, monkey
     """train() raising RunInterruptedError (what it does on SIGTERM after saving a checkpoint)
     leaves an 'interrupted' status and no result; the CLI exits 130; rerunning calls train()
     again on the same run directory and finishes the matrix."""
+    import oelm.matrix.run_one
     import oelm.training
     from oelm.errors import RunInterruptedError
     from oelm.monitor import collect_runs
@@ -552,7 +553,7 @@ def test_interrupted_run_stops_the_matrix_and_resumes(tmp_path, data_dir, monkey
             raise RunInterruptedError("stopped by SIGTERM", step=2, signal_name="SIGTERM")
         return real_train(*args, **kwargs)
 
-    monkeypatch.setattr(oelm.training, "train", train_interrupted_once)
+    monkeypatch.setattr(oelm.matrix.run_one, "train", train_interrupted_once)
     cfg = _protocol_config(tmp_path, "[{name: baseline}, {name: oelm_freeze}]", name="interrupt")
     out = tmp_path / "out"
     args = ["run", str(cfg), "--output-dir", str(out), "task.test_split=null"]

@@ -55,6 +55,7 @@ def test_once_on_a_finished_matrix(finished, capsys):
 
 def test_once_on_a_partly_finished_matrix(finished, tmp_path, monkeypatch, capsys):
     """The first final run is interrupted: the sweep is done, one run interrupted, the rest pending."""
+    import oelm.matrix.run_one
     import oelm.training
     from oelm.errors import RunInterruptedError
 
@@ -66,7 +67,7 @@ def test_once_on_a_partly_finished_matrix(finished, tmp_path, monkeypatch, capsy
             raise RunInterruptedError("SIGTERM", step=2)
         return real_train(*args, **kwargs)
 
-    monkeypatch.setattr(oelm.training, "train", stop_at_first_final_run)
+    monkeypatch.setattr(oelm.matrix.run_one, "train", stop_at_first_final_run)
     (tmp_path / "c.yaml").write_text(CONFIG)
     out = tmp_path / "out"
     assert main(["run", str(tmp_path / "c.yaml"), "--output-dir", str(out)]) == 130

@@ -211,13 +211,13 @@ def test_output_dir_on_a_read_only_file_system(tmp_path, no_work, monkeypatch):
 
 
 def test_unexpected_exception_in_a_run_marks_its_status_failed(tmp_path, data_dir, monkeypatch):
-    import oelm.training
+    import oelm.matrix.run_one
     from oelm.io import read_json
 
     def broken_train(*args, **kwargs):
         raise RuntimeError("boom: a bug inside the training loop")
 
-    monkeypatch.setattr(oelm.training, "train", broken_train)
+    monkeypatch.setattr(oelm.matrix.run_one, "train", broken_train)
     out = tmp_path / "out"
     with pytest.raises(RuntimeError, match="boom"):  # the bug propagates with its traceback
         _run(_config(), out)

@@ -6,6 +6,9 @@ Every deliberate error (bad config, missing data, unsupported model) is printed 
 The Hugging Face Hub is off unless asked for (``--online``, or ``HF_HUB_OFFLINE`` set in the
 environment): a missing dataset or model then fails at once with one line instead of retrying
 the network. ``--data-dir DIR`` sets ``OELM_DATA_DIR`` for the process (and the runs it starts).
+
+Each ``cmd_*`` imports what its command runs inside the function: ``oelm --help`` and the parser
+load no torch, transformers or scipy (``tests/test_imports.py`` checks it).
 """
 
 from __future__ import annotations

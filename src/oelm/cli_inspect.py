@@ -1,6 +1,7 @@
 """``oelm inspect``: where each model's query/key projections are and the parameter table per
 method (split out of :mod:`oelm.cli`; the parser stays there), and the table printer every
-``oelm`` command uses (:func:`print_table`)."""
+``oelm`` command uses (:func:`print_table`). Like :mod:`oelm.cli`, it imports transformers and the
+model code inside the functions that use them, so that ``oelm --help`` stays fast."""
 
 from __future__ import annotations
 

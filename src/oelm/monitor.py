@@ -34,8 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from oelm.errors import DamagedFileError, OELMError
-from oelm.io import read_json, read_jsonl
+from oelm.io import read_json, read_json_object, read_jsonl
 from oelm.lock import pid_alive
+from oelm.metrics import get_metric
 from oelm.records import MatrixFolder, RunRecord, read_record
 
 __all__ = ["collect_runs", "snapshot_text", "build_table", "watch_lines", "monitor"]
@@ -55,8 +56,6 @@ def _read(path: Path) -> dict | None:
 
 def _damage(path: Path) -> str | None:
     """Why the JSON object file at ``path`` is damaged (one line), None when absent or sound."""
-    from oelm.io import read_json_object
-
     try:
         read_json_object(path)
     except DamagedFileError as exc:
@@ -92,8 +91,6 @@ def _last_records(path: Path) -> tuple[dict | None, dict | None, list[dict]]:
 
 def _best(metric: str, values: list[Any]) -> float | None:
     """The best of ``values`` for ``metric`` (highest accuracy, lowest perplexity); None if none."""
-    from oelm.metrics import get_metric
-
     finite = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
     if not finite:
         return None

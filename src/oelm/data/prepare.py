@@ -15,11 +15,16 @@ import torch
 from torch.utils.data import DataLoader
 
 from oelm.config import ExperimentConfig, TrainingConfig
-from oelm.data.lm import tokenizer_record
+from oelm.data.classification import (
+    classification_collator, encode_classification, held_out_rest, length_buckets, load_classification, subsample,
+)
+from oelm.data.lm import LMBlockDataset, get_lm_tokenizer, load_documents, pack_documents, tokenizer_record
+from oelm.data.registry import get_dataset_spec
 from oelm.errors import ConfigError, DataFormatError
 from oelm.io import cache_dir  # where the caches live (the name stays importable from here)
 
 __all__ = ["PreparedData", "prepare_data", "make_loaders", "loader_workers", "cache_dir", "label_summary"]
+
 
 @dataclass
 class PreparedData:
@@ -59,8 +64,6 @@ def _load_splits(task, load: Callable, sample: Callable) -> dict[str, Any]:
     splits = {"train": take(task.train_split, "train_samples"), "validation": take(task.validation_split, "validation_samples")}
     if task.test_split and task.test_split == task.validation_split:
         # one held-out split: validation is its validation_samples subset (as above), test the rest
-        from oelm.data.classification import held_out_rest
-
         full = load(task.dataset, task.validation_split, task.data_dir)
         splits["test"] = sample(held_out_rest(full, task.validation_samples, task.subset_seed), task.test_samples, task.subset_seed)
     elif task.test_split:
@@ -69,8 +72,6 @@ def _load_splits(task, load: Callable, sample: Callable) -> dict[str, Any]:
 
 
 def _gpt_tokenizer(config: ExperimentConfig, train_docs: list[str] | None):
-    from oelm.data import get_lm_tokenizer
-
     spec = config.task.tokenizer or "gpt2"
     return get_lm_tokenizer(spec, train_docs, cache_dir() / "tokenizers", data_dir=config.task.data_dir)
 
@@ -101,14 +102,10 @@ def prepare_data(config: ExperimentConfig, tokenizer=None) -> PreparedData:
         DataNotFoundError / DataFormatError: from :mod:`oelm.data`.
         ConfigError: task and model do not fit together.
     """
-    from oelm.data import get_dataset_spec
-
     task = config.task
     spec = get_dataset_spec(task.dataset)
     tokenizer_spec = config.model.pretrained if tokenizer is not None and config.model.pretrained else (task.tokenizer or "gpt2")
     if spec.task_type == "classification":
-        from oelm.data import classification_collator, encode_classification, length_buckets, load_classification, subsample
-
         frames = _load_splits(task, load_classification, subsample)
         if tokenizer is None:
             texts = [t for col in spec.text_columns for t in frames["train"][col].tolist()]
@@ -132,8 +129,6 @@ def prepare_data(config: ExperimentConfig, tokenizer=None) -> PreparedData:
             tokenizer_record=record,
             length_buckets=length_buckets(task.max_length),
         )
-
-    from oelm.data import LMBlockDataset, load_documents, pack_documents, subsample
 
     docs = _load_splits(task, load_documents, subsample)
     if tokenizer is None:
@@ -216,8 +211,6 @@ def make_loaders(data: PreparedData, training: TrainingConfig, seed: int) -> tup
     g = torch.Generator().manual_seed(seed)
     collate = data.collate_fn
     if data.length_buckets and bucketed_lengths(t):
-        from oelm.data import classification_collator
-
         collate = classification_collator(data.tokenizer, buckets=data.length_buckets)
     workers = loader_workers(t.num_workers)
     kw = {"collate_fn": collate, "num_workers": workers}

@@ -15,8 +15,10 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from oelm import report  # light: its statistics and plots load on first use
 from oelm.config import ExecutorConfig, ExperimentConfig
-from oelm.distributed import barrier, is_main_process
+from oelm.data.registry import get_dataset_spec
+from oelm.distributed import barrier, is_main_process, num_processes
 from oelm.errors import ConfigError, OELMError
 from oelm.lock import hold_output_lock, hold_shared_lock
 from oelm.models.build import check_sequence_length
@@ -36,8 +38,6 @@ __all__ = ["run_matrix", "plan_matrix", "run_only", "collect", "task_metric"]
 
 def task_metric(config: ExperimentConfig) -> str:
     """The task's metric (``accuracy`` / ``perplexity``) from the dataset registry, no data loaded."""
-    from oelm.data.registry import get_dataset_spec
-
     return get_dataset_spec(config.task.dataset).metric
 
 
@@ -79,8 +79,6 @@ def run_matrix(config: ExperimentConfig, output_dir: str | Path | None = None, l
     check_sequence_length(config)
     check_installed(n for m in config.methods for n in config.training_for(m).report_to)  # W&B, MLflow: before any data
     if executor.name != "local":
-        from oelm.distributed import num_processes
-
         if num_processes() > 1:
             raise ConfigError(f"executor {executor.name} places whole runs on processes itself: launch `oelm run` "
                               "as one process, or use the local executor inside a multi-process launch")
@@ -138,11 +136,9 @@ def _drive(config: ExperimentConfig, out: Path, log: Callable[[str], None], retr
     if not any(r.finished for runs in finals.values() for r in runs):
         raise OELMError(f"no run of {config.name} finished (see the failures under {ctx.folder.runs})")
     barrier()  # every result.json and metrics.jsonl is on disk before the comparison reads them
-    from oelm.report import compare_results, write_comparison
-
     if not is_main_process():
-        return compare_results(config, finals, out)
-    return write_comparison(config, finals, out)
+        return report.compare_results(config, finals, out)  # the statistics (scipy) load here, after the runs
+    return report.write_comparison(config, finals, out)
 
 
 # --- primitives for batch systems: plan, --only, --collect -------------------------------------
@@ -237,6 +233,4 @@ def collect(config: ExperimentConfig, output_dir: str | Path | None = None,
         if not any(r.finished for runs in finals.values() for r in runs):
             raise OELMError(f"no final run of {config.name} has finished under {MatrixFolder(out).runs} yet; "
                             "train the runs `oelm plan` lists first")
-        from oelm.report import write_comparison
-
-        return write_comparison(config, finals, out), unfinished_final_runs(config, selection, results)
+        return report.write_comparison(config, finals, out), unfinished_final_runs(config, selection, results)

@@ -16,10 +16,12 @@ from typing import Any, Callable
 import yaml
 
 from oelm.config import ExperimentConfig, TrainingConfig
+from oelm.data.lm import save_tokenizer as write_tokenizer  # the name save_tokenizer is a flag here
 from oelm.data.prepare import PreparedData, prepare_data
 from oelm.distributed import is_main_process, main_process_only
 from oelm.errors import ConfigError, DamagedFileError, RunInterruptedError
 from oelm.io import read_json_object, write_json_atomic, write_text_atomic
+from oelm.models.pretrained import load_tokenizer
 from oelm.records import (
     MatrixFolder, format_rates, grid_edge_note, read_status, read_sweep, run_name, sweep_file, utc_now,
 )
@@ -282,8 +284,6 @@ def _prepare(config: ExperimentConfig, out: Path | None, log: Callable[[str], No
     can name it (``task.tokenizer``)."""
     tokenizer = None
     if config.model.pretrained:
-        from oelm.models.pretrained import load_tokenizer
-
         tokenizer = load_tokenizer(config.model.pretrained, trust_remote_code=config.model.trust_remote_code)
     log(f"preparing data: {config.task.dataset} ...")
     data = prepare_data(config, tokenizer)
@@ -298,9 +298,7 @@ def _prepare(config: ExperimentConfig, out: Path | None, log: Callable[[str], No
         log(f"init_from: {len(unchecked)} checkpoint(s) (e.g. {unchecked[0]}) record no tokenizer (a bare safetensors file, "
             "or written by an oelm before it recorded one), so oelm cannot check that task.tokenizer is the pretraining's")
     if save_tokenizer and out is not None and config.model.gpt and is_main_process() and not MatrixFolder(out).tokenizer.is_file():
-        from oelm.data.lm import save_tokenizer as _save
-
-        _save(data.tokenizer, MatrixFolder(out).tokenizer)
+        write_tokenizer(data.tokenizer, MatrixFolder(out).tokenizer)
     return data
 
 

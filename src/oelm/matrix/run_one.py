@@ -18,9 +18,10 @@ from typing import Any, Callable
 import torch
 from torch.utils.data import DataLoader
 
-from oelm.config import ExperimentConfig, MethodEntry, TrainingConfig
+from oelm.config import ExperimentConfig, MethodEntry, TrainingConfig, config_from_dict
 from oelm.data.prepare import PreparedData, make_loaders
-from oelm.distributed import barrier, is_main_process, main_process_only
+from oelm.distributed import barrier, is_main_process, main_process_only, num_processes
+from oelm.environment import capture_environment, probe_drift_percent
 from oelm.errors import OELMError, RecordedFileMissingError, RunFaultError, RunInterruptedError
 from oelm.lock import pid_alive
 from oelm.metrics import get_metric
@@ -30,8 +31,10 @@ from oelm.records import (
 )
 from oelm.records import write_status as _write_status_file
 from oelm.trackers import TrackedRun
+from oelm.training import evaluate, optimizer_steps_per_epoch, planned_total_steps, train
 
 from oelm.matrix.assemble import build_run_model
+from oelm.matrix.output import prepare_matrix_data
 from oelm.matrix.plan import RunTask
 
 __all__ = ["RunContext", "execute", "train_planned_run", "placement_record", "verify_kept", "promote"]
@@ -76,9 +79,6 @@ def placement_record(executor: str, **fields: Any) -> dict[str, Any]:
 def _total_steps(training: TrainingConfig, train_loader: DataLoader) -> int:
     """Optimizer steps of a run (as :func:`oelm.training.train` computes them from the loader
     Accelerate shards over the processes)."""
-    from oelm.distributed import num_processes
-    from oelm.training import optimizer_steps_per_epoch, planned_total_steps
-
     per_process = math.ceil(len(train_loader) / num_processes())
     return planned_total_steps(training, optimizer_steps_per_epoch(per_process, training.gradient_accumulation_steps))
 
@@ -89,9 +89,6 @@ def _identity(config: ExperimentConfig, run: PlannedRun) -> dict[str, Any]:
 
 def _train(ctx: RunContext, run: PlannedRun, folder: RunFolder, *, evaluate_test: bool) -> RunRecord:
     """Train one run; returns its record (status "finished"). Faults propagate."""
-    from oelm.environment import capture_environment
-    from oelm.training import train
-
     config, data, log = ctx.config, ctx.data, ctx.log
     entry = ctx.entry(run.method)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -132,8 +129,6 @@ def _train(ctx: RunContext, run: PlannedRun, folder: RunFolder, *, evaluate_test
 def _environment_around(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """The environment before the run with the speed probe (GFLOP/s) and load after it, and the
     probe's drift over the run (%)."""
-    from oelm.environment import probe_drift_percent
-
     gflops_before = (before.get("matmul_probe") or {}).get("gflops")
     gflops_after = (after.get("matmul_probe") or {}).get("gflops")
     return before | {
@@ -318,8 +313,6 @@ def promote(config: ExperimentConfig, entry: MethodEntry, run: PlannedRun, data:
         ChecksumError: its best weights do not match the sha256 its result records
             (:class:`~oelm.errors.RecordedFileMissingError` when they are missing).
     """
-    from oelm.training import evaluate
-
     folder = RunFolder(run_dir)
     test_value, seconds = None, None
     if data.test is not None:
@@ -395,8 +388,6 @@ _PREPARED: dict[str, PreparedData] = {}
 def prepared_data(config: ExperimentConfig, log: Callable[[str], None] = print) -> PreparedData:
     """The matrix's shared data, prepared once per process and config (token caches make a
     second preparation on the same machine fast)."""
-    from oelm.matrix.output import prepare_matrix_data
-
     key = json.dumps(config.model_dump(mode="json")["task"] | {"model": config.model.model_dump(mode="json")},
                      sort_keys=True)
     if key not in _PREPARED:
@@ -421,8 +412,6 @@ def train_planned_run(config: dict[str, Any] | ExperimentConfig, out: str | Path
     Returns:
         The run's :class:`~oelm.records.RunRecord` (``status`` finished or failed).
     """
-    from oelm.config import config_from_dict
-
     if not isinstance(config, ExperimentConfig):
         config = config_from_dict(config, source="(matrix config)")
     if not isinstance(task, RunTask):

@@ -10,9 +10,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from oelm.architectures import ARCHITECTURES
+from oelm.architectures import ARCHITECTURES, architecture_from_dict, register_architecture
 from oelm.config import ExperimentConfig
+from oelm.data.registry import get_dataset_spec
 from oelm.errors import ConfigError
+from oelm.models.gpt import build_gpt
+from oelm.models.pretrained import load_pretrained, resolve_pretrained
 
 if TYPE_CHECKING:
     from oelm.data.prepare import PreparedData
@@ -39,8 +42,6 @@ def pretrained_max_positions(name: str, *, trust_remote_code: bool = False) -> t
     ``padded_positions``), else the common fields. None when the config cannot be read or has no
     such field (relative positions, e.g. T5): the model loader reports a missing checkpoint."""
     from transformers import AutoConfig
-
-    from oelm.models.pretrained import resolve_pretrained
 
     try:
         hf_config = AutoConfig.from_pretrained(resolve_pretrained(name), trust_remote_code=trust_remote_code)
@@ -69,8 +70,6 @@ def check_sequence_length(config: ExperimentConfig) -> None:
     Raises:
         ConfigError: naming the key, its value, the limit and where the limit comes from.
     """
-    from oelm.data import get_dataset_spec
-
     lm = get_dataset_spec(config.task.dataset).task_type == "language_modeling"
     key, length = ("task.block_size", config.task.block_size) if lm else ("task.max_length", config.task.max_length)
     if config.model.gpt is not None:
@@ -98,12 +97,8 @@ def build_model(config: ExperimentConfig, data: "PreparedData | None", *, task_t
     num_labels = num_labels if num_labels is not None else (data.num_labels if data else 2)
     hf_task = "sequence_classification" if task_type == "classification" else "causal_lm"
     if config.model.architecture:  # a user-declared registry entry (oelm.architecture_from_dict)
-        from oelm.architectures import architecture_from_dict, register_architecture
-
         register_architecture(architecture_from_dict(config.model.architecture, source="model.architecture"))
     if config.model.pretrained:
-        from oelm.models.pretrained import load_pretrained
-
         return load_pretrained(
             config.model.pretrained,
             hf_task,
@@ -111,8 +106,6 @@ def build_model(config: ExperimentConfig, data: "PreparedData | None", *, task_t
             trust_remote_code=config.model.trust_remote_code,
             tokenizer=data.tokenizer if data else None,
         )
-    from oelm.models.gpt import build_gpt
-
     tokenizer = data.tokenizer if data else None
     overrides = dict(config.model.gpt_overrides)
     if tokenizer is not None:

@@ -141,7 +141,7 @@ def measure(claim: Claim, results: Path) -> dict[str, Any]:
     (:func:`caveats`; the table prints them after the verdict). For relative claims the
     per-seed differences are ``100 * (method / reference − 1)`` (% of the reference's perplexity).
     """
-    from oelm.report.stats import paired_difference
+    from oelm.report.stats import paired_difference  # scipy (~1 s): only when a claim is measured
 
     if claim.untestable:
         return {"status": "untestable", "why": claim.untestable}
@@ -280,7 +280,7 @@ def _trainable_row() -> tuple[str, ...]:
     import torch
     from transformers import BertConfig, BertForSequenceClassification
 
-    from oelm.method import METHODS, apply_oelm
+    from oelm.method import METHODS, apply_oelm  # torch: only for the trainable-share row
 
     torch.manual_seed(0)
     report = apply_oelm(BertForSequenceClassification(BertConfig(num_labels=3)), METHODS["oelm_freeze"], seed=0)

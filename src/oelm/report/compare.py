@@ -105,7 +105,7 @@ def num_labels_of(record: RunRecord) -> int | None:
     if not task:
         return None
     try:
-        from oelm.data import get_dataset_spec
+        from oelm.data import get_dataset_spec  # oelm.data loads torch: only for results without num_labels
 
         spec = get_dataset_spec(task)
     except Exception:  # an unregistered task in an old output: the chance rule is skipped

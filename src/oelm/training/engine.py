@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from oelm.config import TrainingConfig
+from oelm.distributed import cpu_only
 from oelm.errors import ConfigError, OELMError
 from oelm.metrics import Metric, get_metric
 from oelm.records import RunFolder
@@ -243,8 +244,6 @@ def _accelerator(config: TrainingConfig) -> Accelerator:
 
     Mixed precision is not handed to Accelerate (see :class:`~oelm.training.precision.Precision`)."""
     from accelerate import PartialState
-
-    from oelm.distributed import cpu_only
 
     kwargs: dict[str, Any] = {"cpu": cpu_only()}
     if config.distributed == "fsdp" and PartialState(cpu=kwargs["cpu"]).num_processes > 1:

@@ -18,6 +18,8 @@ from torch.utils.data import DataLoader
 from oelm.config import TrainingConfig
 from oelm.errors import RunInterruptedError
 from oelm.metrics import Metric
+from oelm.telemetry import GPUTelemetry
+from oelm.trackers import check_installed
 from oelm.training.checkpoint import remove_unfinished, save_best_weights, save_checkpoint, start_or_resume
 from oelm.training.engine import Engine, setup, with_learning_rate
 from oelm.training.evaluation import early_stop_due, evaluate_test, stop_early, validate, validated_at
@@ -57,9 +59,6 @@ def train(model: nn.Module, train_loader: DataLoader, eval_loader: DataLoader, *
             exceeds the planned steps, or a tracker of ``report_to`` is not installed (before anything runs).
     """
     from tqdm.auto import tqdm
-
-    from oelm.telemetry import GPUTelemetry
-    from oelm.trackers import check_installed
 
     check_installed(config.report_to)
 

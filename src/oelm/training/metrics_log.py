@@ -9,11 +9,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from oelm.errors import RunInterruptedError
 from oelm.records import RunFolder
+from oelm.trackers import TrackedRun, Trackers
 from oelm.training.faults import DISK_FULL, check_finite, disk_full_error
 
 if TYPE_CHECKING:
-    from oelm.trackers import TrackedRun, Trackers
     from oelm.training.engine import Engine
     from oelm.training.state import TrainState
 
@@ -91,8 +92,6 @@ class MetricsLog:
     def end_trackers(self, error: BaseException | None = None) -> None:
         """Finish the trackers: as failed when ``error`` ended the run (killed for a stop signal
         or Ctrl-C), else as finished. Safe to call more than once."""
-        from oelm.errors import RunInterruptedError
-
         trackers, self.trackers = self.trackers, None
         if trackers is not None:
             killed = isinstance(error, (RunInterruptedError, KeyboardInterrupt))
@@ -110,8 +109,6 @@ def start_trackers(engine: "Engine", run_name: str, tracked: "TrackedRun | None"
     Raises:
         ConfigError: a tracker's package is not installed (names ``pip install "oelm[...]"``).
     """
-    from oelm.trackers import TrackedRun, Trackers
-
     names = [n for n in engine.config.report_to if n != "tensorboard"]
     if not names or not engine.is_main:
         return 0.0
