@@ -433,6 +433,6 @@ def test_layers_point_one_way_report_and_monitor_never_import_the_experiment():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]
-    from oelm.report.compare import DRIFT_WARNING_PERCENT
+    from oelm.report.caveats import DRIFT_WARNING_PERCENT
 
     assert math.isclose(DRIFT_WARNING_PERCENT, 10.0)

@@ -10,7 +10,8 @@
 * ``report.html`` — the same content in one self-contained file (plots embedded as base64 PNG).
 
 Modules: :mod:`oelm.report.stats` (the statistics and their formulas), :mod:`.compare`
-(aggregation of run results), :mod:`.plots` (matplotlib figures), :mod:`.render` (markdown/HTML).
+(aggregation of run results), :mod:`.caveats` (the warnings), :mod:`.plots` (matplotlib figures),
+:mod:`.render` (markdown/HTML).
 """
 
 from __future__ import annotations
@@ -28,14 +29,15 @@ __all__ = ["write_comparison", "compare_results", "comparison_warnings", "origin
 # matplotlib (~1.5 s together), which `oelm run` needs only once its runs are done and which
 # `import oelm.report` alone should not pay for. name -> the module that defines it.
 _LAZY = {
-    **dict.fromkeys(("compare_results", "comparison_warnings", "original_layout", "run_records", "step_times_of"),
-                    "oelm.report.compare"),
+    **dict.fromkeys(("compare_results", "original_layout", "run_records", "step_times_of"), "oelm.report.compare"),
+    "comparison_warnings": "oelm.report.caveats",
     **dict.fromkeys(("build_sections", "comparison_rows", "render_html", "render_markdown"), "oelm.report.render"),
 }
 
 if TYPE_CHECKING:
     from oelm.records import RunRecord
-    from oelm.report.compare import compare_results, comparison_warnings, original_layout, run_records, step_times_of
+    from oelm.report.caveats import comparison_warnings
+    from oelm.report.compare import compare_results, original_layout, run_records, step_times_of
     from oelm.report.render import build_sections, comparison_rows, render_html, render_markdown
 
 
