@@ -182,138 +182,11 @@ def compare_results(config, results: dict[str, list[RunRecord]], out: str | Path
     Time to target: the target is baseline's mean final validation value over its sound seeds;
     per method and seed the first evaluation reaching it (step, seconds), or None.
     """
-    higher = None
-    metric = None
     sweep_file = None if out is None else MatrixFolder(out).sweep
     sweep = read_sweep(sweep_file) if sweep_file is not None and sweep_file.is_file() else None
-    grids = _sweep_grids(sweep)
-    methods: dict[str, Any] = {}
-    collapsed: list[dict[str, Any]] = []
-    records_of: dict[tuple[str, int], list[dict]] = {}
-    still_improving: dict[str, list[int]] = {}  # method -> seeds whose best validation is at their last scheduled evaluation
-    for name, runs in results.items():
-        if not runs:
-            continue
-        runs = sorted(runs, key=lambda r: r.seed)
-        sound, excluded, per_run, steps_all, step_source = [], [], [], [], None
-        for r in runs:
-            recs = run_records(out, r)
-            records_of[(name, r.seed)] = recs
-            metric = metric or r.metric
-            reasons = collapse_reasons(r, recs, num_labels=num_labels_of(r), majority_percent=majority_percent_of(r))
-            per_run.append({
-                "seed": r.seed,
-                "run_name": r.name,
-                "status": r.status,
-                "best_validation": r.best_validation,
-                "final_validation": r.final_validation,
-                "test": r.test,
-                "total_seconds": r.total_seconds,
-                "learning_rate": learning_rate_of(r),
-                "device": device_label(r),
-                "collapse": reasons,
-            })
-            if r.early_stopped:  # only then: comparisons of runs without early stopping stay as they were
-                per_run[-1]["stopped_early_at"] = r.steps
-            if best_at_last_evaluation(r, recs):
-                still_improving.setdefault(name, []).append(r.seed)
-            if reasons:
-                excluded.append({"seed": r.seed, "reasons": reasons})
-                collapsed.append({"method": name, "seed": r.seed, "reasons": reasons})
-                continue
-            sound.append(r)
-            times, step_source = step_times_of(r, recs)
-            steps_all.extend(times)
-
-        def col(get):
-            return summarize([get(r) for r in sound])
-
-        groups = runs[0].parameters
-        methods[name] = {
-            "seeds": [r.seed for r in runs],
-            "included_seeds": [r.seed for r in sound],
-            "excluded": excluded,
-            "best_validation": col(lambda r: r.best_validation),
-            "final_validation": col(lambda r: r.final_validation),
-            "test": col(lambda r: r.test),
-            "total_seconds": col(lambda r: r.total_seconds),
-            "train_seconds": col(lambda r: r.train_seconds),
-            "steps": col(lambda r: r.steps),
-            "step_ms_median": col(lambda r: r.median_step_ms),
-            "tokens_per_second": col(lambda r: r.tokens_per_second),
-            # % of step + data-stall time the device sat idle waiting for a batch, and the loader workers
-            "data_stall_percent": col(_data_stall_percent),
-            "num_workers": sorted({w for w in map(_loader_workers, sound) if w is not None}),
-            # model FLOPs utilization in % (timing.mfu.mfu is a fraction) and the peak it was taken against
-            "mfu_percent": col(lambda r: None if _mfu(r).get("mfu") is None else 100.0 * _mfu(r)["mfu"]),
-            "mfu_peak_source": sorted({str(_mfu(r).get("peak_source")) for r in sound if _mfu(r).get("mfu") is not None}),
-            # what the MFU is a fraction of, in words (the measured probe on CPU, not the hardware peak)
-            "mfu_reference": sorted({mfu_reference(_mfu(r).get("peak_source"), _mfu(r).get("peak_precision"))
-                                     for r in sound if _mfu(r).get("mfu") is not None}),
-            "compile_seconds": col(lambda r: r.compile_seconds),
-            "gpu_utilization_percent_median": col(lambda r: _telemetry(r, "gpu_utilization_percent")),
-            "gpu_temperature_c_max": col(lambda r: _telemetry(r, "temperature_c", "max")),
-            "step_times": step_time_stats(steps_all) | {"source": step_source},
-            "parameters": groups,
-            "learning_rate": learning_rate_of(runs[0]),
-            **(grids.get(name) or {"learning_rate_grid": None, "selected_at_grid_edge": None}),
-            "devices": sorted({device_label(r) for r in runs}),
-            "probe_drift_percent": {r.seed: r.drift_percent for r in runs},
-            "runs": per_run,
-        }
+    methods, collapsed, records_of, still_improving = _methods(results, out, _sweep_grids(sweep))
+    metric = next((r.metric for runs in results.values() for r in sorted(runs, key=lambda r: r.seed) if r.metric), None)
     higher = get_metric(metric).higher_is_better if metric else False
-
-    base = methods.get("baseline")
-    gaps: dict[str, Any] = {}
-    if base:
-        base_runs = {r["seed"]: r for r in base["runs"] if not r["collapse"]}
-        for name, m in methods.items():
-            if name == "baseline":
-                continue
-            bv, mv = base["best_validation"]["mean"], m["best_validation"]["mean"]
-            bt, mt = base["total_seconds"]["mean"], m["total_seconds"]["mean"]
-            bs, ms = base["step_ms_median"]["mean"], m["step_ms_median"]["mean"]
-            btr = (base["parameters"] or {}).get("trainable")
-            mtr = (m["parameters"] or {}).get("trainable")
-            mine = {r["seed"]: r for r in m["runs"] if not r["collapse"]}
-            gaps[name] = {
-                "metric_gap": None if bv is None or mv is None else mv - bv,
-                "metric_gap_relative_percent": _pct(mv, bv),
-                "total_time_gap_percent": _pct(mt, bt),
-                "per_step_gap_percent": _pct(ms, bs),
-                "speedup": (bt / mt) if bt and mt else None,
-                "parameters_saved_percent": 100.0 * (btr - mtr) / btr if btr and mtr is not None else None,
-                "paired_metric": paired_difference(
-                    {s: r["best_validation"] for s, r in base_runs.items()}, {s: r["best_validation"] for s, r in mine.items()}
-                ),
-                "paired_seconds": paired_difference(
-                    {s: r["total_seconds"] for s, r in base_runs.items()}, {s: r["total_seconds"] for s, r in mine.items()}
-                ),
-                # the held-out number a claim is judged on: each final run's test split, evaluated once
-                "paired_test": paired_difference(
-                    {s: r["test"] for s, r in base_runs.items()}, {s: r["test"] for s, r in mine.items()}
-                ),
-            }
-
-    ttt = None
-    if base and base["final_validation"]["mean"] is not None and out is not None:
-        target = base["final_validation"]["mean"]
-        ttt = {"metric": metric, "target": target, "higher_is_better": higher, "methods": {}}
-        for name, m in methods.items():
-            per_seed = {}
-            for r in m["runs"]:
-                if r["collapse"]:
-                    continue
-                per_seed[r["seed"]] = time_to_target(records_of[(name, r["seed"])], metric, target, higher)
-            hit = [v for v in per_seed.values() if v is not None]
-            ttt["methods"][name] = {
-                "runs": per_seed,
-                "reached": len(hit),
-                "n": len(per_seed),
-                "steps": summarize([v["step"] for v in hit]),
-                "seconds": summarize([v["seconds"] for v in hit]),
-            }
-
     all_results = [r for runs in results.values() for r in runs]
     comparison = {
         "name": config.name,
@@ -323,8 +196,8 @@ def compare_results(config, results: dict[str, list[RunRecord]], out: str | Path
         "higher_is_better": higher,
         "seeds": config.seeds,
         "methods": methods,
-        "vs_baseline": gaps,
-        "time_to_target": ttt,
+        "vs_baseline": _gaps_to_baseline(methods),
+        "time_to_target": _time_to_target(methods, records_of, metric, higher) if out is not None else None,
         "collapsed": collapsed,
         "collapse_rule": {
             "chance_margin_points": CHANCE_MARGIN_POINTS,
@@ -343,6 +216,162 @@ def compare_results(config, results: dict[str, list[RunRecord]], out: str | Path
     }
     comparison["warnings"] = warnings_of(comparison)
     return comparison
+
+
+def _methods(results: dict[str, list[RunRecord]], out: str | Path | None, grids: dict[str, dict[str, Any]]):
+    """Per method with runs: its summary (:func:`_method_summary`); the collapsed runs (method,
+    seed, reasons); each run's ``metrics.jsonl`` records by (method, seed); and per method the
+    seeds whose best validation is at their last scheduled evaluation (still improving)."""
+    methods: dict[str, Any] = {}
+    collapsed: list[dict[str, Any]] = []
+    records_of: dict[tuple[str, int], list[dict]] = {}
+    still_improving: dict[str, list[int]] = {}
+    for name, runs in results.items():
+        if not runs:
+            continue
+        runs = sorted(runs, key=lambda r: r.seed)
+        records = {r.seed: run_records(out, r) for r in runs}
+        records_of.update({(name, seed): recs for seed, recs in records.items()})
+        methods[name] = _method_summary(runs, records, grids.get(name))
+        collapsed += [{"method": name, **x} for x in methods[name]["excluded"]]
+        last = [r.seed for r in runs if best_at_last_evaluation(r, records[r.seed])]
+        if last:
+            still_improving[name] = last
+    return methods, collapsed, records_of, still_improving
+
+
+def _run_row(r: RunRecord, reasons: list[str]) -> dict[str, Any]:
+    """One run of a method in ``comparison.json``: identity, status, its numbers, where it ran and
+    why it is excluded (``collapse``: empty when sound); ``stopped_early_at`` only when it did."""
+    row = {
+        "seed": r.seed,
+        "run_name": r.name,
+        "status": r.status,
+        "best_validation": r.best_validation,
+        "final_validation": r.final_validation,
+        "test": r.test,
+        "total_seconds": r.total_seconds,
+        "learning_rate": learning_rate_of(r),
+        "device": device_label(r),
+        "collapse": reasons,
+    }
+    if r.early_stopped:  # only then: comparisons of runs without early stopping stay as they were
+        row["stopped_early_at"] = r.steps
+    return row
+
+
+def _method_summary(runs: list[RunRecord], records: dict[int, list[dict]], grid: dict[str, Any] | None) -> dict[str, Any]:
+    """One method of ``comparison.json``: its runs (sorted by seed) with ``records`` (seed ->
+    ``metrics.jsonl`` records), collapsed ones excluded from every summary (:func:`summarize`:
+    mean, std, n, 95% t interval), step times pooled over the sound runs, and its sweep's ``grid``."""
+    sound, excluded, per_run, steps_all, step_source = [], [], [], [], None
+    for r in runs:
+        recs = records[r.seed]
+        reasons = collapse_reasons(r, recs, num_labels=num_labels_of(r), majority_percent=majority_percent_of(r))
+        per_run.append(_run_row(r, reasons))
+        if reasons:
+            excluded.append({"seed": r.seed, "reasons": reasons})
+            continue
+        sound.append(r)
+        times, step_source = step_times_of(r, recs)
+        steps_all.extend(times)
+
+    def col(get):
+        return summarize([get(r) for r in sound])
+
+    mfu_runs = [r for r in sound if _mfu(r).get("mfu") is not None]
+    return {
+        "seeds": [r.seed for r in runs],
+        "included_seeds": [r.seed for r in sound],
+        "excluded": excluded,
+        "best_validation": col(lambda r: r.best_validation),
+        "final_validation": col(lambda r: r.final_validation),
+        "test": col(lambda r: r.test),
+        "total_seconds": col(lambda r: r.total_seconds),
+        "train_seconds": col(lambda r: r.train_seconds),
+        "steps": col(lambda r: r.steps),
+        "step_ms_median": col(lambda r: r.median_step_ms),
+        "tokens_per_second": col(lambda r: r.tokens_per_second),
+        # % of step + data-stall time the device sat idle waiting for a batch, and the loader workers
+        "data_stall_percent": col(_data_stall_percent),
+        "num_workers": sorted({w for w in map(_loader_workers, sound) if w is not None}),
+        # model FLOPs utilization in % (timing.mfu.mfu is a fraction) and the peak it was taken against
+        "mfu_percent": col(lambda r: None if _mfu(r).get("mfu") is None else 100.0 * _mfu(r)["mfu"]),
+        "mfu_peak_source": sorted({str(_mfu(r).get("peak_source")) for r in mfu_runs}),
+        # what the MFU is a fraction of, in words (the measured probe on CPU, not the hardware peak)
+        "mfu_reference": sorted({mfu_reference(_mfu(r).get("peak_source"), _mfu(r).get("peak_precision")) for r in mfu_runs}),
+        "compile_seconds": col(lambda r: r.compile_seconds),
+        "gpu_utilization_percent_median": col(lambda r: _telemetry(r, "gpu_utilization_percent")),
+        "gpu_temperature_c_max": col(lambda r: _telemetry(r, "temperature_c", "max")),
+        "step_times": step_time_stats(steps_all) | {"source": step_source},
+        "parameters": runs[0].parameters,
+        "learning_rate": learning_rate_of(runs[0]),
+        **(grid or {"learning_rate_grid": None, "selected_at_grid_edge": None}),
+        "devices": sorted({device_label(r) for r in runs}),
+        "probe_drift_percent": {r.seed: r.drift_percent for r in runs},
+        "runs": per_run,
+    }
+
+
+def _gaps_to_baseline(methods: dict[str, Any]) -> dict[str, Any]:
+    """Per method but ``baseline``: its gaps to baseline (see :func:`compare_results`); {} without
+    a baseline. The paired statistics pair sound runs by seed."""
+    base = methods.get("baseline")
+    if not base:
+        return {}
+    base_runs = {r["seed"]: r for r in base["runs"] if not r["collapse"]}
+
+    def paired(mine: dict[int, dict], key: str) -> dict[str, Any]:
+        return paired_difference({s: r[key] for s, r in base_runs.items()}, {s: r[key] for s, r in mine.items()})
+
+    gaps: dict[str, Any] = {}
+    for name, m in methods.items():
+        if name == "baseline":
+            continue
+        bv, mv = base["best_validation"]["mean"], m["best_validation"]["mean"]
+        bt, mt = base["total_seconds"]["mean"], m["total_seconds"]["mean"]
+        bs, ms = base["step_ms_median"]["mean"], m["step_ms_median"]["mean"]
+        btr = (base["parameters"] or {}).get("trainable")
+        mtr = (m["parameters"] or {}).get("trainable")
+        mine = {r["seed"]: r for r in m["runs"] if not r["collapse"]}
+        gaps[name] = {
+            "metric_gap": None if bv is None or mv is None else mv - bv,
+            "metric_gap_relative_percent": _pct(mv, bv),
+            "total_time_gap_percent": _pct(mt, bt),
+            "per_step_gap_percent": _pct(ms, bs),
+            "speedup": (bt / mt) if bt and mt else None,
+            "parameters_saved_percent": 100.0 * (btr - mtr) / btr if btr and mtr is not None else None,
+            "paired_metric": paired(mine, "best_validation"),
+            "paired_seconds": paired(mine, "total_seconds"),
+            # the held-out number a claim is judged on: each final run's test split, evaluated once
+            "paired_test": paired(mine, "test"),
+        }
+    return gaps
+
+
+def _time_to_target(methods: dict[str, Any], records_of: dict[tuple[str, int], list[dict]], metric: str | None,
+                    higher: bool) -> dict[str, Any] | None:
+    """Time to target (MLPerf "time to quality"): the target is baseline's mean final validation
+    over its sound seeds; per method and sound seed the first evaluation reaching it
+    (:func:`~oelm.report.stats.time_to_target`), and how many reached it in how many steps and
+    seconds. None without a baseline value."""
+    base = methods.get("baseline")
+    if not base or base["final_validation"]["mean"] is None:
+        return None
+    target = base["final_validation"]["mean"]
+    ttt: dict[str, Any] = {"metric": metric, "target": target, "higher_is_better": higher, "methods": {}}
+    for name, m in methods.items():
+        per_seed = {r["seed"]: time_to_target(records_of[(name, r["seed"])], metric, target, higher)
+                    for r in m["runs"] if not r["collapse"]}
+        hit = [v for v in per_seed.values() if v is not None]
+        ttt["methods"][name] = {
+            "runs": per_seed,
+            "reached": len(hit),
+            "n": len(per_seed),
+            "steps": summarize([v["step"] for v in hit]),
+            "seconds": summarize([v["seconds"] for v in hit]),
+        }
+    return ttt
 
 
 def _sweep_grids(sweep: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
