@@ -11,7 +11,7 @@
 
 Modules: :mod:`oelm.report.stats` (the statistics and their formulas), :mod:`.compare`
 (aggregation of run results), :mod:`.caveats` (the warnings), :mod:`.plots` (matplotlib figures),
-:mod:`.render` (markdown/HTML).
+:mod:`.render` (markdown/HTML), :mod:`.layout` (``original_layout.json``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ __all__ = ["write_comparison", "compare_results", "comparison_warnings", "origin
 # matplotlib (~1.5 s together), which `oelm run` needs only once its runs are done and which
 # `import oelm.report` alone should not pay for. name -> the module that defines it.
 _LAZY = {
-    **dict.fromkeys(("compare_results", "original_layout", "run_records", "step_times_of"), "oelm.report.compare"),
+    **dict.fromkeys(("compare_results", "run_records", "step_times_of"), "oelm.report.compare"),
+    "original_layout": "oelm.report.layout",
     "comparison_warnings": "oelm.report.caveats",
     **dict.fromkeys(("build_sections", "comparison_rows", "render_html", "render_markdown"), "oelm.report.render"),
 }
@@ -37,7 +38,8 @@ _LAZY = {
 if TYPE_CHECKING:
     from oelm.records import RunRecord
     from oelm.report.caveats import comparison_warnings
-    from oelm.report.compare import compare_results, original_layout, run_records, step_times_of
+    from oelm.report.compare import compare_results, run_records, step_times_of
+    from oelm.report.layout import original_layout
     from oelm.report.render import build_sections, comparison_rows, render_html, render_markdown
 
 
@@ -90,7 +92,8 @@ def write_comparison(config, results: dict[str, list[RunRecord]], out: str | Pat
             file and the fix; files already written are whole (atomic writes).
         DamagedFileError: ``sweep.json`` is damaged (names it)."""
     from oelm.records import MatrixFolder
-    from oelm.report.compare import compare_results, original_layout, run_records, step_times_of
+    from oelm.report.compare import compare_results, run_records, step_times_of
+    from oelm.report.layout import original_layout
     from oelm.report.render import build_sections, render_html, render_markdown
 
     out = Path(out)

@@ -11,7 +11,6 @@ outputs written before that key existed get it too).
 
 from __future__ import annotations
 
-import math
 import platform
 from pathlib import Path
 from typing import Any
@@ -25,12 +24,13 @@ from oelm.report.stats import (
     best_at_last_evaluation,
     collapse_reasons,
     paired_difference,
+    percent_change,
     step_time_stats,
     summarize,
     time_to_target,
 )
 
-__all__ = ["compare_results", "original_layout", "read_metrics", "run_records", "metrics_records", "num_labels_of",
+__all__ = ["compare_results", "read_metrics", "run_records", "metrics_records", "num_labels_of",
            "majority_percent_of", "device_label", "learning_rate_of", "step_times_of", "mfu_reference"]
 
 _NUMBER_FIELDS = ("loss", "accuracy", "perplexity", "elapsed_seconds", "step_ms", "tokens_per_second")
@@ -133,13 +133,6 @@ def step_times_of(record: RunRecord, records: list[dict[str, Any]]) -> tuple[lis
     warm = record.timing_warmup_steps_excluded or 0
     logged = [r["step_ms"] for r in records if r.get("type") == "train" and r.get("step_ms") is not None and r.get("step", 0) > warm]
     return [float(x) for x in logged], "sampled at log steps"
-
-
-def _pct(a: float | None, b: float | None) -> float | None:
-    """(a - b) / b in %."""
-    if a is None or b is None or b == 0:
-        return None
-    return 100.0 * (a - b) / b
 
 
 def compare_results(config, results: dict[str, list[RunRecord]], out: str | Path | None = None) -> dict[str, Any]:
@@ -336,9 +329,9 @@ def _gaps_to_baseline(methods: dict[str, Any]) -> dict[str, Any]:
         mine = {r["seed"]: r for r in m["runs"] if not r["collapse"]}
         gaps[name] = {
             "metric_gap": None if bv is None or mv is None else mv - bv,
-            "metric_gap_relative_percent": _pct(mv, bv),
-            "total_time_gap_percent": _pct(mt, bt),
-            "per_step_gap_percent": _pct(ms, bs),
+            "metric_gap_relative_percent": percent_change(mv, bv),
+            "total_time_gap_percent": percent_change(mt, bt),
+            "per_step_gap_percent": percent_change(ms, bs),
             "speedup": (bt / mt) if bt and mt else None,
             "parameters_saved_percent": 100.0 * (btr - mtr) / btr if btr and mtr is not None else None,
             "paired_metric": paired(mine, "best_validation"),
@@ -444,64 +437,3 @@ def _loader_workers(record: RunRecord) -> int | None:
         return int(record.loader_workers)
     configured = record.configured_num_workers
     return configured if isinstance(configured, int) and not isinstance(configured, bool) else None
-
-
-def _finite_or_none(v: Any) -> Any:
-    return v if isinstance(v, (int, float)) and math.isfinite(v) else None
-
-
-def original_layout(comparison: dict[str, Any], method: str = "oelm_freeze") -> dict[str, Any]:
-    """The original project's JSON layout: ``{"baseline", <method>, "comparison"}``.
-
-    Per method (means over its sound seeds): ``best_<metric>``, ``final_<metric>``, ``test_<metric>``,
-    ``total_time_seconds``, ``avg_step_time_ms`` (mean of the per-run median step times),
-    ``trainable_params``, ``total_params``, ``trainable_percent``, ``learning_rate``, ``seeds``.
-
-    ``comparison`` (``method`` against baseline):
-
-    * ``accuracy_gap`` — method − baseline best validation, in metric units (accuracy points, or
-      perplexity for language modelling; the key keeps the original name);
-    * ``time_analysis.total_gap_seconds`` — method − baseline mean total seconds (negative = faster);
-    * ``time_analysis.total_gap_percent`` — that gap in % of baseline's total seconds;
-    * ``time_analysis.per_step_gap`` — method − baseline median step time, in ms;
-    * ``time_analysis.speedup_ratio`` — baseline total seconds / method total seconds (> 1 = faster).
-
-    Missing methods or values are None.
-    """
-    metric = comparison.get("metric") or "metric"
-
-    def block(name: str) -> dict[str, Any] | None:
-        m = comparison["methods"].get(name)
-        if not m:
-            return None
-        p = m.get("parameters") or {}
-        return {
-            f"best_{metric}": m["best_validation"]["mean"],
-            f"final_{metric}": m["final_validation"]["mean"],
-            f"test_{metric}": m["test"]["mean"],
-            "total_time_seconds": m["total_seconds"]["mean"],
-            "avg_step_time_ms": m["step_ms_median"]["mean"],
-            "trainable_params": p.get("trainable"),
-            "total_params": p.get("total"),
-            "trainable_percent": p.get("trainable_percent"),
-            "learning_rate": m.get("learning_rate"),
-            "seeds": m["included_seeds"],
-        }
-
-    base, other = block("baseline"), block(method)
-    comp: dict[str, Any] = {"method": method, "metric": metric, "accuracy_gap": None, "time_analysis": {
-        "total_gap_seconds": None, "total_gap_percent": None, "per_step_gap": None, "speedup_ratio": None}}
-    if base and other:
-        def diff(key):
-            a, b = other[key], base[key]
-            return None if a is None or b is None else a - b
-
-        bt, mt = base["total_time_seconds"], other["total_time_seconds"]
-        comp["accuracy_gap"] = diff(f"best_{metric}")
-        comp["time_analysis"] = {
-            "total_gap_seconds": diff("total_time_seconds"),
-            "total_gap_percent": _pct(mt, bt),
-            "per_step_gap": diff("avg_step_time_ms"),
-            "speedup_ratio": bt / mt if bt and mt else None,
-        }
-    return {"baseline": base, method: other, "comparison": comp}

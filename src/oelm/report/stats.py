@@ -30,6 +30,7 @@ from oelm.metrics import METRICS, get_metric
 
 __all__ = [
     "CHANCE_MARGIN_POINTS",
+    "percent_change",
     "summarize",
     "paired_difference",
     "step_time_stats",
@@ -238,3 +239,10 @@ def time_to_target(
         if reaches(float(r[metric]), target, higher_is_better):
             return {"step": int(r["step"]), "seconds": r.get("elapsed_seconds"), "value": float(r[metric])}
     return None
+
+
+def percent_change(a: float | None, b: float | None) -> float | None:
+    """``(a - b) / b`` in % (None when either is missing or ``b`` is 0)."""
+    if a is None or b is None or b == 0:
+        return None
+    return 100.0 * (a - b) / b
