@@ -150,19 +150,36 @@ def build_sections(comparison: dict[str, Any], out: Path | None, step_ms: dict[s
     c = comparison
     metric = c.get("metric") or "metric"
     unit = " (%)" if metric == "accuracy" else ""
-    sections: list[Section] = []
+    sections = [_summary_section(c, metric)]
+    if c.get("warnings"):
+        sections.append(Section("Warnings").items(c["warnings"]))
+    sections.append(_comparison_section(c, metric, unit))
+    if c.get("vs_baseline"):
+        sections.append(_paired_section(c["vs_baseline"], metric))
+    sections.append(_runs_section(c, unit))
+    if c.get("sweep"):
+        sections.append(_sweep_section(c["sweep"], metric))
+    sections += _plot_sections(c, out, metric)
+    sections.append(_step_time_section(c, step_ms))
+    optional = (_utilization_section(c), _time_to_target_section(c.get("time_to_target"), metric, unit),
+                _parameters_section(c))
+    sections += [s for s in optional if s is not None]
+    sections.append(_environment_section(c))
+    return sections
 
-    intro = Section("Summary").text(
+
+def _summary_section(c: dict[str, Any], metric: str) -> Section:
+    return Section("Summary").text(
         f"Task **{c['task']}**, model **{c['model']}**, methods {', '.join(c['methods'])}, seeds {c['seeds']}. "
         f"The headline number is the best validation {metric} of each run (selected on the validation split only; "
         "a test split, where configured, is evaluated once with the selected weights). "
         "Values are mean ± sample std (ddof=1) over the sound seeds; 95% CI = mean ± t(0.975, n−1)·s/√n (Student t). "
         "Δ columns are method − baseline (time and step: relative, negative = faster)."
     )
-    sections.append(intro)
-    if c.get("warnings"):
-        sections.append(Section("Warnings").items(c["warnings"]))
 
+
+def _comparison_section(c: dict[str, Any], metric: str, unit: str) -> Section:
+    """The headline table (:func:`comparison_rows`), the published numbers' source, the test split's paired gaps."""
     header, rows = comparison_rows(c)
     s = Section("Comparison").table(header, rows)
     if c.get("reference_source"):
@@ -174,20 +191,24 @@ def build_sections(comparison: dict[str, Any], out: Path | None, step_ms: dict[s
         rows = [[n, _fmt(m["test"]), _ci(m["test"]), *_paired_cells((gaps.get(n) or {}).get("paired_test"))]
                 for n, m in c["methods"].items()]
         s.table(["method", f"test {metric}{unit}", "95% CI", "Δ vs baseline, paired by seed", "95% CI", "p"], rows)
-    sections.append(s)
+    return s
 
-    if c.get("vs_baseline"):
-        s = Section("Difference to baseline, paired by seed")
-        s.text("Per seed, method − baseline; mean with 95% CI (Student t) and the two-sided p-value of a **paired t-test** "
-               "(scipy.stats.ttest_rel). With fewer than 2 seed pairs there is no interval and no p-value (n/a).")
-        rows = []
-        for n, g in c["vs_baseline"].items():
-            pm, ps = g.get("paired_metric") or {}, g.get("paired_seconds") or {}
-            rows.append([n, str(pm.get("n", 0)), _signed(pm.get("mean")), _ci(pm), _p(pm.get("p_value")),
-                         _signed(ps.get("mean"), 1), _ci(ps, 1), _p(ps.get("p_value")), _num(g.get("speedup"), 3)])
-        s.table(["method", "pairs", f"Δ best val {metric}", "95% CI", "p", "Δ total s", "95% CI", "p", "speedup ×"], rows)
-        sections.append(s)
 
+def _paired_section(vs_baseline: dict[str, Any], metric: str) -> Section:
+    s = Section("Difference to baseline, paired by seed")
+    s.text("Per seed, method − baseline; mean with 95% CI (Student t) and the two-sided p-value of a **paired t-test** "
+           "(scipy.stats.ttest_rel). With fewer than 2 seed pairs there is no interval and no p-value (n/a).")
+    rows = []
+    for n, g in vs_baseline.items():
+        pm, ps = g.get("paired_metric") or {}, g.get("paired_seconds") or {}
+        rows.append([n, str(pm.get("n", 0)), _signed(pm.get("mean")), _ci(pm), _p(pm.get("p_value")),
+                     _signed(ps.get("mean"), 1), _ci(ps, 1), _p(ps.get("p_value")), _num(g.get("speedup"), 3)])
+    s.table(["method", "pairs", f"Δ best val {metric}", "95% CI", "p", "Δ total s", "95% CI", "p", "speedup ×"], rows)
+    return s
+
+
+def _runs_section(c: dict[str, Any], unit: str) -> Section:
+    """Every run with its status and numbers, the collapse rule in words, the runs that stopped early."""
     s = Section("Runs")
     rows = []
     stopped_early = []
@@ -202,44 +223,51 @@ def build_sections(comparison: dict[str, Any], out: Path | None, step_ms: dict[s
                          "–" if r["learning_rate"] is None else f"{r['learning_rate']:g}",
                          "; ".join(r["collapse"]) or "ok"])
     s.table(["method", "seed", "status", f"best val{unit}", f"final val{unit}", "test", "total s", "lr", "collapse check"], rows)
-    rule = c.get("collapse_rule") or {}
+    s.text(
+        "Collapse rule: a run is excluded from every mean (and listed here) if it did not finish (failed or interrupted), "
+        "if any training loss or its validation value is non-finite, if an accuracy run's final validation accuracy is at "
+        f"or below chance ({_chance_text(c.get('collapse_rule') or {})}), or if a perplexity run's final validation "
+        "perplexity is not below its first evaluation."
+    )
+    if stopped_early:
+        s.text(f"Stopped early (training.early_stopping_patience): {', '.join(stopped_early)}. Their time columns cover "
+               "fewer optimizer steps than planned, so their times are not a same-budget comparison.")
+    return s
+
+
+def _chance_text(rule: dict[str, Any]) -> str:
+    """The chance level of the collapse rule, in words."""
     majority = rule.get("validation_majority_class_percent")
     if rule.get("num_labels"):
         chance = f"100/{rule['num_labels']}"
         if majority is not None:
             chance = f"the higher of {chance} and the validation majority-class share {majority:.2f}%"
-        chance += f" + {rule['chance_margin_points']:g} points"
-    elif majority is not None:
-        chance = f"the validation majority-class share {majority:.2f}% + {rule['chance_margin_points']:g} points"
-    else:
-        chance = "not applied (number of labels unknown)"
-    s.text(
-        "Collapse rule: a run is excluded from every mean (and listed here) if it did not finish (failed or interrupted), "
-        "if any training loss or its validation value is non-finite, if an accuracy run's final validation accuracy is at "
-        f"or below chance ({chance}), or if a perplexity run's final validation perplexity is not below its first evaluation."
-    )
-    if stopped_early:
-        s.text(f"Stopped early (training.early_stopping_patience): {', '.join(stopped_early)}. Their time columns cover "
-               "fewer optimizer steps than planned, so their times are not a same-budget comparison.")
-    sections.append(s)
+        return chance + f" + {rule['chance_margin_points']:g} points"
+    if majority is not None:
+        return f"the validation majority-class share {majority:.2f}% + {rule['chance_margin_points']:g} points"
+    return "not applied (number of labels unknown)"
 
-    if c.get("sweep"):
-        sw = c["sweep"]
-        s = Section("Learning-rate sweep (validation only)")
-        s.text(f"Selection metric: {sw.get('selection_metric', metric)}; the selected learning rate of each method is marked. "
-               "The test split is never used for this choice.")
-        rows = []
-        for n, entries in (sw.get("methods") or {}).items():
-            for e in entries:
-                rows.append([n, f"{e.get('learning_rate'):g}" if e.get("learning_rate") is not None else "–", str(e.get("seed", "–")),
-                             _num(e.get("best_validation")), str(e.get("status", "–")), "✔" if e.get("selected") else ""])
-        s.table(["method", "lr", "seed", f"best val {metric}", "status", "selected"], rows)
-        for n, steps in (sw.get("grid_growth") or {}).items():
-            for g in steps:
-                s.text(f"{n}: the grid grew from {format_rates(g['from'])} to {format_rates(g['to'])} ({g.get('at')}) and the "
-                       "rate was selected again; see the warnings.")
-        sections.append(s)
 
+def _sweep_section(sw: dict[str, Any], metric: str) -> Section:
+    s = Section("Learning-rate sweep (validation only)")
+    s.text(f"Selection metric: {sw.get('selection_metric', metric)}; the selected learning rate of each method is marked. "
+           "The test split is never used for this choice.")
+    rows = []
+    for n, entries in (sw.get("methods") or {}).items():
+        for e in entries:
+            rows.append([n, f"{e.get('learning_rate'):g}" if e.get("learning_rate") is not None else "–", str(e.get("seed", "–")),
+                         _num(e.get("best_validation")), str(e.get("status", "–")), "✔" if e.get("selected") else ""])
+    s.table(["method", "lr", "seed", f"best val {metric}", "status", "selected"], rows)
+    for n, steps in (sw.get("grid_growth") or {}).items():
+        for g in steps:
+            s.text(f"{n}: the grid grew from {format_rates(g['from'])} to {format_rates(g['to'])} ({g.get('at')}) and the "
+                   "rate was selected again; see the warnings.")
+    return s
+
+
+def _plot_sections(c: dict[str, Any], out: Path | None, metric: str) -> list[Section]:
+    """The learning curves (when ``out`` holds the runs' metrics) and the best-validation plot."""
+    sections = []
     if out is not None:
         curves = curves_from_runs(out, c)
         if any(v for m in curves.values() for v in m["eval"] + m["train"]):
@@ -252,7 +280,10 @@ def build_sections(comparison: dict[str, Any], out: Path | None, step_ms: dict[s
             .text("Left: the means as bars on an axis from zero, so bar lengths compare honestly. Right: the same means "
                   "with their 95% intervals and every seed, on an axis cut to the data (its start is in the panel's "
                   "title): differences look larger there than they are."))
+    return sections
 
+
+def _step_time_section(c: dict[str, Any], step_ms: dict[str, list[float]] | None) -> Section:
     s = Section("Step time")
     rows = []
     for n, m in c["methods"].items():
@@ -264,49 +295,52 @@ def build_sections(comparison: dict[str, Any], out: Path | None, step_ms: dict[s
            "time at each log line, not every step.")
     if step_ms and any(step_ms.values()):
         s.image("step_times.png", _plots().step_time_boxes(step_ms), "box plots of step time per method")
-    sections.append(s)
+    return s
 
-    util = _utilization_section(c)
-    if util is not None:
-        sections.append(util)
 
-    t = c.get("time_to_target")
-    if t:
-        s = Section("Time to target (MLPerf-style)")
-        cmp = "≥" if t["higher_is_better"] else "≤"
-        s.text(f"Target: baseline's mean final validation {metric} = {t['target']:.3f}{unit}. For each run, the first "
-               f"validation evaluation with {metric} {cmp} target: its step and wall time since the run began (evaluation "
-               "time included). Means are over the seeds that reached it.")
-        rows = []
-        for n, x in t["methods"].items():
-            per = ", ".join(
-                f"s{seed}: " + ("not reached" if v is None else f"{v['step']} steps / {_num(v['seconds'], 1)} s")
-                for seed, v in x["runs"].items()
-            )
-            rows.append([n, f"{x['reached']}/{x['n']}", _num(x["steps"]["mean"], 1) if x["reached"] else "not reached",
-                         _num(x["seconds"]["mean"], 1) if x["reached"] else "not reached", per])
-        s.table(["method", "reached", "mean steps", "mean seconds", "per seed"], rows)
-        sections.append(s)
+def _time_to_target_section(t: dict[str, Any] | None, metric: str, unit: str) -> Section | None:
+    if not t:
+        return None
+    s = Section("Time to target (MLPerf-style)")
+    cmp = "≥" if t["higher_is_better"] else "≤"
+    s.text(f"Target: baseline's mean final validation {metric} = {t['target']:.3f}{unit}. For each run, the first "
+           f"validation evaluation with {metric} {cmp} target: its step and wall time since the run began (evaluation "
+           "time included). Means are over the seeds that reached it.")
+    rows = []
+    for n, x in t["methods"].items():
+        per = ", ".join(
+            f"s{seed}: " + ("not reached" if v is None else f"{v['step']} steps / {_num(v['seconds'], 1)} s")
+            for seed, v in x["runs"].items()
+        )
+        rows.append([n, f"{x['reached']}/{x['n']}", _num(x["steps"]["mean"], 1) if x["reached"] else "not reached",
+                     _num(x["seconds"]["mean"], 1) if x["reached"] else "not reached", per])
+    s.table(["method", "reached", "mean steps", "mean seconds", "per seed"], rows)
+    return s
 
+
+def _parameters_section(c: dict[str, Any]) -> Section | None:
     groups = sorted({g for m in c["methods"].values() for g in ((m.get("parameters") or {}).get("groups") or {})})
-    if groups:
-        s = Section("Parameters per group (trainable / total)")
-        names = list(c["methods"])
-        rows = []
-        for g in groups:
-            row = [g]
-            for n in names:
-                d = ((c["methods"][n].get("parameters") or {}).get("groups") or {}).get(g)
-                row.append("–" if d is None else f"{d['trainable']:,} / {d['total']:,}")
-            rows.append(row)
-        row = ["all"]
+    if not groups:
+        return None
+    s = Section("Parameters per group (trainable / total)")
+    names = list(c["methods"])
+    rows = []
+    for g in groups:
+        row = [g]
         for n in names:
-            p = c["methods"][n].get("parameters") or {}
-            row.append(f"{p.get('trainable', 0):,} / {p.get('total', 0):,} ({_num(p.get('trainable_percent'))}%)")
+            d = ((c["methods"][n].get("parameters") or {}).get("groups") or {}).get(g)
+            row.append("–" if d is None else f"{d['trainable']:,} / {d['total']:,}")
         rows.append(row)
-        s.table(["group", *names], rows)
-        sections.append(s)
+    row = ["all"]
+    for n in names:
+        p = c["methods"][n].get("parameters") or {}
+        row.append(f"{p.get('trainable', 0):,} / {p.get('total', 0):,} ({_num(p.get('trainable_percent'))}%)")
+    rows.append(row)
+    s.table(["group", *names], rows)
+    return s
 
+
+def _environment_section(c: dict[str, Any]) -> Section:
     env = c.get("environment") or {}
     s = Section("Environment")
     pk = env.get("packages") or {}
@@ -324,8 +358,7 @@ def build_sections(comparison: dict[str, Any], out: Path | None, step_ms: dict[s
                 [[p["run"], _num(p["gflops_before"], 1), _num(p["gflops_after"], 1), _signed(p["drift_percent"], 1)] for p in probe])
         s.text("The probe times a fixed matrix multiply before and after each run; a change above 10% means the machine's "
                "speed drifted during the run.")
-    sections.append(s)
-    return sections
+    return s
 
 
 def _utilization_section(c: dict[str, Any]) -> Section | None:
