@@ -137,6 +137,18 @@ def collect_runs(out: Path, now: float | None = None) -> list[dict[str, Any]]:
     if plan is None and not folder.runs.is_dir():
         raise OELMError(f"{out} is not an oelm run output directory (no plan.json or runs/); pass the --output-dir of `oelm run`")
     now = time.time() if now is None else now
+    rows = [_row(folder, e, now) for e in _entries(folder, plan)]
+    # A restarted matrix rewrites plan.json before it has selected any rate again, so a method's
+    # finals are "after sweep" placeholders there even where its final runs exist: not pending.
+    # Nor is a sweep seed's placeholder: the sweep run at the selected rate becomes that seed's
+    # final run, so no run is left to do for it.
+    done = {(r["method"], r["seed"]) for r in rows if r["name"] and r["stage"] in ("final", "sweep")}
+    return [r for r in rows if r["name"] or (r["method"], r["seed"]) not in done]
+
+
+def _entries(folder: MatrixFolder, plan: dict | None) -> list[dict[str, Any]]:
+    """The runs to show: ``plan.json``'s, in plan order (each run once), then every other run
+    folder under ``runs/`` (its identity from its ``status.json``)."""
     entries, planned = [], set()
     listed = (plan or {}).get("runs")
     for e in listed if isinstance(listed, list) else []:
@@ -151,57 +163,54 @@ def collect_runs(out: Path, now: float | None = None) -> list[dict[str, Any]]:
             status = _read(d.status) or {}
             entries.append({"name": d.name, "method": status.get("method"), "seed": status.get("seed"),
                             "learning_rate": status.get("learning_rate"), "stage": status.get("stage")})
-    rows = []
-    for e in entries:
-        row = {"name": e.get("name"), "method": e.get("method"), "seed": e.get("seed"), "stage": e.get("stage"),
-               "learning_rate": e.get("learning_rate"), "state": "pending", "step": None, "total_steps": None,
-               "train_loss": None, "validation": None, "best_validation": None, "metric": None,
-               "elapsed_seconds": None, "eta_seconds": None,
-               "early_stopped": False, "node": None, "pid": None, "executor": None, "damage": None}
-        rows.append(row)
-        if not e.get("name"):
-            continue
-        d = folder.run(e["name"])
-        status = _read(d.status) or {}
-        record, damage = _result(d.result)
-        damaged_file = d.result
-        if damage is None and record is None and d.status.exists():
-            damage, damaged_file = _damage(d.status), d.status
-        train, evaluation, evals = _last_records(d.metrics)
-        row["total_steps"] = _number(status.get("total_steps"))
-        row["node"], row["pid"] = status.get("host"), status.get("pid")
-        if train:
-            row["step"], row["train_loss"] = _number(train.get("step")), _number(train.get("loss"))
-        if evaluation:
-            metric = next((k for k in evaluation if k not in ("type", "step", "loss", "elapsed_seconds")), None)
-            row["metric"], row["validation"] = metric, _number(evaluation.get(metric))
-            row["best_validation"] = _best(metric, [e.get(metric) for e in evals]) if metric else None
-        # a folder with no status and no record yet (made, not started, or emptied by hand) is not running
-        state = status.get("state") or ("running" if d.metrics.exists() else "pending")
-        if damage is not None:
-            state = "damaged"
-            row["damage"] = f"{damaged_file}: {damage}"
-        elif record is not None:
-            state = "failed" if record.failed else "finished"
-            if state == "finished":
-                row["step"] = record.steps if record.steps is not None else row["step"]
-                row["best_validation"] = record.best_validation if record.best_validation is not None else row["best_validation"]
-                row["early_stopped"] = record.early_stopped
-                row["stage"] = record.stage or row["stage"]
-                row["executor"] = record.executor_name if record.executor else None
-        elif state == "running" and status.get("host") == platform.node() and status.get("pid") and not pid_alive(status["pid"]):
-            state = "interrupted"
-        row["state"] = state
-        row["elapsed_seconds"] = _elapsed(status, record, train, state, now)
-        if state == "running" and row["step"] and row["total_steps"] and train and _number(train.get("elapsed_seconds")):
-            per_step = train["elapsed_seconds"] / row["step"]
-            row["eta_seconds"] = max(0.0, per_step * (row["total_steps"] - row["step"]))
-    # A restarted matrix rewrites plan.json before it has selected any rate again, so a method's
-    # finals are "after sweep" placeholders there even where its final runs exist: not pending.
-    # Nor is a sweep seed's placeholder: the sweep run at the selected rate becomes that seed's
-    # final run, so no run is left to do for it.
-    done = {(r["method"], r["seed"]) for r in rows if r["name"] and r["stage"] in ("final", "sweep")}
-    return [r for r in rows if r["name"] or (r["method"], r["seed"]) not in done]
+    return entries
+
+
+def _row(folder: MatrixFolder, e: dict[str, Any], now: float) -> dict[str, Any]:
+    """One run's row (:func:`collect_runs`): from its status, its record and its metrics log."""
+    row = {"name": e.get("name"), "method": e.get("method"), "seed": e.get("seed"), "stage": e.get("stage"),
+           "learning_rate": e.get("learning_rate"), "state": "pending", "step": None, "total_steps": None,
+           "train_loss": None, "validation": None, "best_validation": None, "metric": None,
+           "elapsed_seconds": None, "eta_seconds": None,
+           "early_stopped": False, "node": None, "pid": None, "executor": None, "damage": None}
+    if not e.get("name"):
+        return row
+    d = folder.run(e["name"])
+    status = _read(d.status) or {}
+    record, damage = _result(d.result)
+    damaged_file = d.result
+    if damage is None and record is None and d.status.exists():
+        damage, damaged_file = _damage(d.status), d.status
+    train, evaluation, evals = _last_records(d.metrics)
+    row["total_steps"] = _number(status.get("total_steps"))
+    row["node"], row["pid"] = status.get("host"), status.get("pid")
+    if train:
+        row["step"], row["train_loss"] = _number(train.get("step")), _number(train.get("loss"))
+    if evaluation:
+        metric = next((k for k in evaluation if k not in ("type", "step", "loss", "elapsed_seconds")), None)
+        row["metric"], row["validation"] = metric, _number(evaluation.get(metric))
+        row["best_validation"] = _best(metric, [e.get(metric) for e in evals]) if metric else None
+    # a folder with no status and no record yet (made, not started, or emptied by hand) is not running
+    state = status.get("state") or ("running" if d.metrics.exists() else "pending")
+    if damage is not None:
+        state = "damaged"
+        row["damage"] = f"{damaged_file}: {damage}"
+    elif record is not None:
+        state = "failed" if record.failed else "finished"
+        if state == "finished":
+            row["step"] = record.steps if record.steps is not None else row["step"]
+            row["best_validation"] = record.best_validation if record.best_validation is not None else row["best_validation"]
+            row["early_stopped"] = record.early_stopped
+            row["stage"] = record.stage or row["stage"]
+            row["executor"] = record.executor_name if record.executor else None
+    elif state == "running" and status.get("host") == platform.node() and status.get("pid") and not pid_alive(status["pid"]):
+        state = "interrupted"
+    row["state"] = state
+    row["elapsed_seconds"] = _elapsed(status, record, train, state, now)
+    if state == "running" and row["step"] and row["total_steps"] and train and _number(train.get("elapsed_seconds")):
+        per_step = train["elapsed_seconds"] / row["step"]
+        row["eta_seconds"] = max(0.0, per_step * (row["total_steps"] - row["step"]))
+    return row
 
 
 def _elapsed(status: dict, record: RunRecord | None, train: dict | None, state: str, now: float) -> float | None:
