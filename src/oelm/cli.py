@@ -210,7 +210,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     comparison = write_comparison(config, results, out)
     header, rows = comparison_rows(comparison)
     print_table(f"{config.name}", header, rows)
-    corrupted, absent = _checked_checkpoints(folder, results)
+    corrupted, absent = folder.check_weights(
+        [r for runs in results.values() for r in runs],
+        lambda run: f"the numbers are reported, but delete {run.path} and rerun `oelm run` if you need these weights")
     for message in corrupted:
         print(f"oelm: warning: {message}", file=sys.stderr)
     if absent:
@@ -222,84 +224,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _checked_checkpoints(folder, results: dict) -> tuple[list[str], int]:
-    """The final finished runs' best weights against the sha256 in their ``result.json``: one
-    message per file that is there but does not match, and the number of recorded files that are
-    not there at all (weights left out of committed results, say). The report's numbers come
-    from the JSON, so it is written either way.
-
-    Args:
-        folder: the :class:`~oelm.records.MatrixFolder`.
-        results: method -> its final runs' :class:`~oelm.records.RunRecord`."""
-    from oelm.errors import ChecksumError, RecordedFileMissingError
-
-    problems, absent = [], 0
-    for runs in results.values():
-        for r in runs:
-            if r.finished and r.name:
-                run = folder.run(r.name)
-                try:
-                    run.verify_weights(r, f"the numbers are reported, but delete {run.path} and rerun `oelm run` "
-                                       "if you need these weights")
-                except RecordedFileMissingError:
-                    absent += 1
-                except ChecksumError as exc:
-                    problems.append(str(exc))
-    return problems, absent
-
-
 def cmd_stop(args: argparse.Namespace) -> int:
-    """Stop the `oelm run` that holds ``args.dir``: SIGTERM to the pid its ``.oelm.lock`` records
-    (read with :mod:`oelm.lock`), then wait up to ``args.wait`` seconds for the lock to be given
-    back. Never by name or pattern: only that process. Exit 0 when it stopped (or nothing held
-    the directory), 1 when it is still running after the wait.
+    """``oelm stop DIR``: :func:`oelm.lock.stop_holder` (exit 0 when it stopped or nothing held
+    the directory, 1 when it still runs after ``--wait`` seconds)."""
+    from oelm.lock import stop_holder
 
-    Raises:
-        OELMError: no such directory, a lock of another host or of a user we may not signal.
-    """
-    import signal
-    import socket
-    import time
-
-    from oelm.errors import OutputLockedError
-    from oelm.lock import LOCK_NAME, hold_shared_lock, pid_alive, read_holder
-
-    out = Path(args.dir)
-    if not out.is_dir():
-        raise OELMError(f"{out}: no such directory; pass the --output-dir of the `oelm run` to stop")
-    if not (out / LOCK_NAME).exists():
-        print(f"oelm stop: no run holds {out} (no {LOCK_NAME} there); nothing to stop")
-        return 0
-    holder = read_holder(out)
-    if holder is None:
-        raise OELMError(f"{out / LOCK_NAME} names no pid (a run that is just starting, or a damaged file); retry in a "
-                        f"moment, or delete it if no run uses {out}")
-    pid = holder.get("pid")
-    if holder.get("host") not in (None, socket.gethostname()):
-        raise OELMError(f"the run holding {out} is on host {holder.get('host')} (pid {pid}); run `oelm stop` there")
-    try:  # a driver's exclusive lock refuses this shared probe; a file left by a killed run does not
-        with hold_shared_lock(out):
-            held = False
-    except OutputLockedError:
-        held = True  # (or no flock on this file system: then the pid check alone decides)
-    if not held or not pid_alive(pid):
-        print(f"oelm stop: no run holds {out} (its lock file names pid {pid}, which no longer holds it); nothing to stop")
-        return 0
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except PermissionError:
-        raise OELMError(f"pid {pid} holds {out} but belongs to another user; ask them to stop it") from None
-    print(f"oelm stop: sent SIGTERM to pid {pid} (the oelm run holding {out}, started {holder.get('started_at')})")
-    deadline = time.monotonic() + args.wait
-    while time.monotonic() < deadline:
-        now = read_holder(out)
-        if not pid_alive(pid) or not now or now.get("pid") != pid:
-            print("oelm stop: it stopped; rerun the same `oelm run` command to continue from its checkpoints")
-            return 0
-        time.sleep(0.2)
-    print(f"oelm stop: pid {pid} still holds {out} after {args.wait:g} s (it saves a checkpoint first); "
-          f"wait, or `kill -KILL {pid}` as a last resort")
-    return 1
+    return 0 if stop_holder(Path(args.dir), args.wait) else 1
 
 
 def cmd_configs(args: argparse.Namespace) -> int:
@@ -389,6 +319,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``oelm`` parser: one sub-command per ``cmd_*`` (``--help`` loads none of their modules)."""
     parser = argparse.ArgumentParser(
         prog="oelm", description="Orthogonal ELM transformer training and comparisons.",
         epilog="The Hugging Face Hub is off unless --online is given (or HF_HUB_OFFLINE is set): data and models "
@@ -401,7 +332,18 @@ def build_parser() -> argparse.ArgumentParser:
                      help="folder of local data laid out like shared/data (sets OELM_DATA_DIR for this command and its runs)")
     env.add_argument("--online", action="store_true",
                      help="allow downloads from the Hugging Face Hub (default: offline unless HF_HUB_OFFLINE is set)")
+    _add_run(sub, env)
+    _add_matrix_tools(sub, env)
+    _add_inspect(sub, env)
+    _add_bench(sub)
 
+    p = sub.add_parser("env", help="print the environment record (versions, device, matmul speed probe)")
+    p.add_argument("--no-probe", action="store_true", help="skip the matrix-multiply speed probe (a few seconds)")
+    p.set_defaults(func=cmd_env)
+    return parser
+
+
+def _add_run(sub, env: argparse.ArgumentParser) -> None:
     p = sub.add_parser("run", parents=[env], help="run every method x seed of an experiment config, then compare")
     p.add_argument("config", help="experiment YAML, or a shipped config's name (quickstart; `oelm configs` lists them)")
     p.add_argument("--output-dir", help="default: the config's output_dir, else outputs/<name>")
@@ -426,6 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="optional key=value overrides with dotted keys, e.g. training.epochs=2 seeds=[0,1,2]")
     p.set_defaults(func=cmd_run)
 
+
+def _add_matrix_tools(sub, env: argparse.ArgumentParser) -> None:
+    """plan, stop, monitor, report: the commands around a matrix's output folder."""
     p = sub.add_parser("plan", parents=[env],
                        help="the runs of a matrix that are ready to train now, one JSON object a line (for batch systems)")
     p.add_argument("config", help="experiment YAML, or a shipped config's name")
@@ -449,6 +394,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", help="an `oelm run` output directory")
     p.set_defaults(func=cmd_report)
 
+
+def _add_inspect(sub, env: argparse.ArgumentParser) -> None:
+    """inspect, configs, init: looking at models and configs before a run."""
     p = sub.add_parser("inspect", parents=[env], help="show where Q/K projections are and the parameter table per method")
     p.add_argument(
         "target", nargs="?", metavar="MODEL_OR_CONFIG",
@@ -471,6 +419,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="overwrite PATH if it exists")
     p.set_defaults(func=cmd_init)
 
+
+def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="interleaved step timing of methods vs baseline vs a plain PyTorch loop: ms/step, tokens/s, MFU, ratio")
     p.add_argument("--model", default="cpu-bench", help="a shape: cpu-bench (issue 12's), dispatch-proxy (a dispatch-bound "
                    "tiny step), gpt2-124m, bert-base-cls; or an oelm GPT preset: gpt-tiny, gpt-medium-512")
@@ -496,11 +446,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", metavar="PATH", help="write every figure (and per-step times) as JSON")
     p.set_defaults(func=cmd_bench)
-
-    p = sub.add_parser("env", help="print the environment record (versions, device, matmul speed probe)")
-    p.add_argument("--no-probe", action="store_true", help="skip the matrix-multiply speed probe (a few seconds)")
-    p.set_defaults(func=cmd_env)
-    return parser
 
 
 def _skip_final_collection() -> None:

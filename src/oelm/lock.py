@@ -29,14 +29,17 @@ import errno
 import fcntl
 import json
 import os
+import signal
 import socket
+import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-from oelm.errors import OutputLockedError
+from oelm.errors import OELMError, OutputLockedError
 
-__all__ = ["LOCK_NAME", "hold_output_lock", "hold_shared_lock", "acquire", "release", "read_holder", "pid_alive"]
+__all__ = ["LOCK_NAME", "hold_output_lock", "hold_shared_lock", "acquire", "release", "read_holder", "pid_alive",
+           "stop_holder"]
 
 LOCK_NAME = ".oelm.lock"
 
@@ -204,3 +207,49 @@ def hold_shared_lock(out: str | os.PathLike) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # never unlinked: other --only processes may hold it
+
+
+def stop_holder(out: Path, wait: float, say: Callable[[str], None] = print) -> bool:
+    """Stop the ``oelm run`` that holds ``out`` (``oelm stop``): SIGTERM to the pid its lock file
+    records, then wait up to ``wait`` seconds for the lock to be given back. Never by name or
+    pattern: only that process. ``say`` gets one line per step. Returns True when it stopped (or
+    nothing held the directory), False when it is still running after the wait.
+
+    Raises:
+        OELMError: no such directory, a lock of another host or of a user we may not signal.
+    """
+    if not out.is_dir():
+        raise OELMError(f"{out}: no such directory; pass the --output-dir of the `oelm run` to stop")
+    if not (out / LOCK_NAME).exists():
+        say(f"oelm stop: no run holds {out} (no {LOCK_NAME} there); nothing to stop")
+        return True
+    holder = read_holder(out)
+    if holder is None:
+        raise OELMError(f"{out / LOCK_NAME} names no pid (a run that is just starting, or a damaged file); retry in a "
+                        f"moment, or delete it if no run uses {out}")
+    pid = holder.get("pid")
+    if holder.get("host") not in (None, socket.gethostname()):
+        raise OELMError(f"the run holding {out} is on host {holder.get('host')} (pid {pid}); run `oelm stop` there")
+    try:  # a driver's exclusive lock refuses this shared probe; a file left by a killed run does not
+        with hold_shared_lock(out):
+            held = False
+    except OutputLockedError:
+        held = True  # (or no flock on this file system: then the pid check alone decides)
+    if not held or not pid_alive(pid):
+        say(f"oelm stop: no run holds {out} (its lock file names pid {pid}, which no longer holds it); nothing to stop")
+        return True
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except PermissionError:
+        raise OELMError(f"pid {pid} holds {out} but belongs to another user; ask them to stop it") from None
+    say(f"oelm stop: sent SIGTERM to pid {pid} (the oelm run holding {out}, started {holder.get('started_at')})")
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        now = read_holder(out)
+        if not pid_alive(pid) or not now or now.get("pid") != pid:
+            say("oelm stop: it stopped; rerun the same `oelm run` command to continue from its checkpoints")
+            return True
+        time.sleep(0.2)
+    say(f"oelm stop: pid {pid} still holds {out} after {wait:g} s (it saves a checkpoint first); "
+        f"wait, or `kill -KILL {pid}` as a last resort")
+    return False

@@ -240,6 +240,23 @@ class MatrixFolder:
                 continue  # a dangling link, or a run folder moved away since the listing
             yield RunFolder(path.parent), record
 
+    def check_weights(self, records: list[RunRecord], fix: Callable[[RunFolder], str]) -> tuple[list[str], int]:
+        """Every finished record's best weights here against the size and sha256 it records
+        (:meth:`RunFolder.verify_weights`): one message per file that is there but does not match
+        (ending with ``fix(run folder)``), and the number of recorded files that are not there at all
+        (weights left out of committed results, say)."""
+        problems, absent = [], 0
+        for r in records:
+            if r.finished and r.name:
+                run = self.run(r.name)
+                try:
+                    run.verify_weights(r, fix(run))
+                except RecordedFileMissingError:
+                    absent += 1
+                except ChecksumError as exc:
+                    problems.append(str(exc))
+        return problems, absent
+
     def set_aside_damaged(self, log: Callable[[str], None]) -> list[Path]:
         """Move the folder of every run whose ``result.json`` is damaged (:func:`read_record`
         refuses it) to ``runs/.damaged/<run name>-N``, whole (nothing is lost), so that the run
