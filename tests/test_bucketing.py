@@ -133,7 +133,7 @@ def test_compiled_run_records_its_graphs_and_recompilations(tmp_path, data_dir, 
 
     Dynamo's AOT-eager backend stands in for inductor here: the graphs and recompilations are
     Dynamo's to count whichever backend runs them, and inductor's C++ code generation (~50 s on one
-    core) is covered by tests/test_engine.py."""
+    core) is covered by tests/test_training_engine.py."""
     import functools
 
     import torch

@@ -4,7 +4,9 @@ RunFaultError of the right kind, and the last good checkpoint stays intact and l
 from __future__ import annotations
 
 import errno
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ from safetensors.torch import load_model
 
 import oelm.training.checkpoint
 from _reliability import _train_driver, in_process
+from oelm.cli import main
 from oelm.errors import RunFaultError
 from oelm.io import verify_dir
 from oelm.training import TrainingDivergedError
@@ -163,3 +166,38 @@ def test_saving_the_best_weights_is_atomic_a_failed_rename_keeps_the_previous_fi
     saved = load_file(str(ckpt / "model.safetensors"))
     assert sorted(p.name for p in ckpt.iterdir()) == ["model.safetensors"]
     assert all(torch.equal(saved[k], v.cpu()) for k, v in model.state_dict().items()) and len(saved) == 2  # the engine may have moved the model to a GPU
+
+
+SST2_TWO = (
+    "name: full\n"
+    "task: {dataset: sst2, tokenizer: bpe-512, train_samples: 32, validation_samples: 16, max_length: 32}\n"
+    "model: {gpt: gpt-tiny, gpt_overrides: {hidden_size: 32, num_layers: 2, num_heads: 2, intermediate_size: 64}}\n"
+    "methods: [{name: baseline}, {name: oelm_freeze}]\n"
+    "seeds: [0]\n"
+    "training: {max_steps: 4, batch_size: 8, eval_every: 2, progress_bar: false, tensorboard: false}\n"
+)
+
+
+def test_disk_full_while_saving_the_best_weights_fails_that_run_and_the_matrix_goes_on(tmp_path, data_dir, monkeypatch,
+                                                                                         capsys):
+    real_save_model = oelm.training.checkpoint.save_model
+
+    def save_model(model, filename, *a, **k):
+        path = Path(filename)
+        if path.parent.name == "checkpoint" and path.parent.parent.name == "baseline-seed0":
+            raise OSError(errno.ENOSPC, "No space left on device", filename)
+        return real_save_model(model, filename, *a, **k)
+
+    monkeypatch.setattr(oelm.training.checkpoint, "save_model", save_model)
+    cfg = tmp_path / "full.yaml"
+    cfg.write_text(SST2_TWO)
+    out = tmp_path / "out"
+    main(["run", str(cfg), "--output-dir", str(out)])
+    failed = json.loads((out / "runs" / "baseline-seed0" / "result.json").read_text())
+    finished = json.loads((out / "runs" / "oelm_freeze-seed0" / "result.json").read_text())
+    assert failed["status"] == "failed" and failed["failure"]["kind"] == "disk_full"
+    target = out / "runs" / "baseline-seed0" / "checkpoint" / "model.safetensors"
+    assert str(target) in failed["failure"]["message"] and "free disk space then rerun" in failed["failure"]["message"]
+    assert finished["status"] == "finished"
+    assert not list(target.parent.glob(".*.tmp"))  # no half-written temporary file left
+    assert "Traceback" not in capsys.readouterr().err

@@ -1,47 +1,94 @@
-"""Engine parts of oelm.training: torch.compile modes, the fused-AdamW choice, pinned host
-loaders on CUDA, no host sync per step, warmup longer than the run refused, the end-of-training
-validation never a second record of (nearly) the same weights, and a full disk while saving the
-best weights ending that run as a failed result while the matrix goes on."""
+"""The engine of oelm.training and its step: gradient accumulation, the schedules (WSD, warmup
+longer than the run refused), the undone timing warm-up, torch.compile and its modes, the
+fused-AdamW choice, pinned host loaders on CUDA, no host sync per step and the direct step's
+arithmetic; on the tiny real TinyStories run of _train_driver (oelm GPT, BPE-384, 40 stories) and
+a tiny model (_tiny_model)."""
 
 from __future__ import annotations
 
-import errno
-import json
-from pathlib import Path
+import math
 from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-import oelm.training.checkpoint
-from _reliability import in_process
-from oelm.cli import main
+from _reliability import in_process, in_process_summary
+from _tiny_model import Tiny, tiny_loader
 from oelm.config import TrainingConfig
-from oelm.errors import ConfigError, RunFaultError
-from oelm.training import TrainState, build_engine, build_optimizer, make_scheduler, optimizer_step, use_fused_adamw
+from oelm.errors import ConfigError
+from oelm.training import (
+    TrainState, build_engine, build_optimizer, make_scheduler, optimizer_step, optimizer_steps_per_epoch, use_fused_adamw,
+)
 from oelm.training.engine import _host_loader, compile_mode
 from oelm.training.metrics_log import log_train
 
 
-class _Tiny(nn.Module):
-    """forward(**batch) -> .loss/.logits, as the engine expects (input_ids are float features here)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(4, 3)
-
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, attention_mask: torch.Tensor | None = None):
-        logits = self.lin(input_ids)
-        return SimpleNamespace(loss=F.cross_entropy(logits.float(), labels), logits=logits)
+NO_DROPOUT = "model.gpt_overrides={hidden_size: 32, num_layers: 2, num_heads: 2, intermediate_size: 64, dropout: 0.0}"
 
 
-def _loader(n: int = 8, batch_size: int = 2) -> torch.utils.data.DataLoader:
-    g = torch.Generator().manual_seed(0)
-    rows = [{"input_ids": torch.randn(4, generator=g), "attention_mask": torch.ones(4, dtype=torch.long),
-             "labels": torch.tensor(i % 3)} for i in range(n)]
-    return torch.utils.data.DataLoader(rows, batch_size=batch_size)
+SHORT = ["training.max_steps=12", "training.eval_every=6", "training.checkpoint_every=null", NO_DROPOUT]
+
+
+def _train_losses(result) -> list[float]:
+    return [r["loss"] for r in result.history if r["type"] == "train"]
+
+
+def test_accumulation_of_two_micro_batches_of_4_equals_one_batch_of_8(tmp_path, data_dir):
+    """The same 8 sequences per optimizer step (the loader order is the sampler's, batched in 4s),
+    the mean of two micro-batch means = the mean of 8 equal-length blocks: same training to float
+    tolerance; an accumulation of 2 with batch 8 (16 per step) is a different run."""
+    one, _, _ = in_process(tmp_path / "one", *SHORT, "training.batch_size=8")
+    acc, _, _ = in_process(tmp_path / "acc", *SHORT, "training.batch_size=4", "training.gradient_accumulation_steps=2")
+    big, _, _ = in_process(tmp_path / "big", *SHORT, "training.batch_size=8", "training.gradient_accumulation_steps=2")
+    assert one.steps == acc.steps == big.steps == 12
+    assert one.timing["samples"] == acc.timing["samples"] == 12 * 8 and big.timing["samples"] == 12 * 16
+    assert acc.timing["gradient_accumulation_steps"] == 2
+    for a, b in zip(_train_losses(one), _train_losses(acc)):
+        assert math.isclose(a, b, rel_tol=1e-5)
+    assert math.isclose(one.final_validation, acc.final_validation, rel_tol=1e-5)
+    assert not math.isclose(one.final_validation, big.final_validation, rel_tol=1e-3)
+
+
+def test_accumulation_larger_than_an_epoch_is_a_config_error():
+    with pytest.raises(ConfigError, match="gradient_accumulation_steps=8 is more than the 5 batches"):
+        optimizer_steps_per_epoch(5, 8)
+    assert optimizer_steps_per_epoch(10, 3) == 3  # the remainder micro-batch is left out
+
+
+def test_wsd_schedule_warms_up_holds_then_decays_over_the_last_fifth():
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    cfg = TrainingConfig(schedule="wsd", warmup_steps=10, decay_ratio=0.2)
+    sched = make_scheduler(opt, cfg, total_steps=100)
+    lrs = []
+    for _ in range(100):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs[0] == 0.0 and lrs[5] == pytest.approx(0.5)  # linear warmup
+    assert all(lr == pytest.approx(1.0) for lr in lrs[10:80])  # stable
+    assert lrs[81] < 1.0 and lrs[99] < 0.01 and all(a >= b for a, b in zip(lrs[80:], lrs[81:]))  # decay to ~0
+
+
+def test_warmup_pass_is_undone_results_bit_identical_and_time_reported(tmp_path, data_dir):
+    """The warm-up pass (dropout on, so it draws random numbers) changes no number of the run."""
+    with_warmup = in_process(tmp_path / "w", "training.max_steps=10", "training.timing_warmup_passes=2")
+    without = in_process(tmp_path / "n", "training.max_steps=10", "training.timing_warmup_passes=0")
+    a = in_process_summary(with_warmup[0], with_warmup[1], tmp_path / "w")
+    b = in_process_summary(without[0], without[1], tmp_path / "n")
+    assert a == b
+    assert with_warmup[0].timing["warmup_seconds"] > 0 and without[0].timing["warmup_seconds"] == 0.0
+    assert with_warmup[0].timing["compile_seconds"] is None
+
+
+@pytest.mark.slow
+def test_compile_trains_the_same_model_and_reports_compile_seconds(tmp_path, data_dir):
+    eager, _, _ = in_process(tmp_path / "e", *SHORT)
+    compiled, model, _ = in_process(tmp_path / "c", *SHORT, "training.compile=true")
+    assert compiled.timing["compile"] is True and compiled.timing["compile_seconds"] > 0
+    assert compiled.steps == eager.steps
+    assert math.isclose(compiled.final_validation, eager.final_validation, rel_tol=1e-3)
+    assert not any(k.startswith("_orig_mod") for k in model.state_dict())  # the saved names are the model's own
 
 
 def test_compile_accepts_torch_compile_modes():
@@ -53,7 +100,7 @@ def test_compile_accepts_torch_compile_modes():
 
 def test_a_compile_mode_trains_a_tiny_model_on_cpu():
     torch.manual_seed(0)
-    model, loader = _Tiny(), _loader()
+    model, loader = Tiny(), tiny_loader()
     before = model.lin.weight.detach().clone()
     engine = build_engine(model, loader, config=TrainingConfig(max_steps=2, compile="reduce-overhead", warmup_steps=0))
     assert engine.compiled is not None
@@ -69,15 +116,15 @@ def test_fused_adamw_where_the_parameters_go_to_cuda_or_stay_on_the_cpu():
     assert use_fused_adamw(cpu, torch.device("cuda"))  # built on the host, moved to CUDA by Accelerate
     assert not use_fused_adamw(cpu, "mps") and not use_fused_adamw([], "cuda")
     assert not use_fused_adamw([nn.Parameter(torch.zeros(2, device="meta"))], "cuda")
-    assert build_optimizer(_Tiny(), 1e-3, TrainingConfig()).defaults["fused"] is True
-    assert not build_optimizer(_Tiny(), 1e-3, TrainingConfig(), device="mps").defaults["fused"]
+    assert build_optimizer(Tiny(), 1e-3, TrainingConfig()).defaults["fused"] is True
+    assert not build_optimizer(Tiny(), 1e-3, TrainingConfig(), device="mps").defaults["fused"]
 
 
 def test_host_loaders_pin_memory_only_when_the_device_is_cuda():
     def accelerator(kind):
         return SimpleNamespace(device=torch.device(kind), prepare_data_loader=lambda dl, device_placement: dl)
 
-    cuda_loader, cpu_loader = _loader(), _loader()
+    cuda_loader, cpu_loader = tiny_loader(), tiny_loader()
     assert _host_loader(accelerator("cuda"), cuda_loader).pin_memory is True
     assert _host_loader(accelerator("cpu"), cpu_loader).pin_memory is False
     assert _host_loader(accelerator("cuda"), None) is None
@@ -90,8 +137,8 @@ def test_no_host_sync_between_log_steps(precision, monkeypatch):
     flag to the fused AdamW); the only reads are the host batch's token count. The log step reads
     the accumulators (shown, so the recorder is not blind)."""
     torch.manual_seed(0)
-    loader = _loader()
-    engine = build_engine(_Tiny(), loader, config=TrainingConfig(max_steps=4, mixed_precision=precision, warmup_steps=0))
+    loader = tiny_loader()
+    engine = build_engine(Tiny(), loader, config=TrainingConfig(max_steps=4, mixed_precision=precision, warmup_steps=0))
     batches = list(loader)  # the loader's own seed draw is not the engine's
     reads: list[str] = []
 
@@ -138,8 +185,8 @@ def test_one_process_steps_with_torch_directly_and_the_same_arithmetic(precision
 
     def weights_after_steps(direct: bool) -> tuple[list[torch.Tensor], list[str]]:
         torch.manual_seed(0)
-        loader = _loader()
-        engine = build_engine(_Tiny(), loader, config=TrainingConfig(max_steps=4, mixed_precision=precision, warmup_steps=0))
+        loader = tiny_loader()
+        engine = build_engine(Tiny(), loader, config=TrainingConfig(max_steps=4, mixed_precision=precision, warmup_steps=0))
         assert engine.direct  # one process, no sharding: the direct path is chosen
         engine.direct = direct
         calls.clear()
@@ -149,7 +196,7 @@ def test_one_process_steps_with_torch_directly_and_the_same_arithmetic(precision
         return [p.detach().clone() for p in engine.unwrapped.parameters()], sorted(set(calls))
 
     torch.manual_seed(0)
-    initial = _Tiny().lin.weight.detach().clone()
+    initial = Tiny().lin.weight.detach().clone()
     direct, direct_calls = weights_after_steps(True)
     wrapped, wrapped_calls = weights_after_steps(False)
     assert direct_calls == []
@@ -164,80 +211,4 @@ def test_warmup_longer_than_the_run_is_refused_before_the_first_step():
         make_scheduler(opt, TrainingConfig(warmup_steps=50), total_steps=20)
     make_scheduler(opt, TrainingConfig(warmup_steps=20), total_steps=20)  # as long as the run: allowed
     with pytest.raises(ConfigError, match="training.warmup_steps=9 .* 4 planned"):
-        build_engine(_Tiny(), _loader(), config=TrainingConfig(max_steps=4, warmup_steps=9))
-
-
-def test_the_end_of_training_validation_is_not_a_second_record_of_nearly_the_same_weights(tmp_path, data_dir):
-    """41 steps, a validation every 20: the one scheduled at 40 would evaluate nearly the weights
-    of the end-of-training one at 41; it is left to that one. 50 steps keep 40 (half an interval
-    before the end). Every validated step has one record."""
-    near, _, _ = in_process(tmp_path / "near", "training.max_steps=41", "training.checkpoint_every=null")
-    far, _, _ = in_process(tmp_path / "far", "training.max_steps=50", "training.checkpoint_every=null")
-    assert [r["step"] for r in near.history if r["type"] == "eval"] == [20, 41]
-    assert [r["step"] for r in far.history if r["type"] == "eval"] == [20, 40, 50]
-    assert near.final_validation == [r for r in near.history if r["type"] == "eval"][-1]["perplexity"]
-
-
-SST2_TWO = (
-    "name: full\n"
-    "task: {dataset: sst2, tokenizer: bpe-512, train_samples: 32, validation_samples: 16, max_length: 32}\n"
-    "model: {gpt: gpt-tiny, gpt_overrides: {hidden_size: 32, num_layers: 2, num_heads: 2, intermediate_size: 64}}\n"
-    "methods: [{name: baseline}, {name: oelm_freeze}]\n"
-    "seeds: [0]\n"
-    "training: {max_steps: 4, batch_size: 8, eval_every: 2, progress_bar: false, tensorboard: false}\n"
-)
-
-
-def test_disk_full_while_saving_the_best_weights_fails_that_run_and_the_matrix_goes_on(tmp_path, data_dir, monkeypatch,
-                                                                                         capsys):
-    real_save_model = oelm.training.checkpoint.save_model
-
-    def save_model(model, filename, *a, **k):
-        path = Path(filename)
-        if path.parent.name == "checkpoint" and path.parent.parent.name == "baseline-seed0":
-            raise OSError(errno.ENOSPC, "No space left on device", filename)
-        return real_save_model(model, filename, *a, **k)
-
-    monkeypatch.setattr(oelm.training.checkpoint, "save_model", save_model)
-    cfg = tmp_path / "full.yaml"
-    cfg.write_text(SST2_TWO)
-    out = tmp_path / "out"
-    main(["run", str(cfg), "--output-dir", str(out)])
-    failed = json.loads((out / "runs" / "baseline-seed0" / "result.json").read_text())
-    finished = json.loads((out / "runs" / "oelm_freeze-seed0" / "result.json").read_text())
-    assert failed["status"] == "failed" and failed["failure"]["kind"] == "disk_full"
-    target = out / "runs" / "baseline-seed0" / "checkpoint" / "model.safetensors"
-    assert str(target) in failed["failure"]["message"] and "free disk space then rerun" in failed["failure"]["message"]
-    assert finished["status"] == "finished"
-    assert not list(target.parent.glob(".*.tmp"))  # no half-written temporary file left
-    assert "Traceback" not in capsys.readouterr().err
-
-
-def test_evaluate_reads_the_device_once_not_per_batch(monkeypatch):
-    """The sums stay on the device (float64/int64) and are read once at the end: the same number
-    of host reads for 2 batches as for 10, and the same value as the per-batch Python sum."""
-    from oelm.training import evaluate
-
-    torch.manual_seed(0)
-    model = _Tiny()
-    expected = {}
-    for n in (4, 20):
-        loader = _loader(n)
-        with torch.no_grad():
-            outs = [(model(**b), b["labels"]) for b in loader]
-        loss = sum(float(o.loss) * len(y) for o, y in outs) / n
-        correct = sum(int((o.logits.argmax(-1) == y).sum()) for o, y in outs)
-        expected[n] = {"value": 100.0 * correct / n, "loss": loss, "n": n}
-    reads = {}
-    real = {name: getattr(torch.Tensor, name) for name in ("item", "__bool__", "__float__", "__int__")}
-    for n in (4, 20):
-        loader, count = _loader(n), []
-        batches = list(loader)
-        for name, fn in real.items():
-            monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _fn=fn, **k: (count.append(1), _fn(self, *a, **k))[1])
-        result = evaluate(model, batches, "accuracy")
-        for name, fn in real.items():
-            monkeypatch.setattr(torch.Tensor, name, fn)
-        reads[n] = len(count)
-        assert result == expected[n]
-    assert reads[4] == reads[20] <= 3
+        build_engine(Tiny(), tiny_loader(), config=TrainingConfig(max_steps=4, warmup_steps=9))

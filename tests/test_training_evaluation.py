@@ -1,7 +1,8 @@
-"""Engine features of oelm.training: gradient accumulation, the WSD schedule, torch.compile, the
-undone timing warm-up, TrainState round trips, the Metric notion and early stopping, on the tiny
-real TinyStories run of _train_driver (oelm GPT, BPE-384, 40 stories) and a tiny real SST-2
-`oelm run` (oelm GPT, BPE-512)."""
+"""Validation, selection and early stopping in oelm.training: the Metric notion (direction,
+chance, min_delta), TrainState and its checkpoint dict, evaluate's one host read, the
+end-of-training validation, and early stopping (patience, the best weights tested, its count
+across a resume); on a tiny real SST-2 `oelm run` (oelm GPT, BPE-512), the tiny TinyStories run
+of _train_driver and a tiny model (_tiny_model)."""
 
 from __future__ import annotations
 
@@ -14,88 +15,13 @@ import pytest
 import torch
 
 from _reliability import in_process, in_process_summary, metrics_records, sigterm_at
-
+from _tiny_model import Tiny, tiny_loader
 import oelm.training.evaluation
 from oelm.cli import main
-from oelm.config import TrainingConfig
-from oelm.errors import ConfigError, RunInterruptedError
+from oelm.errors import RunInterruptedError
 from oelm.metrics import ACCURACY, PERPLEXITY, get_metric
 from oelm.monitor import snapshot_text
-from oelm.training import TrainState, make_scheduler, optimizer_steps_per_epoch
-
-NO_DROPOUT = "model.gpt_overrides={hidden_size: 32, num_layers: 2, num_heads: 2, intermediate_size: 64, dropout: 0.0}"
-SHORT = ["training.max_steps=12", "training.eval_every=6", "training.checkpoint_every=null", NO_DROPOUT]
-
-
-def _train_losses(result) -> list[float]:
-    return [r["loss"] for r in result.history if r["type"] == "train"]
-
-
-def test_accumulation_of_two_micro_batches_of_4_equals_one_batch_of_8(tmp_path, data_dir):
-    """The same 8 sequences per optimizer step (the loader order is the sampler's, batched in 4s),
-    the mean of two micro-batch means = the mean of 8 equal-length blocks: same training to float
-    tolerance; an accumulation of 2 with batch 8 (16 per step) is a different run."""
-    one, _, _ = in_process(tmp_path / "one", *SHORT, "training.batch_size=8")
-    acc, _, _ = in_process(tmp_path / "acc", *SHORT, "training.batch_size=4", "training.gradient_accumulation_steps=2")
-    big, _, _ = in_process(tmp_path / "big", *SHORT, "training.batch_size=8", "training.gradient_accumulation_steps=2")
-    assert one.steps == acc.steps == big.steps == 12
-    assert one.timing["samples"] == acc.timing["samples"] == 12 * 8 and big.timing["samples"] == 12 * 16
-    assert acc.timing["gradient_accumulation_steps"] == 2
-    for a, b in zip(_train_losses(one), _train_losses(acc)):
-        assert math.isclose(a, b, rel_tol=1e-5)
-    assert math.isclose(one.final_validation, acc.final_validation, rel_tol=1e-5)
-    assert not math.isclose(one.final_validation, big.final_validation, rel_tol=1e-3)
-
-
-def test_accumulation_larger_than_an_epoch_is_a_config_error():
-    with pytest.raises(ConfigError, match="gradient_accumulation_steps=8 is more than the 5 batches"):
-        optimizer_steps_per_epoch(5, 8)
-    assert optimizer_steps_per_epoch(10, 3) == 3  # the remainder micro-batch is left out
-
-
-def test_wsd_schedule_warms_up_holds_then_decays_over_the_last_fifth():
-    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    cfg = TrainingConfig(schedule="wsd", warmup_steps=10, decay_ratio=0.2)
-    sched = make_scheduler(opt, cfg, total_steps=100)
-    lrs = []
-    for _ in range(100):
-        lrs.append(opt.param_groups[0]["lr"])
-        opt.step()
-        sched.step()
-    assert lrs[0] == 0.0 and lrs[5] == pytest.approx(0.5)  # linear warmup
-    assert all(lr == pytest.approx(1.0) for lr in lrs[10:80])  # stable
-    assert lrs[81] < 1.0 and lrs[99] < 0.01 and all(a >= b for a, b in zip(lrs[80:], lrs[81:]))  # decay to ~0
-
-
-def test_warmup_pass_is_undone_results_bit_identical_and_time_reported(tmp_path, data_dir):
-    """The warm-up pass (dropout on, so it draws random numbers) changes no number of the run."""
-    with_warmup = in_process(tmp_path / "w", "training.max_steps=10", "training.timing_warmup_passes=2")
-    without = in_process(tmp_path / "n", "training.max_steps=10", "training.timing_warmup_passes=0")
-    a = in_process_summary(with_warmup[0], with_warmup[1], tmp_path / "w")
-    b = in_process_summary(without[0], without[1], tmp_path / "n")
-    assert a == b
-    assert with_warmup[0].timing["warmup_seconds"] > 0 and without[0].timing["warmup_seconds"] == 0.0
-    assert with_warmup[0].timing["compile_seconds"] is None
-
-
-@pytest.mark.slow
-def test_compile_trains_the_same_model_and_reports_compile_seconds(tmp_path, data_dir):
-    eager, _, _ = in_process(tmp_path / "e", *SHORT)
-    compiled, model, _ = in_process(tmp_path / "c", *SHORT, "training.compile=true")
-    assert compiled.timing["compile"] is True and compiled.timing["compile_seconds"] > 0
-    assert compiled.steps == eager.steps
-    assert math.isclose(compiled.final_validation, eager.final_validation, rel_tol=1e-3)
-    assert not any(k.startswith("_orig_mod") for k in model.state_dict())  # the saved names are the model's own
-
-
-def test_train_state_round_trips_through_its_checkpoint_dict():
-    state = TrainState(step=7, epoch=1, batches_in_epoch=3, running_n=2, last_loss=0.75, best_value=4.5, best_step=6,
-                       last_eval={"value": 4.5, "loss": 1.5, "n": 10}, history=[{"type": "eval", "step": 6}],
-                       per_epoch_seconds=[1.25], elapsed_seconds=3.5, process_start_steps=[0])
-    d = state.to_dict() | {"identity": {"learning_rate": 1e-3}, "format": 1}  # checkpoint extras are ignored
-    assert TrainState.from_dict(d) == state
-    fresh = TrainState()
-    assert fresh.to_dict()["last_loss"] is None and math.isnan(TrainState.from_dict(fresh.to_dict()).last_loss)
+from oelm.training import TrainState
 
 
 def test_metric_direction_chance_and_format():
@@ -111,6 +37,23 @@ def test_metric_direction_chance_and_format():
         get_metric("bleu")
 
 
+def test_metric_improves_by_more_than_min_delta():
+    assert ACCURACY.improves(80.5, 80.0) and not ACCURACY.improves(80.5, 80.0, min_delta=0.5)
+    assert ACCURACY.improves(80.6, 80.0, min_delta=0.5) and not ACCURACY.improves(80.0, 80.0)
+    assert PERPLEXITY.improves(4.5, 4.7, min_delta=0.1) and not PERPLEXITY.improves(4.65, 4.7, min_delta=0.1)
+    assert not PERPLEXITY.improves(4.8, 4.7) and not PERPLEXITY.improves(float("nan"), 4.7)
+
+
+def test_train_state_round_trips_through_its_checkpoint_dict():
+    state = TrainState(step=7, epoch=1, batches_in_epoch=3, running_n=2, last_loss=0.75, best_value=4.5, best_step=6,
+                       last_eval={"value": 4.5, "loss": 1.5, "n": 10}, history=[{"type": "eval", "step": 6}],
+                       per_epoch_seconds=[1.25], elapsed_seconds=3.5, process_start_steps=[0])
+    d = state.to_dict() | {"identity": {"learning_rate": 1e-3}, "format": 1}  # checkpoint extras are ignored
+    assert TrainState.from_dict(d) == state
+    fresh = TrainState()
+    assert fresh.to_dict()["last_loss"] is None and math.isnan(TrainState.from_dict(fresh.to_dict()).last_loss)
+
+
 def test_train_state_from_a_checkpoint_written_before_early_stopping_starts_its_count_at_zero():
     old = TrainState(step=7, best_value=4.5, best_step=6).to_dict()
     for key in ("evals_without_improvement", "early_stopping_reference"):
@@ -119,16 +62,46 @@ def test_train_state_from_a_checkpoint_written_before_early_stopping_starts_its_
     assert state.evals_without_improvement == 0 and state.early_stopping_reference is None and state.best_step == 6
 
 
-def test_metric_improves_by_more_than_min_delta():
-    assert ACCURACY.improves(80.5, 80.0) and not ACCURACY.improves(80.5, 80.0, min_delta=0.5)
-    assert ACCURACY.improves(80.6, 80.0, min_delta=0.5) and not ACCURACY.improves(80.0, 80.0)
-    assert PERPLEXITY.improves(4.5, 4.7, min_delta=0.1) and not PERPLEXITY.improves(4.65, 4.7, min_delta=0.1)
-    assert not PERPLEXITY.improves(4.8, 4.7) and not PERPLEXITY.improves(float("nan"), 4.7)
+def test_evaluate_reads_the_device_once_not_per_batch(monkeypatch):
+    """The sums stay on the device (float64/int64) and are read once at the end: the same number
+    of host reads for 2 batches as for 10, and the same value as the per-batch Python sum."""
+    from oelm.training import evaluate
+
+    torch.manual_seed(0)
+    model = Tiny()
+    expected = {}
+    for n in (4, 20):
+        loader = tiny_loader(n)
+        with torch.no_grad():
+            outs = [(model(**b), b["labels"]) for b in loader]
+        loss = sum(float(o.loss) * len(y) for o, y in outs) / n
+        correct = sum(int((o.logits.argmax(-1) == y).sum()) for o, y in outs)
+        expected[n] = {"value": 100.0 * correct / n, "loss": loss, "n": n}
+    reads = {}
+    real = {name: getattr(torch.Tensor, name) for name in ("item", "__bool__", "__float__", "__int__")}
+    for n in (4, 20):
+        loader, count = tiny_loader(n), []
+        batches = list(loader)
+        for name, fn in real.items():
+            monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _fn=fn, **k: (count.append(1), _fn(self, *a, **k))[1])
+        result = evaluate(model, batches, "accuracy")
+        for name, fn in real.items():
+            monkeypatch.setattr(torch.Tensor, name, fn)
+        reads[n] = len(count)
+        assert result == expected[n]
+    assert reads[4] == reads[20] <= 3
 
 
-# ---------------------------------------------------------------------------------------------
-# Early stopping
-# ---------------------------------------------------------------------------------------------
+def test_the_end_of_training_validation_is_not_a_second_record_of_nearly_the_same_weights(tmp_path, data_dir):
+    """41 steps, a validation every 20: the one scheduled at 40 would evaluate nearly the weights
+    of the end-of-training one at 41; it is left to that one. 50 steps keep 40 (half an interval
+    before the end). Every validated step has one record."""
+    near, _, _ = in_process(tmp_path / "near", "training.max_steps=41", "training.checkpoint_every=null")
+    far, _, _ = in_process(tmp_path / "far", "training.max_steps=50", "training.checkpoint_every=null")
+    assert [r["step"] for r in near.history if r["type"] == "eval"] == [20, 41]
+    assert [r["step"] for r in far.history if r["type"] == "eval"] == [20, 40, 50]
+    assert near.final_validation == [r for r in near.history if r["type"] == "eval"][-1]["perplexity"]
+
 
 # A learning rate of 1e-7 leaves the tiny GPT's predictions on these 48 SST-2 validation sentences
 # unchanged: validation accuracy is flat from the first validation (step 2) on, so it never
