@@ -419,8 +419,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(each run a Ray task: a local Ray instance, or the cluster at --address)")
     p.add_argument("--address", help="ray: join the cluster at 'auto' or HOST:PORT instead of starting a local instance")
     p.add_argument("--parallel", metavar="N|auto",
-                   help="ray: at most N runs at once; 'auto': lanes x threads measured on this machine with the matrix's model (one per GPU on CUDA); default as resources allow")
-    p.add_argument("--cpus-per-run", type=float, help="CPU cores and torch threads per run (ray default 1)")
+                   help="ray: at most N runs at once (default 1); 'auto': one per GPU on a cluster with GPUs, else 1")
+    p.add_argument("--cpus-per-run", type=float,
+                   help="CPU cores and torch threads per run (default, every executor: this process's torch threads)")
     p.add_argument("--gpus-per-run", type=float, help="ray: GPUs per run; fractions share a GPU (0.125: 8 runs per GPU)")
     p.add_argument("--only", metavar="RUN_NAME",
                    help="train exactly this run of the plan (`oelm plan` lists the ready ones), for a batch system's jobs; "

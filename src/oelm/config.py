@@ -383,12 +383,11 @@ class ExecutorConfig(_Strict):
     address: str | None = Field(
         None, description="ray: 'auto' or HOST:PORT of a running cluster to join; default: start a local instance.")
     parallel: Int | Literal["auto"] | None = Field(
-        None, description="Runs training at once. local: 1. ray: default as many as the resources allow; "
-        "'auto': one per GPU on a CUDA machine, else lanes x threads measured on this machine with the "
-        "matrix's own model (oelm.matrix.lanes).")
+        None, description="Runs training at once. local: 1. ray: default 1; 'auto': one per GPU on a cluster "
+        "with GPUs, else 1 (one line says which and why; docs/scaling.md, \"The demo in lanes\").")
     cpus_per_run: Float | None = Field(
-        None, gt=0, description="CPU cores (and torch threads) per run. ray: default 1; local: default the "
-        "process's own thread setting.")
+        None, gt=0, description="CPU cores (and torch threads) per run. Default, under every executor: the "
+        "`oelm run` process's own torch thread setting, so that both give the same numbers bit for bit.")
     gpus_per_run: Float = Field(0.0, ge=0, description="ray: GPUs per run, fractions share one GPU (0.125 = 8 runs per GPU).")
     max_retries: Int = Field(2, ge=0, description="ray: times a run whose process or node died is started again "
                              "(it resumes from its own checkpoint).")

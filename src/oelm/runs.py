@@ -324,7 +324,7 @@ class RunResult(TypedDict, total=False):
     timing: Timing
     stop_signal: str | None
     checkpoint: dict[str, Any] | None
-    executor: dict[str, Any]  # where it trained: name, node, shared_node, overlapped
+    executor: dict[str, Any]  # where it trained: name, node, threads (torch's), shared_node, overlapped
 
 
 def utc_now() -> str:

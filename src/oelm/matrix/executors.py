@@ -3,8 +3,11 @@
 
 - :class:`LocalExecutor` (default): in this process, one run after another; Ray is never imported.
 - :class:`RayExecutor`: each run a Ray task (``@ray.remote`` function with its CPU/GPU resources
-  and ``max_retries``) on a local Ray instance or a cluster joined by address. A task whose worker
-  process or node dies is started again by Ray and resumes from the run's own checkpoint.
+  and ``max_retries``) on a local Ray instance or a cluster joined by address; one run at a time
+  unless ``parallel`` says more, each with the local executor's thread count (the same numbers,
+  bit for bit). A task whose worker process or node dies is started again by Ray and resumes from
+  the run's own checkpoint; beyond the retries (or with the driver's own raylet dead) the matrix
+  stops with one line naming the run (:class:`~oelm.errors.RunLostError`).
 
 Why Ray tasks and not Ray Tune trials: the protocol (sweep, selection on validation, test once)
 is oelm's own and written once in the plan; Tune would bring a second scheduler of trials, its own
@@ -33,12 +36,12 @@ from typing import Any, Iterator
 import torch
 
 from oelm.config import ExecutorConfig
-from oelm.errors import ConfigError, OELMError
+from oelm.errors import ConfigError, OELMError, RunLostError
 
 from oelm.matrix.plan import RunTask
 from oelm.matrix.run_one import RunContext, execute, placement_record, train_planned_run
 
-__all__ = ["LocalExecutor", "RayExecutor", "make_executor", "cpu_cores"]
+__all__ = ["LocalExecutor", "RayExecutor", "make_executor", "cpu_cores", "default_threads"]
 
 #: Environment variables a run needs on every node (data, caches, offline Hub, thread policy).
 _FORWARDED_ENV = ("OELM_DATA_DIR", "OELM_CACHE_DIR", "HF_HUB_OFFLINE", "HF_HOME", "HF_DATASETS_OFFLINE",
@@ -97,7 +100,7 @@ class LocalExecutor:
 
     def __init__(self, ctx: RunContext, config: ExecutorConfig) -> None:
         self.ctx, self.config, self._queue = ctx, config, []
-        self._placement = placement_record("local", lanes=1, cpus_per_run=config.cpus_per_run or torch.get_num_threads())
+        self._placement = placement_record("local", lanes=1, cpus_per_run=config.cpus_per_run or default_threads())
 
     def __enter__(self) -> "LocalExecutor":
         return self
@@ -154,9 +157,30 @@ def _reraise(error: dict) -> None:
     raise cls(error["message"])
 
 
+def default_threads() -> int:
+    """Torch intra-op threads a run gets by default under every executor: this process's own
+    setting (torch's default, or ``OMP_NUM_THREADS``). One number for all executors keeps a matrix's
+    numbers bit-identical whichever executor trains it (a thread count changes the sums' order)."""
+    return torch.get_num_threads()
+
+
+def _lost(task: RunTask, exc: BaseException, in_flight: int, retries: int) -> RunLostError:
+    """The one line for a run whose Ray worker, raylet or node was lost (``exc``: Ray's error)."""
+    what = {"WorkerCrashedError": f"its Ray worker process died {retries + 1} time(s) (executor.max_retries={retries})",
+            "LocalRayletDiedError": "the Ray node it ran on was lost (its raylet died)",
+            "NodeDiedError": "the Ray node it ran on was lost (marked dead)"}.get(type(exc).__name__)
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    what = what or f"Ray lost it ({type(exc).__name__}{': ' + first[:160] if first else ''})"
+    others = f" ({in_flight} other run(s) in flight stopped with it)" if in_flight else ""
+    return RunLostError(f"run {task.name} was interrupted: {what}{others}; the finished runs are kept: "
+                        "rerun the same command to continue")
+
+
 class RayExecutor:
     """Each run a Ray task with ``num_cpus=cpus_per_run`` and ``num_gpus=gpus_per_run`` (several
     runs share a GPU with fractions), retried ``max_retries`` times when its process or node dies.
+    One run at a time unless ``parallel`` says more; each run gets :func:`default_threads` torch
+    threads unless ``cpus_per_run`` says otherwise, as under the local executor.
 
     Without ``address`` a local Ray instance is started (usage statistics off unless
     ``RAY_USAGE_STATS_ENABLED`` is set, no dashboard, bound to 127.0.0.1) and stopped at the end;
@@ -165,20 +189,19 @@ class RayExecutor:
 
     Raises:
         ConfigError: Ray is not installed (``pip install 'oelm[ray]'``).
+        RunLostError: a run's worker crashed beyond ``max_retries``, or its node or raylet died:
+            one line naming the run (from :meth:`wait` / :meth:`submit`).
     """
 
     name = "ray"
 
     def __init__(self, ctx: RunContext, config: ExecutorConfig, runs: int | None = None) -> None:
         self.ctx, self.config = ctx, config
-        self.cpus_per_run = config.cpus_per_run or 1.0
+        self.cpus_per_run = config.cpus_per_run or float(default_threads())
+        self.gpus_per_run = config.gpus_per_run
         self.runs = runs
-        # "auto": measured on the first submitted run (oelm.matrix.lanes), or one lane per GPU
-        self.lanes = config.parallel if config.parallel != "auto" else None
-        self._measure = config.parallel == "auto"
-        self._auto: dict[str, Any] | None = None
+        self.lanes = config.parallel if isinstance(config.parallel, int) else 1
         self._refs: dict[Any, RunTask] = {}
-        self._started_instance = False
         self._ray = None
         self._sigterm = None
         # The config as each task gets it: no progress bars from runs side by side (cosmetic keys only).
@@ -207,14 +230,11 @@ class RayExecutor:
         if not local:
             ray.init(address=self.config.address, runtime_env={"env_vars": env}, **kwargs)
         else:
-            cpus = cpu_cores()
-            if isinstance(self.lanes, int):
-                cpus = max(cpus, int(self.lanes * self.cpus_per_run + 0.999))
+            cpus = max(cpu_cores(), int(self.lanes * self.cpus_per_run + 0.999))
             env |= {k: os.environ.get(k, "") for k in _PROXY_ENV}  # the runs see the user's own proxies
             with _loopback_proxy():
                 ray.init(address="local", num_cpus=cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
                          runtime_env={"env_vars": env}, **kwargs)
-            self._started_instance = True
         self._remote = ray.remote(_ray_train)
         # SIGTERM to the driver stops the matrix like Ctrl-C: __exit__ cancels the runs and stops
         # the local instance (no Ray process is left behind); each run continues from its last
@@ -223,9 +243,10 @@ class RayExecutor:
             self._sigterm = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         res = ray.cluster_resources()
+        if self.config.parallel == "auto":
+            self._choose_lanes(res)
         self.ctx.log(f"ray: {len(nodes)} node(s), {res.get('CPU', 0):g} CPU, {res.get('GPU', 0):g} GPU; "
-                     f"{self.cpus_per_run:g} CPU + {self.config.gpus_per_run:g} GPU per run"
-                     + (f", at most {self.lanes} at a time" if self.lanes else ""))
+                     f"{self.cpus_per_run:g} CPU + {self.gpus_per_run:g} GPU per run, at most {self.lanes} at a time")
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -239,54 +260,58 @@ class RayExecutor:
         self._ray.shutdown()
 
     def free_slots(self, busy: int) -> int:
-        if self._measure:
-            return 1  # the first submission measures the lanes (parallel: auto)
-        return (self.lanes - busy) if self.lanes else 1 << 30
+        return self.lanes - busy
 
-    def _choose_lanes(self, task: RunTask) -> None:
-        """``parallel: auto``: one lane per GPU on a CUDA machine; else measure (oelm.matrix.lanes)."""
-        from oelm.matrix.lanes import choose_lanes, probe_run_seconds
-
-        self._measure = False
-        gpus = int(self._ray.cluster_resources().get("GPU", 0))
-        cores = int(self._ray.cluster_resources().get("CPU", 1))
+    def _choose_lanes(self, resources: dict[str, float]) -> None:
+        """``parallel: auto``, decided from the cluster's resources (no measurement) and said in one
+        line: one run per GPU where the cluster has GPUs, else one run at a time with every thread.
+        Two CPU runs side by side lost to one at a time on every CPU model measured here (a run's
+        worker start and data preparation repeat per lane; docs/scaling.md, "The demo in lanes")."""
+        gpus = int(resources.get("GPU", 0))
         if gpus:
-            self.lanes = gpus
-            return
-        width = max(1, min(cores, self.runs or cores))
-        if width == 1:
-            self.lanes, self.cpus_per_run = 1, float(cores)
-            return
-        probe = self._ray.remote(probe_run_seconds)
-        self.ctx.log(f"parallel auto: timing {task.name}'s steps as 1 run x {cores} threads and {width} runs x 1 thread ...")
-        measured = {}
-        for lanes, threads in ((1, cores), (width, 1)):
-            refs = [probe.options(num_cpus=threads).remote(self._config, task.to_dict(), threads) for _ in range(lanes)]
-            measured[lanes] = self._ray.get(refs)
-        choice = choose_lanes(measured, self.runs or width, cores)
-        self.ctx.log(choice.describe())
-        self.lanes, self.cpus_per_run = choice.lanes, float(choice.threads)
-        self._auto = {"predicted_seconds": choice.predicted_seconds}
+            self.gpus_per_run = self.gpus_per_run or 1.0
+            self.lanes = max(1, int(gpus / self.gpus_per_run))
+            self.ctx.log(f"parallel auto: {self.lanes} lane(s), {self.gpus_per_run:g} GPU per run ({gpus} GPU(s) "
+                         "in the cluster)")
+        else:
+            self.lanes = 1
+            self.ctx.log(f"parallel auto: 1 lane x {self.cpus_per_run:g} thread(s): no GPU, and CPU runs side by side "
+                         "were slower than one at a time here (docs/scaling.md); --parallel N sets the lanes")
 
     def submit(self, task: RunTask) -> None:
-        if self._measure:
-            self._choose_lanes(task)
         placement = placement_record("ray", lanes=self.lanes, cpus_per_run=self.cpus_per_run,
-                                     gpus_per_run=self.config.gpus_per_run, submitted_unix=time.time(),
-                                     **({"parallel_auto": self._auto} if self._auto else {}))
-        ref = self._remote.options(
-            num_cpus=self.cpus_per_run, num_gpus=self.config.gpus_per_run, max_retries=self.config.max_retries,
-            retry_exceptions=False, name=f"oelm:{task.name}",
-        ).remote(self._config, str(Path(self.ctx.out).resolve()), task.to_dict(), self.ctx.retry_failed,
-                 self.ctx.allow_missing_weights, placement, max(1, int(self.cpus_per_run)))
+                                     gpus_per_run=self.gpus_per_run, submitted_unix=time.time())
+        try:
+            ref = self._remote.options(
+                num_cpus=self.cpus_per_run, num_gpus=self.gpus_per_run, max_retries=self.config.max_retries,
+                retry_exceptions=False, name=f"oelm:{task.name}",
+            ).remote(self._config, str(Path(self.ctx.out).resolve()), task.to_dict(), self.ctx.retry_failed,
+                     self.ctx.allow_missing_weights, placement, max(1, int(self.cpus_per_run)))
+        except self._ray.exceptions.RayError as exc:
+            raise _lost(task, exc, len(self._refs), self.config.max_retries) from None
         self._refs[ref] = task
 
     def wait(self) -> list[tuple[RunTask, dict]]:
-        done, _ = self._ray.wait(list(self._refs), num_returns=1)
+        """The runs that finished (at least one; blocks until then).
+
+        Raises:
+            RunLostError: Ray lost a run (its worker beyond ``max_retries``, its raylet or node).
+            OELMError subclasses: a run's own deliberate error, re-raised as the same type.
+        """
+        errors = self._ray.exceptions
+        try:
+            done, _ = self._ray.wait(list(self._refs), num_returns=1)
+        except errors.RayError as exc:
+            raise _lost(next(iter(self._refs.values())), exc, len(self._refs) - 1, self.config.max_retries) from None
         finished = []
         for ref in done:
             task = self._refs.pop(ref)
-            payload = self._ray.get(ref)
+            try:
+                payload = self._ray.get(ref)
+            except errors.RayTaskError:
+                raise  # an exception inside the run that is not oelm's: a bug, with its traceback
+            except errors.RayError as exc:
+                raise _lost(task, exc, len(self._refs), self.config.max_retries) from None
             if "error" in payload:
                 _reraise(payload["error"])
             finished.append((task, payload["result"]))

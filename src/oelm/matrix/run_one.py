@@ -270,12 +270,14 @@ def _overlaps(out: Path, me: str, since: float, until: float) -> list[dict[str, 
 
 
 def _with_placement(ctx: RunContext, result: dict, run_dir: Path, started: float) -> dict:
-    """``result`` with its ``executor`` block: where it trained, when (this process's start and
-    end, seconds since the epoch), and the runs that trained beside it meanwhile."""
+    """``result`` with its ``executor`` block: where it trained, with how many torch threads
+    (``threads``), when (this process's start and end, seconds since the epoch), and the runs that
+    trained beside it meanwhile."""
     finished = time.time()
     overlapped = _overlaps(ctx.out, run_dir.name, started, finished)
     same_node = [o for o in overlapped if o["node"] == platform.node()]
     return result | {"executor": ctx.placement | {
+        "threads": torch.get_num_threads(),  # torch intra-op threads the run trained with
         "started_unix": started, "finished_unix": finished, "overlapped": overlapped,
         # runs that shared this machine's cores or GPUs: step times are not speed evidence
         "shared_node": bool(same_node),
