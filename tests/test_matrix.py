@@ -218,11 +218,10 @@ def test_the_ray_executor_defaults_to_one_lane_with_the_local_executors_threads(
 
     from oelm.config import ExecutorConfig, load_config
     from oelm.matrix.executors import LocalExecutor, RayExecutor
-    from oelm.matrix.run_one import RunContext
 
-    ctx = RunContext(load_config(write_config(tmp_path)), tmp_path / "out", None, print)
-    ray = RayExecutor(ctx, ExecutorConfig(name="ray"))
+    config = load_config(write_config(tmp_path))
+    ray = RayExecutor(ExecutorConfig(name="ray"), config)
     assert (ray.lanes, ray.cpus_per_run, ray.free_slots(0), ray.free_slots(1)) == (1, torch.get_num_threads(), 1, 0)
-    assert LocalExecutor(ctx, ExecutorConfig())._placement["cpus_per_run"] == ray.cpus_per_run
-    chosen = RayExecutor(ctx, ExecutorConfig(name="ray", parallel=3, cpus_per_run=1))
+    assert LocalExecutor(ExecutorConfig(), config)._placement["cpus_per_run"] == ray.cpus_per_run
+    chosen = RayExecutor(ExecutorConfig(name="ray", parallel=3, cpus_per_run=1), config)
     assert (chosen.lanes, chosen.cpus_per_run, chosen.free_slots(1)) == (3, 1, 2)

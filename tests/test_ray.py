@@ -196,6 +196,27 @@ def test_a_sigkilled_ray_worker_is_retried_and_its_run_resumes_to_the_same_resul
 
 
 @needs_netns
+def test_a_worker_killed_beyond_its_retries_is_one_line_naming_the_run(longer_reference, own_ray, tmp_path):
+    """`executor.max_retries=0`: the training run's Ray worker SIGKILLed once is a run Ray gives up
+    on. The driver ends with exit status 2 and one line naming that run, the retries and "rerun the
+    same command to continue"; no traceback."""
+    cfg, _ = longer_reference
+    out = tmp_path / "out"
+    proc = _in_netns(_oelm("run", cfg, "--output-dir", out, "--executor", "ray", "executor.max_retries=0", *LONGER),
+                     own_ray)
+    caught = _caught(out, proc, _training_with_a_checkpoint)
+    if caught:
+        os.kill(caught[1]["pid"], signal.SIGKILL)
+    log, _ = proc.communicate(timeout=300)
+    assert caught is not None, f"no run was caught with a checkpoint:\n{log}"
+    assert proc.returncode == 2, log
+    assert "Traceback" not in log, log
+    assert [line for line in log.splitlines() if line.startswith("oelm: error: ")] == [
+        f"oelm: error: run {caught[0].name} was interrupted: its Ray worker process died 1 time(s) "
+        "(executor.max_retries=0); the finished runs are kept: rerun the same command to continue"], log
+
+
+@needs_netns
 def test_a_killed_raylet_stops_the_matrix_with_one_line_and_a_rerun_finishes_it(longer_reference, own_ray, tmp_path):
     """A lost node, for real: once one run has finished and another is training, the raylet of the
     Ray instance this test started (found by its own temp folder) is SIGKILLed. The driver ends with
