@@ -18,7 +18,7 @@ import yaml
 from oelm.config import ExperimentConfig, TrainingConfig
 from oelm.data.prepare import PreparedData, prepare_data
 from oelm.distributed import is_main_process, main_process_only
-from oelm.errors import ConfigError, DamagedFileError, RunInterruptedError
+from oelm.errors import ConfigError, DamagedFileError, OELMError, RunInterruptedError
 from oelm.io import read_json, read_json_object, write_json_atomic, write_text_atomic
 from oelm.models.build import check_init_tokenizer, resolve_init_from
 from oelm.runs import format_rates, grid_edge_note, read_sweep, run_name, utc_now
@@ -296,7 +296,11 @@ def _prepare(config: ExperimentConfig, out: Path | None, log: Callable[[str], No
     if save_tokenizer and out is not None and config.model.gpt and is_main_process() and not (out / "tokenizer.json").is_file():
         from oelm.data.lm import save_tokenizer as _save
 
-        _save(data.tokenizer, out / "tokenizer.json")
+        try:
+            _save(data.tokenizer, out / "tokenizer.json")
+        except OSError as exc:  # a full disk (tokenizers' own error mapped by oelm.io.disk_writes), no permission
+            raise OELMError(f"cannot write {out / 'tokenizer.json'} ({exc.strerror or exc}); free disk space (or fix "
+                            "the folder's permissions) then rerun the same command; no run has started") from None
     return data
 
 
