@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from oelm.cli_inspect import _YAML, cmd_inspect  # `oelm inspect` lives in its own module
+from oelm.cli_stop import cmd_stop  # `oelm stop` too
 from oelm.configs import resolve_config
 from oelm.errors import OELMError  # importing oelm sets OMP_WAIT_POLICY before torch loads
 
@@ -254,62 +255,6 @@ def _checked_checkpoints(out: Path, results: dict[str, list[dict]]) -> tuple[lis
     return problems, absent
 
 
-
-
-def cmd_stop(args: argparse.Namespace) -> int:
-    """Stop the `oelm run` that holds ``args.dir``: SIGTERM to the pid its ``.oelm.lock`` records
-    (read with :mod:`oelm.lock`), then wait up to ``args.wait`` seconds for the lock to be given
-    back. Never by name or pattern: only that process. Exit 0 when it stopped (or nothing held
-    the directory), 1 when it is still running after the wait.
-
-    Raises:
-        OELMError: no such directory, a lock of another host or of a user we may not signal.
-    """
-    import signal
-    import socket
-    import time
-
-    from oelm.errors import OutputLockedError
-    from oelm.lock import LOCK_NAME, hold_shared_lock, pid_alive, read_holder
-
-    out = Path(args.dir)
-    if not out.is_dir():
-        raise OELMError(f"{out}: no such directory; pass the --output-dir of the `oelm run` to stop")
-    if not (out / LOCK_NAME).exists():
-        print(f"oelm stop: no run holds {out} (no {LOCK_NAME} there); nothing to stop")
-        return 0
-    holder = read_holder(out)
-    if holder is None:
-        raise OELMError(f"{out / LOCK_NAME} names no pid (a run that is just starting, or a damaged file); retry in a "
-                        f"moment, or delete it if no run uses {out}")
-    pid = holder.get("pid")
-    if holder.get("host") not in (None, socket.gethostname()):
-        raise OELMError(f"the run holding {out} is on host {holder.get('host')} (pid {pid}); run `oelm stop` there")
-    try:  # a driver's exclusive lock refuses this shared probe; a file left by a killed run does not
-        with hold_shared_lock(out):
-            held = False
-    except OutputLockedError:
-        held = True  # (or no flock on this file system: then the pid check alone decides)
-    if not held or not pid_alive(pid):
-        print(f"oelm stop: no run holds {out} (its lock file names pid {pid}, which no longer holds it); nothing to stop")
-        return 0
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except PermissionError:
-        raise OELMError(f"pid {pid} holds {out} but belongs to another user; ask them to stop it") from None
-    print(f"oelm stop: sent SIGTERM to pid {pid} (the oelm run holding {out}, started {holder.get('started_at')})")
-    deadline = time.monotonic() + args.wait
-    while time.monotonic() < deadline:
-        now = read_holder(out)
-        if not pid_alive(pid) or not now or now.get("pid") != pid:
-            print("oelm stop: it stopped; rerun the same `oelm run` command to continue from its checkpoints")
-            return 0
-        time.sleep(0.2)
-    print(f"oelm stop: pid {pid} still holds {out} after {args.wait:g} s (it saves a checkpoint first); "
-          f"wait, or `kill -KILL {pid}` as a last resort")
-    return 1
-
-
 def cmd_configs(args: argparse.Namespace) -> int:
     """List the shipped experiment configs (name, description) that `oelm run NAME` accepts."""
     import yaml
@@ -332,14 +277,17 @@ def cmd_init(args: argparse.Namespace) -> int:
     """Write a starter experiment config to edit (:func:`oelm.configs.starter_config`).
 
     Raises:
-        ConfigError: an unknown template. OELMError: PATH exists (without ``--force``), is not
-            ``.yaml``, or cannot be written.
+        ConfigError: an unknown template. OELMError: PATH exists (without ``--force``), is a
+            symbolic link (dangling or not), is not ``.yaml``, or cannot be written.
     """
     from oelm.configs import starter_config
 
     dest = Path(args.path)
     if dest.suffix not in _YAML:
         raise OELMError(f"{dest}: give a path ending in .yaml")
+    if dest.is_symlink():  # a dangling one would have the config written wherever it points
+        raise OELMError(f"{dest} is a symbolic link (to {os.readlink(dest)}); oelm init writes plain files only: "
+                        "give another PATH, or the link's target itself")
     if dest.exists() and not args.force:
         raise OELMError(f"{dest} exists; give another PATH, or --force to overwrite it")
     text = starter_config(args.template, dest.stem, version())
