@@ -31,10 +31,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[test,ray]"
 	touch $(STAMP)
 
-# The demo's runs through the Ray executor, as many side by side (and threads each) as a measurement
-# with its own model shows fastest here (docs/scaling.md, "The demo in lanes"); Ray stays on 127.0.0.1.
+# The main job on the local executor (the default): one run after another in this process, every
+# core's threads each. Ray was 1.11x slower for it here (docs/scaling.md, "The demo in lanes").
 demo: $(STAMP)
-	$(BIN)/oelm run configs/quickstart.yaml --executor ray --parallel auto
+	$(BIN)/oelm run configs/quickstart.yaml
 
 tinystories: $(STAMP)
 	$(BIN)/oelm run configs/tinystories-tiny.yaml

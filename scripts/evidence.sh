@@ -4,7 +4,7 @@
 #   scripts/evidence.sh [OELM RUN OPTIONS] COMMIT CONFIG [CONFIG ...]
 #
 # Options before COMMIT go to every `oelm run`, written as one word each, e.g.
-# --executor=ray --parallel=auto (the runs of each matrix side by side, one thread each) or
+# --executor=ray --parallel=2 --cpus-per-run=1 (the runs of each matrix two side by side, one thread each) or
 # --allow-missing-weights: passed to `oelm run`, to continue a matrix on a machine that did not hold it:
 # before a session stops, `scripts/collect_results.sh --partial $EVIDENCE_DIR/outputs/NAME
 # in-progress/evidence-NAME` copies its finished runs (without weights) into docs/results/ to commit;
@@ -27,7 +27,7 @@ EVIDENCE_DIR="${EVIDENCE_DIR:-$(cd "$ROOT/.." && pwd)/evidence}"
 PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
 flags=()
 while [[ "${1:-}" == --* ]]; do flags+=("$1"); shift; done
-[ $# -ge 2 ] || { echo "usage: $0 [--executor=ray --parallel=auto --allow-missing-weights ...] COMMIT CONFIG [CONFIG ...]" >&2; exit 2; }
+[ $# -ge 2 ] || { echo "usage: $0 [--executor=ray --parallel=2 --cpus-per-run=1 --allow-missing-weights ...] COMMIT CONFIG [CONFIG ...]" >&2; exit 2; }
 sha="$(git -C "$ROOT" rev-parse --short=12 "$1^{commit}")"; shift
 src="$EVIDENCE_DIR/oelm-$sha"
 mkdir -p "$EVIDENCE_DIR/outputs" "$EVIDENCE_DIR/logs"

@@ -6,8 +6,8 @@ Parallel workers:
   before torch is imported, so the subprocesses a test starts inherit the same count;
 - a test file is the unit a worker takes (``--dist loadfile``): the tests of one file run on one
   worker, one after another, so a module-scoped fixture (a trained matrix, a browser) is built once,
-  and tests that must not run beside each other live in one file (tests/test_ray.py: `ray stop
-  --force` and its "no raylet left" check act on every Ray process of the machine);
+  and tests that must not run beside each other live in one file (tests/test_ray.py: its Ray
+  instances share the machine's cores; each test stops only its own, by PID);
 - files are handed out most slow tests first (``--no-loadscope-reorder`` keeps this order), so the
   end-to-end runs of minutes start at once and the short files fill in behind them.
 Token/tokenizer caches live under each worker's own temp folder: workers never share a cache file.

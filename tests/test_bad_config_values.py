@@ -390,3 +390,47 @@ def test_a_gpt_vocab_smaller_than_the_tokenizer_is_refused(data_dir):
     with pytest.raises(ConfigError) as info:
         build_model(config, data)
     assert "model.gpt_overrides.vocab_size=100 is smaller than the tokenizer (50,257 ids, task.tokenizer='gpt2')" in str(info.value)
+
+
+# --- giant and hostile values (issue 37, item 7) -------------------------------------------------
+
+
+@pytest.mark.parametrize("override, field", [
+    ({"training": {"max_steps": 2, "num_workers": 10**9}}, "training.num_workers"),
+    ({"executor": {"cpus_per_run": 1e12}}, "executor.cpus_per_run"),
+    ({"executor": {"name": "ray", "gpus_per_run": 1e9}}, "executor.gpus_per_run"),
+    ({"executor": {"name": "ray", "max_retries": 10**9}}, "executor.max_retries"),
+])
+def test_giant_worker_thread_and_retry_counts_are_refused_when_the_config_is_read(override, field):
+    line = _refused(_config(**override))
+    assert line.strip().startswith(f"- {field}: ") and "less than or equal to" in line, line
+
+
+def _run_refused(capsys, tmp_path: Path, *args: str) -> str:
+    """``oelm run`` refused with exit status 2 and one line, before the output folder exists."""
+    from oelm.cli import main
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(_config(), sort_keys=False))
+    out = tmp_path / "out"
+    assert main(["run", str(cfg), "--output-dir", str(out), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("oelm: error: "), err
+    assert not out.exists()
+    return err[0]
+
+
+def test_more_loader_workers_than_cores_is_refused_before_any_data(capsys, tmp_path):
+    from oelm.matrix.executors import cpu_cores
+
+    cores = cpu_cores()
+    line = _run_refused(capsys, tmp_path, f"training.num_workers={cores + 1}")
+    assert f"training.num_workers={cores + 1}" in line and f"use at most {cores}, or \"auto\"" in line
+
+
+def test_more_threads_per_run_than_cores_is_refused_before_any_data(capsys, tmp_path):
+    from oelm.matrix.executors import cpu_cores
+
+    cores = cpu_cores()
+    line = _run_refused(capsys, tmp_path, "--cpus-per-run", str(cores * 4))
+    assert f"--cpus-per-run {cores * 4}" in line and f"use --cpus-per-run {cores} or less" in line

@@ -125,6 +125,53 @@ def test_init_writes_a_commented_starter_that_validates(tmp_path, monkeypatch, c
     assert not (tmp_path / "x.yaml").exists()
 
 
+def test_init_refuses_a_symbolic_link_dangling_or_not(tmp_path, monkeypatch, capsys):
+    """`oelm init link.yaml` where link.yaml points nowhere (yet): writing would put the config
+    wherever the link points (another folder, another user's file). One line, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    target = tmp_path / "elsewhere" / "planted.yaml"
+    target.parent.mkdir()
+    (tmp_path / "link.yaml").symlink_to(target)
+    assert main(["init", "link.yaml"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"oelm: error: link.yaml is a symbolic link (to {target}); oelm init writes plain files only: "
+                   "give another PATH, or the link's target itself"]
+    assert not target.exists()
+    assert main(["init", "link.yaml", "--force"]) == 2 and not target.exists()
+
+
+def test_a_folder_named_like_a_shipped_config_does_not_hide_it(tmp_path, monkeypatch, capsys):
+    """`oelm plan tinystories-tiny --output-dir tinystories-tiny` creates a folder of the config's
+    name; "rerun the same command" then still means the shipped config, not that folder."""
+    monkeypatch.chdir(tmp_path)
+    command = ["plan", "tinystories-tiny", "--output-dir", "tinystories-tiny"]
+    assert main(command) == 0 and (tmp_path / "tinystories-tiny" / "experiment.json").is_file()
+    capsys.readouterr()
+    assert main(command) == 0, capsys.readouterr().err
+    assert resolve_config("tinystories-tiny") == shipped_configs()["tinystories-tiny"]
+    (tmp_path / "mine").mkdir()  # any other folder is still refused with load_config's one line
+    assert main(["plan", "mine"]) == 2 and "is a directory" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("wandb") is not None,
+                    reason="the wandb package is installed: a ./wandb folder cannot hide it")
+def test_a_wandb_folder_in_the_working_directory_is_not_taken_for_the_package(tmp_path, data_dir):
+    """W&B writes its offline runs to ./wandb/; with the package not installed that folder imports
+    as an empty namespace package. `report_to: wandb` is refused in one line naming the folder,
+    before anything is written, instead of failing inside the run."""
+    from _tiny_matrix import write_config
+
+    (tmp_path / "wandb").mkdir()
+    out = tmp_path / "out"
+    proc = _oelm("run", str(write_config(tmp_path)), "--output-dir", str(out), "--data-dir", str(data_dir),
+                 "training.report_to=[wandb]", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"oelm: error: report_to: wandb needs the wandb package, which is not installed ({tmp_path / 'wandb'} is a "
+        'folder of that name, not the package): pip install "oelm[wandb]"']
+    assert not out.exists()
+
+
 def test_data_dir_option_sets_the_environment_and_a_bad_one_is_refused(tmp_path, monkeypatch, capsys):
     from oelm.cli import _apply_environment
 
@@ -205,6 +252,37 @@ def test_stop_never_signals_a_pid_from_a_left_over_lock_file(tmp_path):
         bystander.send_signal(signal.SIGKILL)
         bystander.wait()
     assert _oelm("stop", str(tmp_path / "missing"), cwd=tmp_path).returncode == 2
+
+
+def test_stop_beside_only_jobs_sends_sigterm_to_each_job_by_the_pid_its_run_lock_records(tmp_path, data_dir):
+    """A batch system's `oelm run --only` job holds the folder in shared mode (no pid there) and
+    its run's own lock: `oelm stop OUT` finds the job through runs/<name>/.oelm.lock, sends it
+    SIGTERM, and the job saves and exits 130."""
+    from _tiny_matrix import write_config
+
+    cfg, out = write_config(tmp_path), tmp_path / "out"
+    long = ["training.max_steps=100000", "training.eval_every=50000"]
+    plan = _oelm("plan", str(cfg), "--output-dir", str(out), *long, cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr
+    name = json.loads(plan.stdout.splitlines()[0])["name"]
+    job = subprocess.Popen([sys.executable, "-m", "oelm", "run", str(cfg), "--output-dir", str(out), "--only", name,
+                            "--data-dir", str(data_dir), *long],
+                           cwd=tmp_path, env=_plain_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (out / "runs" / name / "metrics.jsonl").exists():  # training has started
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1][-2000:]
+            time.sleep(0.2)
+        stop = _oelm("stop", str(out), cwd=tmp_path, timeout=120)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert f"is used by `oelm run --only` jobs, not by one driver; sent SIGTERM to 1 of them: {name} (pid {job.pid})" \
+            in stop.stdout and "they stopped" in stop.stdout
+        assert job.wait(timeout=60) == 130
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert json.loads((out / "runs" / name / "status.json").read_text())["state"] == "interrupted"
 
 
 def test_stop_refuses_a_lock_of_another_host_or_one_without_a_pid(tmp_path, capsys):

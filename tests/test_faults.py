@@ -201,3 +201,115 @@ def test_disk_full_while_saving_the_best_weights_fails_that_run_and_the_matrix_g
     assert finished["status"] == "finished"
     assert not list(target.parent.glob(".*.tmp"))  # no half-written temporary file left
     assert "Traceback" not in capsys.readouterr().err
+
+
+# --- a real full disk: a small tmpfs (issue 37, item 5) ------------------------------------------
+
+def _tmpfs_works() -> bool:
+    import shutil
+    import subprocess
+
+    if not shutil.which("unshare"):
+        return False
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt && umount /mnt"],
+                           capture_output=True)
+    return probe.returncode == 0
+
+
+needs_tmpfs = pytest.mark.skipif(not _tmpfs_works(), reason="cannot mount a tmpfs in a private mount namespace "
+                                 "(`unshare -m` + `mount -t tmpfs` need root or user namespaces)")
+
+#: Fill a tmpfs at argv[1] to the last byte, then write with each library through oelm.io.disk_writes;
+#: print what each raised. Run in its own mount namespace, so the tmpfs vanishes with it.
+_FILL_AND_WRITE = r"""
+import json, sys, torch
+from pathlib import Path
+from safetensors.torch import save_file
+from tokenizers import Tokenizer, models
+from oelm.data.tokenizers import save_tokenizer
+from transformers import PreTrainedTokenizerFast
+from oelm.io import disk_writes
+
+mnt = Path(sys.argv[1])
+with open(mnt / "filler", "wb", buffering=0) as fh:
+    try:
+        while True:
+            fh.write(b"\0" * 4096)
+    except OSError:
+        pass
+big = {"w": torch.ones(256, 1024)}
+vocab = {f"word{i:06d}" * 4: i for i in range(5000)}
+tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="word000000" * 4)))
+found = {}
+for name, write in [("safetensors", lambda: save_file(big, str(mnt / "w.safetensors"))),
+                    ("torch.save", lambda: torch.save(big, mnt / "w.pt")),
+                    ("tokenizers", lambda: save_tokenizer(tok, mnt / "tokenizer.json"))]:
+    try:
+        with disk_writes(mnt):
+            write()
+        found[name] = "written"
+    except OSError as exc:
+        found[name] = exc.errno
+    except Exception as exc:
+        found[name] = type(exc).__name__
+print(json.dumps(found))
+"""
+
+
+@needs_tmpfs
+def test_safetensors_torch_and_tokenizers_errors_on_a_real_full_disk_are_enospc(tmp_path):
+    """On a real full file system, safetensors (SafetensorError), torch.save (a RuntimeError of
+    its zip writer, no errno) and tokenizers (a bare Exception) each raise their own type; inside
+    oelm.io.disk_writes every one is the OSError ENOSPC that oelm's faults handle."""
+    import json
+    import subprocess
+    import sys
+
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    script = tmp_path / "fill_and_write.py"
+    script.write_text(_FILL_AND_WRITE)
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=256k tmpfs {mnt} && "
+                           f"{sys.executable} {script} {mnt}"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {
+        "safetensors": errno.ENOSPC, "torch.save": errno.ENOSPC, "tokenizers": errno.ENOSPC}
+
+
+@needs_tmpfs
+def test_a_real_full_disk_fails_the_run_as_disk_full_in_one_line_and_the_matrix_goes_on(tmp_path, data_dir):
+    """The output folder on a 2 MiB tmpfs: the config, tokenizer, logs and results fit, a checkpoint
+    of this 1.7M-parameter model (~20 MB with its optimizer state) does not. The run that checkpoints
+    fails on safetensors' own error and is recorded `failed` with kind `disk_full` and one log line;
+    the matrix goes on, the run that writes no checkpoint finishes, and the comparison is written."""
+    import json
+    import subprocess
+    import sys
+
+    from _tiny_matrix import CONFIG, write_config
+
+    text = (CONFIG.replace("hidden_size: 32, num_layers: 2, num_heads: 2, intermediate_size: 64",
+                           "hidden_size: 256, num_layers: 2, num_heads: 2, intermediate_size: 1024")
+            .replace("methods: [{name: baseline, learning_rates: [1.0e-4, 3.0e-3]}, {name: oelm_freeze, learning_rate: 2.0e-3},\n"
+                     "          {name: oelm_random, learning_rate: 2.0e-3}]",
+                     "methods: [{name: baseline, learning_rate: 1.0e-4, training: {checkpoint_every: 1000, "
+                     "save_best_checkpoint: false}},\n          {name: oelm_freeze, learning_rate: 2.0e-3}]"))
+    assert "hidden_size: 256" in text and "checkpoint_every: 1000" in text
+    cfg = write_config(tmp_path, text)
+    out, kept = tmp_path / "out", tmp_path / "kept"
+    # the tmpfs lives in the command's own mount namespace; the records are copied out before it ends
+    command = (f"mount -t tmpfs -o size=2m tmpfs {out} && {sys.executable} -m oelm run {cfg} --output-dir {out}; "
+               f"rc=$?; mkdir -p {kept} && cp -r {out}/runs {kept}/; cp {out}/comparison.json {kept}/; exit $rc")
+    out.mkdir()
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", command], capture_output=True, text=True, timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log
+    assert "Traceback" not in log, log
+    failed = json.loads((kept / "runs" / "oelm_freeze-seed0" / "result.json").read_text())
+    assert failed["status"] == "failed" and failed["failure"]["kind"] == "disk_full", failed
+    assert "No space left on device" in failed["failure"]["message"], failed
+    assert json.loads((kept / "runs" / "oelm_freeze-seed0" / "status.json").read_text())["state"] == "failed"
+    lines = [line for line in log.splitlines() if line.startswith("[oelm_freeze-seed0] FAILED")]
+    assert len(lines) == 1 and "(disk_full at step" in lines[0] and lines[0].endswith("going on with the next run"), log
+    assert json.loads((kept / "runs" / "baseline-seed0" / "result.json").read_text())["status"] == "finished"
+    assert (kept / "comparison.json").is_file()

@@ -209,21 +209,18 @@ def test_executor_settings_are_checked_with_one_line(tmp_path, capsys):
     assert "--parallel takes a whole number of runs or 'auto', got 'two'" in capsys.readouterr().err
 
 
-def test_parallel_auto_picks_the_arrangement_with_the_shortest_predicted_matrix_time():
-    """choose_lanes: per arrangement, ceil(runs / lanes) x a run's (steps x step time + validation
-    batches x batch time); lanes win only when they are more than 5% faster than one run at a time."""
-    from oelm.matrix.lanes import choose_lanes
+def test_the_ray_executor_defaults_to_one_lane_with_the_local_executors_threads(tmp_path):
+    """Without --parallel / --cpus-per-run a Ray matrix trains one run at a time with the thread
+    count the local executor uses (this process's torch setting), so both give the same numbers;
+    each takes its settings from the command line when given. (No Ray instance is started.)"""
+    import torch
 
-    def probe(step: float, eval_batch: float) -> dict[str, float]:
-        return {"step": step, "eval_batch": eval_batch, "steps": 100, "eval_batches": 20}
+    from oelm.config import ExecutorConfig, load_config
+    from oelm.matrix.executors import LocalExecutor, RayExecutor
 
-    # dispatch-bound (gpt-tiny-like): a step as fast on one thread as on two, side by side too
-    tiny = choose_lanes({2: [probe(0.5, 0.2), probe(0.5, 0.2)], 1: [probe(0.5, 0.2)]}, runs=4, cores=2)
-    assert (tiny.lanes, tiny.threads) == (2, 1) and tiny.predicted_seconds == {"1x2": 4 * 54.0, "2x1": 2 * 54.0}
-    # MiniLM on the development machine: two threads 1.6x faster, two runs side by side slow each other
-    minilm = choose_lanes({2: [probe(0.49, 0.9), probe(0.52, 0.9)], 1: [probe(0.31, 0.38)]}, runs=3, cores=2)
-    assert (minilm.lanes, minilm.threads) == (1, 2)
-    # a near tie keeps one lane (timing-grade)
-    tie = choose_lanes({2: [probe(0.62, 0.2)] * 2, 1: [probe(0.32, 0.1)]}, runs=2, cores=2)
-    assert (tie.lanes, tie.threads) == (1, 2)
-    assert "1 lane(s) x 2 thread(s)" in tie.describe()
+    config = load_config(write_config(tmp_path))
+    ray = RayExecutor(ExecutorConfig(name="ray"), config)
+    assert (ray.lanes, ray.cpus_per_run, ray.free_slots(0), ray.free_slots(1)) == (1, torch.get_num_threads(), 1, 0)
+    assert LocalExecutor(ExecutorConfig(), config)._placement["cpus_per_run"] == ray.cpus_per_run
+    chosen = RayExecutor(ExecutorConfig(name="ray", parallel=3, cpus_per_run=1), config)
+    assert (chosen.lanes, chosen.cpus_per_run, chosen.free_slots(1)) == (3, 1, 2)

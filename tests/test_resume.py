@@ -158,3 +158,24 @@ def test_checkpoint_layout_and_weights_only_loading(tmp_path, data_dir):
     assert trainer["batches_in_epoch"] == 23 and len(trainer["rng"]["numpy"][1]) == 624
     assert trainer["metrics_offset"] == (run_dir / "metrics.jsonl").stat().st_size
     assert not list((run_dir / "checkpoints").glob(".tmp-*"))
+
+
+def test_resuming_over_a_shortened_metrics_log_never_pads_it(tmp_path, data_dir):
+    """metrics.jsonl cut short after a checkpoint (a copy cut mid-line, a hand edit): the resume
+    keeps its whole records, warns in one line that records were lost, and appends after them.
+    Never the NUL bytes a truncate() to the checkpoint's larger offset would write."""
+    run_dir = tmp_path / "run"
+    with pytest.raises(RunInterruptedError):
+        in_process(run_dir, hook=sigterm_at(23))
+    log = run_dir / "metrics.jsonl"
+    text = log.read_bytes()
+    cut = len(text) // 2
+    log.write_bytes(text[:cut])  # mid-record
+    kept = text[: text.rindex(b"\n", 0, cut) + 1]
+    with pytest.warns(RuntimeWarning, match=r"metrics.jsonl is shorter \(\d+ bytes\) than its checkpoint recorded"):
+        result, _, _ = in_process(run_dir)
+    assert result.timing["process_start_steps"] == [0, 23]
+    data = log.read_bytes()
+    assert b"\0" not in data and data.startswith(kept)
+    records = [json.loads(line) for line in data.decode().splitlines()]  # every line a whole record
+    assert records[-1]["step"] == TOTAL_STEPS

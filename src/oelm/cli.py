@@ -225,11 +225,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    """``oelm stop DIR``: :func:`oelm.lock.stop_holder` (exit 0 when it stopped or nothing held
-    the directory, 1 when it still runs after ``--wait`` seconds)."""
+    """``oelm stop DIR``: :func:`oelm.lock.stop_holder`: the driving ``oelm run``, or each
+    ``oelm run --only`` job of this host that holds one of its runs (exit 0 when they stopped or
+    nothing held the directory, 1 when one still runs after ``--wait`` seconds)."""
     from oelm.lock import stop_holder
+    from oelm.records import MatrixFolder
 
-    return 0 if stop_holder(Path(args.dir), args.wait) else 1
+    out = Path(args.dir)
+    runs = [run.path for run in MatrixFolder(out).run_folders()]
+    return 0 if stop_holder(out, args.wait, runs) else 1
 
 
 def cmd_configs(args: argparse.Namespace) -> int:
@@ -254,14 +258,17 @@ def cmd_init(args: argparse.Namespace) -> int:
     """Write a starter experiment config to edit (:func:`oelm.configs.starter_config`).
 
     Raises:
-        ConfigError: an unknown template. OELMError: PATH exists (without ``--force``), is not
-            ``.yaml``, or cannot be written.
+        ConfigError: an unknown template. OELMError: PATH exists (without ``--force``), is a
+            symbolic link (dangling or not), is not ``.yaml``, or cannot be written.
     """
     from oelm.configs import starter_config
 
     dest = Path(args.path)
     if dest.suffix not in YAML_SUFFIXES:
         raise OELMError(f"{dest}: give a path ending in .yaml")
+    if dest.is_symlink():  # a dangling one would have the config written wherever it points
+        raise OELMError(f"{dest} is a symbolic link (to {os.readlink(dest)}); oelm init writes plain files only: "
+                        "give another PATH, or the link's target itself")
     if dest.exists() and not args.force:
         raise OELMError(f"{dest} exists; give another PATH, or --force to overwrite it")
     text = starter_config(args.template, dest.stem, version())
@@ -353,8 +360,9 @@ def _add_run(sub, env: argparse.ArgumentParser) -> None:
                         "(each run a Ray task: a local Ray instance, or the cluster at --address)")
     p.add_argument("--address", help="ray: join the cluster at 'auto' or HOST:PORT instead of starting a local instance")
     p.add_argument("--parallel", metavar="N|auto",
-                   help="ray: at most N runs at once; 'auto': lanes x threads measured on this machine with the matrix's model (one per GPU on CUDA); default as resources allow")
-    p.add_argument("--cpus-per-run", type=float, help="CPU cores and torch threads per run (ray default 1)")
+                   help="ray: at most N runs at once (default 1); 'auto': one per GPU on a cluster with GPUs, else 1")
+    p.add_argument("--cpus-per-run", type=float,
+                   help="CPU cores and torch threads per run (default, every executor: this process's torch threads)")
     p.add_argument("--gpus-per-run", type=float, help="ray: GPUs per run; fractions share a GPU (0.125: 8 runs per GPU)")
     p.add_argument("--only", metavar="RUN_NAME",
                    help="train exactly this run of the plan (`oelm plan` lists the ready ones), for a batch system's jobs; "

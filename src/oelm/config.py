@@ -54,6 +54,10 @@ def _not_bool(value: Any) -> Any:
 Int = Annotated[int, BeforeValidator(_not_bool), Strict()]
 # Floats: a boolean is an error; inf / nan are refused by every model (allow_inf_nan=False).
 Float = Annotated[float, BeforeValidator(_not_bool)]
+
+#: Bounds no machine reaches: a value beyond is a typo or an attack, refused at validation.
+MAX_CORES, MAX_GPUS = 4096, 1024
+
 # Seeds feed numpy / torch generators, which take 0 <= seed < 2**32.
 Seed = Annotated[int, BeforeValidator(_not_bool), Strict(), Field(ge=0, lt=2**32)]
 Beta = Annotated[float, BeforeValidator(_not_bool), Field(ge=0, lt=1)]
@@ -316,11 +320,12 @@ class TrainingConfig(_Strict):
     )
     log_every: Int = Field(10, gt=0, description="Steps between metric log lines and timer flushes.")
     timing_warmup_steps: Int = Field(5, ge=0, description="First steps excluded from per-step statistics.")
-    num_workers: Annotated[Int, Field(ge=0)] | Literal["auto"] = Field(
+    num_workers: Annotated[Int, Field(ge=0, le=MAX_CORES)] | Literal["auto"] = Field(
         "auto",
         description="DataLoader worker processes per training process, or \"auto\": none on CPU (the cores train the "
         "model), on CUDA min(4, cores per local process - 1), the training loader's workers kept alive across epochs. "
-        "Raise it when the report warns of data waits (timing.data_stall_seconds); it changes no result.",
+        "Raise it when the report warns of data waits (timing.data_stall_seconds); it changes no result. "
+        "At most the CPU cores of the machine that trains (checked before any data is prepared).",
     )
     group_by_length: bool = Field(
         False,
@@ -373,6 +378,18 @@ class TrainingConfig(_Strict):
         return self
 
 
+#: ``executor.address``: ``HOST:PORT`` or ``ray://HOST:PORT`` (IPv6 hosts in brackets).
+_RAY_ADDRESS = re.compile(r"(ray://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?):([0-9]{1,5})")
+
+
+def parse_ray_address(address: str) -> tuple[str, str, int] | None:
+    """``("ray://" or "", host, port)`` of a Ray cluster address, None when it is not one."""
+    match = _RAY_ADDRESS.fullmatch(address.strip())
+    if not match or not 0 < int(match.group(3)) < 65536:
+        return None
+    return match.group(1) or "", match.group(2).strip("[]"), int(match.group(3))
+
+
 class ExecutorConfig(_Strict):
     """Where the ready runs of a matrix train (:mod:`oelm.matrix.executors`). Never part of the
     config's fingerprint: the same matrix may be continued by another executor."""
@@ -381,16 +398,16 @@ class ExecutorConfig(_Strict):
         "local", description="local: in this process, one run after another (Ray never imported); "
         "ray: each run a Ray task, on a local Ray instance or the cluster at `address`.")
     address: str | None = Field(
-        None, description="ray: 'auto' or HOST:PORT of a running cluster to join; default: start a local instance.")
+        None, description="ray: HOST:PORT (or ray://HOST:PORT) of a running cluster to join, or 'auto' for the one "
+        "RAY_ADDRESS names; default: start a local instance.")
     parallel: Int | Literal["auto"] | None = Field(
-        None, description="Runs training at once. local: 1. ray: default as many as the resources allow; "
-        "'auto': one per GPU on a CUDA machine, else lanes x threads measured on this machine with the "
-        "matrix's own model (oelm.matrix.lanes).")
+        None, description="Runs training at once. local: 1. ray: default 1; 'auto': one per GPU on a cluster "
+        "with GPUs, else 1 (one line says which and why; docs/scaling.md, \"The demo in lanes\").")
     cpus_per_run: Float | None = Field(
-        None, gt=0, description="CPU cores (and torch threads) per run. ray: default 1; local: default the "
-        "process's own thread setting.")
-    gpus_per_run: Float = Field(0.0, ge=0, description="ray: GPUs per run, fractions share one GPU (0.125 = 8 runs per GPU).")
-    max_retries: Int = Field(2, ge=0, description="ray: times a run whose process or node died is started again "
+        None, gt=0, le=MAX_CORES, description="CPU cores (and torch threads) per run. Default, under every executor: the "
+        "`oelm run` process's own torch thread setting, so that both give the same numbers bit for bit.")
+    gpus_per_run: Float = Field(0.0, ge=0, le=MAX_GPUS, description="ray: GPUs per run, fractions share one GPU (0.125 = 8 runs per GPU).")
+    max_retries: Int = Field(2, ge=0, le=100, description="ray: times a run whose process or node died is started again "
                              "(it resumes from its own checkpoint).")
 
     @model_validator(mode="after")
@@ -400,8 +417,11 @@ class ExecutorConfig(_Strict):
                              "use executor.name: ray (oelm run --executor ray) for runs side by side")
         if self.name == "local" and (self.address or self.gpus_per_run):
             raise ValueError("executor.address and executor.gpus_per_run are Ray settings; set executor.name: ray")
-        if isinstance(self.parallel, int) and self.parallel < 1:
-            raise ValueError(f"executor.parallel must be at least 1 or 'auto', got {self.parallel}")
+        if isinstance(self.parallel, int) and not 1 <= self.parallel <= MAX_CORES:
+            raise ValueError(f"executor.parallel={self.parallel}: give 1 to {MAX_CORES} runs at once, or 'auto'")
+        if self.address is not None and self.address != "auto" and parse_ray_address(self.address) is None:
+            raise ValueError(f"executor.address={self.address!r}: give HOST:PORT of the cluster's head (the port of "
+                             "`ray start --head --port=PORT`), ray://HOST:PORT, or auto (with RAY_ADDRESS set)")
         return self
 
 

@@ -54,6 +54,12 @@ class RunInterruptedError(OELMError):
         self.signal_name = signal_name
 
 
+class RunLostError(OELMError):
+    """The process or node training a run was lost beyond the executor's retries (Ray: a worker
+    that crashed ``max_retries + 1`` times, a dead raylet, a node marked dead). The runs that
+    finished are kept; rerunning the same command continues the lost run from its checkpoint."""
+
+
 class OutputLockedError(OELMError):
     """Another ``oelm run`` holds the output directory's lock (``.oelm.lock``); the message names
     it (pid, host, start time) and says what to do."""

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-__all__ = ["atomic_path", "write_text_atomic", "write_bytes_atomic", "write_json_atomic", "read_json", "read_json_object", "read_jsonl", "sha256_file", "write_dir_atomic", "verify_dir", "json_value", "cache_dir"]
+__all__ = ["as_disk_full", "disk_writes", "atomic_path", "write_text_atomic", "write_bytes_atomic", "write_json_atomic", "read_json", "read_json_object", "read_jsonl", "sha256_file", "write_dir_atomic", "verify_dir", "json_value", "cache_dir"]
 
 
 def _umask() -> int:
@@ -39,6 +39,52 @@ def _plain_mode(path: Path, base: int) -> int:
         return stat.S_IMODE(path.stat().st_mode)
     except OSError:
         return base & ~_umask()
+
+
+#: How the Rust libraries (safetensors, tokenizers) word a full disk or quota inside their own errors.
+_FULL_DISK_WORDS = {errno.ENOSPC: ("No space left on device", "os error 28"),
+                    errno.EDQUOT: ("Disk quota exceeded", "os error 122")}
+#: A torch.save that fails with less than this free on its file system failed for want of space.
+_NEARLY_FULL_BYTES = 1 << 20
+
+
+def as_disk_full(exc: BaseException, path: str | os.PathLike | None = None) -> OSError | None:
+    """``exc`` as the ``OSError`` (ENOSPC / EDQUOT) of a full disk it stands for, or None.
+
+    An ``OSError`` is one when its errno says so. safetensors (``SafetensorError``) and tokenizers
+    (a bare ``Exception``) carry the OS message in their own types ("... No space left on device
+    (os error 28)"); torch.save's zip writer names no errno at all ("PytorchStreamWriter failed
+    writing file", "[enforce fail at inline_container.cc ...]"), so a ``RuntimeError`` of it counts
+    when the file system of ``path`` has less than 1 MiB free at that moment (measured on a real
+    full tmpfs, tests/test_faults.py)."""
+    if isinstance(exc, OSError):
+        return exc if exc.errno in (errno.ENOSPC, errno.EDQUOT) else None
+    text = str(exc)
+    for code, words in _FULL_DISK_WORDS.items():
+        if any(w in text for w in words):
+            return OSError(code, os.strerror(code), str(path) if path is not None else None)
+    if isinstance(exc, RuntimeError) and path is not None and ("PytorchStreamWriter" in text or "inline_container" in text):
+        where = Path(path)
+        while not where.exists() and where != where.parent:
+            where = where.parent
+        with contextlib.suppress(OSError):
+            if shutil.disk_usage(where).free < _NEARLY_FULL_BYTES:
+                return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    return None
+
+
+@contextlib.contextmanager
+def disk_writes(path: str | os.PathLike) -> Iterator[None]:
+    """Writes to ``path`` (a file or folder) inside the block: a library's own error for a full disk
+    is raised as the ``OSError`` (ENOSPC / EDQUOT) it stands for (:func:`as_disk_full`), chained
+    to the original, so callers handle one kind of error."""
+    try:
+        yield
+    except Exception as exc:
+        full = as_disk_full(exc, path)
+        if full is None or full is exc:
+            raise
+        raise full from exc
 
 
 @contextlib.contextmanager

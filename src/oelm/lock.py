@@ -209,14 +209,80 @@ def hold_shared_lock(out: str | os.PathLike) -> Iterator[None]:
         os.close(fd)  # never unlinked: other --only processes may hold it
 
 
-def stop_holder(out: Path, wait: float, say: Callable[[str], None] = print) -> bool:
-    """Stop the ``oelm run`` that holds ``out`` (``oelm stop``): SIGTERM to the pid its lock file
-    records, then wait up to ``wait`` seconds for the lock to be given back. Never by name or
-    pattern: only that process. ``say`` gets one line per step. Returns True when it stopped (or
-    nothing held the directory), False when it is still running after the wait.
+def _held(folder: Path) -> bool:
+    """Whether an exclusive holder has ``folder``'s lock now (a shared probe is refused); a file
+    left by a killed process is not held."""
+    try:
+        with hold_shared_lock(folder):
+            return False
+    except OutputLockedError:
+        return True  # (or no flock on this file system: then the pid check alone decides)
+
+
+def _only_jobs(run_dirs: list[Path]) -> list[tuple[Path, dict[str, Any]]]:
+    """``(run folder, lock record)`` of every folder of ``run_dirs`` that an ``oelm run --only`` job
+    trains now (it holds the folder's ``.oelm.lock``)."""
+    return [(d, holder) for d in run_dirs
+            if (d / LOCK_NAME).is_file() and _held(d) and (holder := read_holder(d))]
+
+
+def _signal(pid: int, what: str) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass  # ended meanwhile
+    except PermissionError:
+        raise OELMError(f"pid {pid} ({what}) belongs to another user; ask them to stop it") from None
+
+
+def _wait(pids: list[int], gone: Callable[[int], bool], wait: float) -> bool:
+    """Poll until every pid is gone (``gone(pid)``), at most ``wait`` seconds; True when they all are."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        if all(gone(pid) for pid in pids):
+            return True
+        time.sleep(0.2)
+    return all(gone(pid) for pid in pids)
+
+
+def _stop_only_jobs(out: Path, jobs: list[tuple[Path, dict[str, Any]]], wait: float, say: Callable[[str], None]) -> bool:
+    """SIGTERM to each ``oelm run --only`` job of this host in ``jobs`` (by the pid its run's lock
+    records), the jobs of other hosts named; then wait for them. True when they stopped."""
+    here = socket.gethostname()
+    folders = {d.name: d for d, _ in jobs}
+    jobs = [(d.name, h) for d, h in jobs]
+    local = [(name, h) for name, h in jobs if h.get("host") in (None, here) and pid_alive(h.get("pid"))]
+    elsewhere = [(name, h) for name, h in jobs if h.get("host") not in (None, here)]
+    for name, holder in local:
+        _signal(holder["pid"], f"the `oelm run --only {name}` job")
+    listed = ", ".join(f"{name} (pid {h['pid']})" for name, h in local) or "none on this host"
+    remote = "; on other hosts (run `oelm stop` there, or cancel the jobs): " + ", ".join(
+        f"{name} (host {h.get('host')}, pid {h.get('pid')})" for name, h in elsewhere) if elsewhere else ""
+    say(f"oelm stop: {out} is used by `oelm run --only` jobs, not by one driver; sent SIGTERM to {len(local)} of "
+        f"them: {listed}{remote}")
+    pids = [h["pid"] for _, h in local]
+    runs = {h["pid"]: folders[name] for name, h in local}
+    if _wait(pids, lambda pid: not pid_alive(pid) or not _held(runs[pid]), wait):  # gone, or its run's lock given back
+        say("oelm stop: they stopped; run the same `oelm run --only` commands again (or resubmit the jobs) to "
+            "continue from their checkpoints")
+        return True
+    left = [str(pid) for pid in pids if pid_alive(pid) and _held(runs[pid])]
+    say(f"oelm stop: pid(s) {', '.join(left)} still running after {wait:g} s (each saves a checkpoint first); wait")
+    return False
+
+
+def stop_holder(out: Path, wait: float, run_dirs: list[Path] = (), say: Callable[[str], None] = print) -> bool:
+    """Stop what trains in ``out`` (``oelm stop``): SIGTERM to the pid its lock file records (the
+    driving ``oelm run``), or to each ``oelm run --only`` job of this host that holds one of its
+    runs (their shared hold on ``out/.oelm.lock`` records no pid); then wait up to ``wait``
+    seconds for them to end. Never by name or pattern: only those processes. ``run_dirs``: the
+    matrix's run folders (``MatrixFolder(out).run_folders()``), where such jobs hold their run's
+    lock; none when only a driver is to be stopped. ``say`` gets one line per step. Returns True when they stopped (or nothing held the directory), False when one
+    is still running after the wait.
 
     Raises:
-        OELMError: no such directory, a lock of another host or of a user we may not signal.
+        OELMError: no such directory, a lock of another host, a lock file without a pid and no
+            job holding a run, or a process of a user we may not signal.
     """
     if not out.is_dir():
         raise OELMError(f"{out}: no such directory; pass the --output-dir of the `oelm run` to stop")
@@ -224,32 +290,27 @@ def stop_holder(out: Path, wait: float, say: Callable[[str], None] = print) -> b
         say(f"oelm stop: no run holds {out} (no {LOCK_NAME} there); nothing to stop")
         return True
     holder = read_holder(out)
+    pid = holder.get("pid") if holder else None
+    if holder and holder.get("host") not in (None, socket.gethostname()):
+        raise OELMError(f"the run holding {out} is on host {holder.get('host')} (pid {pid}); run `oelm stop` there")
+    if not _held(out) and (jobs := _only_jobs(list(run_dirs))):
+        return _stop_only_jobs(out, jobs, wait, say)
     if holder is None:
         raise OELMError(f"{out / LOCK_NAME} names no pid (a run that is just starting, or a damaged file); retry in a "
                         f"moment, or delete it if no run uses {out}")
-    pid = holder.get("pid")
-    if holder.get("host") not in (None, socket.gethostname()):
-        raise OELMError(f"the run holding {out} is on host {holder.get('host')} (pid {pid}); run `oelm stop` there")
-    try:  # a driver's exclusive lock refuses this shared probe; a file left by a killed run does not
-        with hold_shared_lock(out):
-            held = False
-    except OutputLockedError:
-        held = True  # (or no flock on this file system: then the pid check alone decides)
-    if not held or not pid_alive(pid):
+    if not _held(out) or not pid_alive(pid):
         say(f"oelm stop: no run holds {out} (its lock file names pid {pid}, which no longer holds it); nothing to stop")
         return True
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except PermissionError:
-        raise OELMError(f"pid {pid} holds {out} but belongs to another user; ask them to stop it") from None
+    _signal(pid, f"the oelm run holding {out}")
     say(f"oelm stop: sent SIGTERM to pid {pid} (the oelm run holding {out}, started {holder.get('started_at')})")
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
+
+    def gone(p: int) -> bool:
         now = read_holder(out)
-        if not pid_alive(pid) or not now or now.get("pid") != pid:
-            say("oelm stop: it stopped; rerun the same `oelm run` command to continue from its checkpoints")
-            return True
-        time.sleep(0.2)
+        return not pid_alive(p) or not now or now.get("pid") != p
+
+    if _wait([pid], gone, wait):
+        say("oelm stop: it stopped; rerun the same `oelm run` command to continue from its checkpoints")
+        return True
     say(f"oelm stop: pid {pid} still holds {out} after {wait:g} s (it saves a checkpoint first); "
         f"wait, or `kill -KILL {pid}` as a last resort")
     return False

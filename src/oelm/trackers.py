@@ -75,8 +75,13 @@ def check_installed(names: Iterable[str]) -> None:
     """
     for name in names:
         module, install = _PACKAGES[name]
-        if importlib.util.find_spec(module) is None:
+        spec = importlib.util.find_spec(module)
+        if spec is None:
             raise ConfigError(f"report_to: {name} needs the {module} package, which is not installed: {install}")
+        if spec.origin is None:  # a namespace package: a plain folder of that name (W&B writes ./wandb/), no code
+            where = ", ".join(str(p) for p in spec.submodule_search_locations or ())
+            raise ConfigError(f"report_to: {name} needs the {module} package, which is not installed ({where} is a "
+                              f"folder of that name, not the package): {install}")
 
 
 def flatten_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:

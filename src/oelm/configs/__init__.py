@@ -30,18 +30,23 @@ def _key(arg: str) -> str:
 
 
 def resolve_config(arg: str) -> Path:
-    """The experiment YAML that ``arg`` names: the path when something is there (a directory is
-    left to :func:`oelm.config.load_config`'s message), else the shipped config of that name (a
-    ``.yaml`` suffix and a leading ``configs/`` are optional, so ``configs/quickstart.yaml``
-    works outside the repository too).
+    """The experiment YAML that ``arg`` names: the path when something is there, else the shipped
+    config of that name (a ``.yaml`` suffix and a leading ``configs/`` are optional, so
+    ``configs/quickstart.yaml`` works outside the repository too). A directory of a shipped
+    config's name (an earlier ``--output-dir quickstart``) is the shipped config; any other
+    directory is left to :func:`oelm.config.load_config`'s message.
 
     Raises:
         ConfigError: no such file and no shipped config of that name.
     """
     path = Path(arg).expanduser()
+    shipped = shipped_configs()
+    if path.is_dir() and _key(arg) in shipped:
+        # a folder of that name (e.g. `--output-dir quickstart` of an earlier run) is never a config:
+        # the shipped one is meant, so "rerun the same command" keeps working
+        return shipped[_key(arg)]
     if path.exists():
         return path
-    shipped = shipped_configs()
     if _key(arg) in shipped:
         return shipped[_key(arg)]
     top = [name for name in shipped if "/" not in name]

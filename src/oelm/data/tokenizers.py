@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import tempfile
 import warnings
 from pathlib import Path
@@ -24,6 +25,7 @@ from oelm.data.cache import drop_damaged_cache, load_digest_cache, write_text_ca
 from oelm.data.text import check_texts, documents_digest
 from oelm.data.registry import hub_offline, resolve_data_dir
 from oelm.errors import ConfigError, DataNotFoundError
+from oelm.io import disk_writes
 
 __all__ = [
     "EOS_TOKEN",
@@ -126,7 +128,8 @@ def save_tokenizer(tokenizer, path: str | os.PathLike) -> bool:
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        backend.save(tmp)
+        with disk_writes(tmp):  # tokenizers' own error on a full disk: OSError ENOSPC
+            backend.save(tmp)
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -239,7 +242,16 @@ def train_bpe_tokenizer(documents: Sequence[str], vocab_size: int, cache_dir: st
         warnings.warn(f"cannot write the tokenizer cache under {target.parent.parent} ({exc.strerror or exc}); going on "
                       "without caching (set OELM_CACHE_DIR to a writable folder)", stacklevel=2)
         return train_bpe_tokenizer(documents, vocab_size, None)
-    tokenizer.save(str(tmp_dir / "tokenizer.json"))
+    try:
+        with disk_writes(tmp_dir):
+            tokenizer.save(str(tmp_dir / "tokenizer.json"))
+    except OSError as exc:  # a full disk under the cache: no cache, as for a folder that cannot be written
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        warnings.warn(f"cannot write the tokenizer cache under {target.parent.parent} ({exc.strerror or exc}); going on "
+                      "without caching (set OELM_CACHE_DIR to a folder with space)", stacklevel=2)
+        with tempfile.TemporaryDirectory() as tmp:
+            tokenizer.save(str(Path(tmp) / "tokenizer.json"))
+            return _wrap_bpe(Path(tmp) / "tokenizer.json")
     try:
         os.replace(tmp_dir, target.parent)  # atomic: a concurrent run sees either nothing or the whole cache
     except OSError:  # another process finished first; its cache is identical

@@ -66,7 +66,10 @@ def run_matrix(config: ExperimentConfig, output_dir: str | Path | None = None, l
         ConfigError: ``output_dir`` holds results of an incompatible config, cannot be created or
             is not writable; ``task.max_length`` / ``task.block_size`` exceeds the model's
             positions; the Ray executor in a multi-process launch; a tracker of ``training.report_to`` is
-            not installed (before any data is prepared).
+            not installed; what the executor refuses (:mod:`oelm.matrix.executors`: threads or
+            loader workers beyond the cores, Ray's address or resources) (all before any data is
+            prepared or the output folder is touched).
+        RunLostError: Ray lost a run's worker beyond its retries, or its node (one line naming it).
         ChecksumError: the best weights of a finished run that is kept, promoted or used by
             ``init_from`` do not match their recorded sha256 (``RecordedFileMissingError`` when
             missing, unless ``allow_missing_weights``).
@@ -82,9 +85,11 @@ def run_matrix(config: ExperimentConfig, output_dir: str | Path | None = None, l
         if num_processes() > 1:
             raise ConfigError(f"executor {executor.name} places whole runs on processes itself: launch `oelm run` "
                               "as one process, or use the local executor inside a multi-process launch")
-    open_output_dir(out)
-    with hold_output_lock(out, enabled=is_main_process()):  # one driver per output directory
-        return _drive(config, out, log, retry_failed, allow_missing_weights, executor)
+    # checked (Ray: installed, joined, resources) before the output folder is touched or data prepared
+    with make_executor(executor, config, log) as runner:
+        open_output_dir(out)
+        with hold_output_lock(out, enabled=is_main_process()):  # one driver per output directory
+            return _drive(config, out, log, retry_failed, allow_missing_weights, runner)
 
 
 def _check_kept(ctx: RunContext, results: dict[str, RunRecord], names: set[str]) -> None:
@@ -95,7 +100,7 @@ def _check_kept(ctx: RunContext, results: dict[str, RunRecord], names: set[str])
 
 
 def _drive(config: ExperimentConfig, out: Path, log: Callable[[str], None], retry_failed: bool,
-           allow_missing_weights: bool, executor_config: ExecutorConfig) -> dict[str, Any]:
+           allow_missing_weights: bool, executor: Any) -> dict[str, Any]:
     """The body of :func:`run_matrix`, run while the output directory's lock is held."""
     if not is_main_process():
         log = _quiet  # the other processes of a launched job run the same protocol silently
@@ -107,15 +112,11 @@ def _drive(config: ExperimentConfig, out: Path, log: Callable[[str], None], retr
     _, selection = ready_runs(config, ctx.data.metric, results)
     with interruptible("checking the finished runs' weights"):  # sha256 of every kept run: can take a while
         _check_kept(ctx, results, {r.name for r in plan_runs(config, selection.selected)})
-    # runs left to train: planned now (finals of methods still sweeping included, one per seed) and without a result
-    left = [r for r in plan_runs(config, selection.selected) if r.name not in results]
-    left += [m for m in config.methods if len(config.learning_rate_candidates(m)) > 1 and m.name not in selection.complete
-             for s in config.seeds if s not in config.sweep_seed_list()]
-    executor = make_executor(ctx, executor_config, runs=len(left))
+    executor.bind(ctx)
     busy: dict[str, RunTask] = {}
     announced: set[str] = set()
     written = None
-    with executor:
+    with executor.running():
         while True:
             ready, selection = ready_runs(config, ctx.data.metric, results, retry=retry, busy=busy)
             if written != (selection.complete, selection.selected):

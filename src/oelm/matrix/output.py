@@ -19,7 +19,7 @@ from oelm.config import ExperimentConfig, TrainingConfig
 from oelm.data.lm import save_tokenizer as write_tokenizer  # the name save_tokenizer is a flag here
 from oelm.data.prepare import PreparedData, prepare_data
 from oelm.distributed import is_main_process, main_process_only
-from oelm.errors import ConfigError, DamagedFileError, RunInterruptedError
+from oelm.errors import ConfigError, DamagedFileError, OELMError, RunInterruptedError
 from oelm.io import read_json_object, write_json_atomic, write_text_atomic
 from oelm.models.pretrained import load_tokenizer
 from oelm.records import (
@@ -297,8 +297,13 @@ def _prepare(config: ExperimentConfig, out: Path | None, log: Callable[[str], No
     if unchecked:
         log(f"init_from: {len(unchecked)} checkpoint(s) (e.g. {unchecked[0]}) record no tokenizer (a bare safetensors file, "
             "or written by an oelm before it recorded one), so oelm cannot check that task.tokenizer is the pretraining's")
-    if save_tokenizer and out is not None and config.model.gpt and is_main_process() and not MatrixFolder(out).tokenizer.is_file():
-        write_tokenizer(data.tokenizer, MatrixFolder(out).tokenizer)
+    tokenizer = MatrixFolder(out).tokenizer if out is not None else None
+    if save_tokenizer and tokenizer is not None and config.model.gpt and is_main_process() and not tokenizer.is_file():
+        try:
+            write_tokenizer(data.tokenizer, tokenizer)
+        except OSError as exc:  # a full disk (tokenizers' own error mapped by oelm.io.disk_writes), no permission
+            raise OELMError(f"cannot write {tokenizer} ({exc.strerror or exc}); free disk space (or fix "
+                            "the folder's permissions) then rerun the same command; no run has started") from None
     return data
 
 

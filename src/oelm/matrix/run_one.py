@@ -237,12 +237,14 @@ def _overlaps(matrix: MatrixFolder, me: str, since: float, until: float) -> list
 
 
 def _with_placement(ctx: RunContext, record: RunRecord, folder: RunFolder, started: float) -> RunRecord:
-    """``record`` with its ``executor`` block: where it trained, when (this process's start and
-    end, seconds since the epoch), and the runs that trained beside it meanwhile."""
+    """``record`` with its ``executor`` block: where it trained, with how many torch threads
+    (``threads``), when (this process's start and end, seconds since the epoch), and the runs that
+    trained beside it meanwhile."""
     finished = time.time()
     overlapped = _overlaps(ctx.folder, folder.name, started, finished)
     same_node = [o for o in overlapped if o["node"] == platform.node()]
     return record.placed(ctx.placement | {
+        "threads": torch.get_num_threads(),  # torch intra-op threads the run trained with
         "started_unix": started, "finished_unix": finished, "overlapped": overlapped,
         # runs that shared this machine's cores or GPUs: step times are not speed evidence
         "shared_node": bool(same_node),

@@ -94,6 +94,17 @@ class Data(TypedDict, total=False):
     test: dict[str, Any] | None
 
 
+class Executor(TypedDict, total=False):
+    """The parts of ``result["executor"]`` the readers use: where and how a run trained (the rest,
+    lanes, times, pids, is free)."""
+
+    name: str
+    node: str | None
+    threads: int | None  # torch intra-op threads the run trained with (absent in older results)
+    shared_node: bool
+    overlapped: list[dict[str, Any]]
+
+
 class RunResult(TypedDict, total=False):
     """The schema of ``runs/<name>/result.json`` (a plain JSON object on disk).
 
@@ -137,7 +148,7 @@ class RunResult(TypedDict, total=False):
     timing: Timing
     stop_signal: str | None
     checkpoint: dict[str, Any] | None
-    executor: dict[str, Any]  # where it trained: name, node, shared_node, overlapped
+    executor: Executor  # where it trained: name, node, threads (torch's), shared_node, overlapped
 
 
 @functools.lru_cache(maxsize=1)
@@ -400,6 +411,8 @@ class RunRecord:
     cuda = _get("environment", "cuda", "The GPU: name, torch_cuda, cudnn, driver_version, ... (None on CPU).")
     executor_name = property(lambda self: self.executor.get("name", "local"))
     node = property(lambda self: self.executor.get("node"), doc="The host it trained on (its executor's node).")
+    threads = property(lambda self: self.executor.get("threads"),
+                       doc="The torch intra-op threads it trained with (None in older results).")
     shared_node = property(lambda self: bool(self.executor.get("shared_node")),
                            doc="Whether another run trained on its node meanwhile (its times are not speed evidence).")
     overlapped = property(lambda self: self.executor.get("overlapped") or [],

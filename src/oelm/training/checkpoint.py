@@ -17,7 +17,7 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
 from oelm.errors import ConfigError
-from oelm.io import atomic_path, verify_dir, write_dir_atomic
+from oelm.io import atomic_path, disk_writes, verify_dir, write_dir_atomic
 from oelm.records import RunFolder
 from oelm.training.evaluation import cpu_copy
 from oelm.training.faults import DISK_FULL, TrainingDivergedError, all_finite, check_finite, disk_full_error, raise_disk_full
@@ -49,11 +49,12 @@ def checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
 
 def _fill_checkpoint(tmp: Path, unwrapped: nn.Module, best_state: dict[str, torch.Tensor] | None,
                      tensors: dict[str, Any], trainer_state: dict[str, Any]) -> None:
-    save_model(unwrapped, str(tmp / "model.safetensors"))
-    if best_state is not None:
-        save_file(best_state, str(tmp / "best.safetensors"))
-    torch.save(tensors, tmp / "state.pt")
-    (tmp / "trainer_state.json").write_text(json.dumps(trainer_state) + "\n", encoding="utf-8")
+    with disk_writes(tmp):  # safetensors' and torch.save's own errors on a full disk: OSError ENOSPC
+        save_model(unwrapped, str(tmp / "model.safetensors"))
+        if best_state is not None:
+            save_file(best_state, str(tmp / "best.safetensors"))
+        torch.save(tensors, tmp / "state.pt")
+        (tmp / "trainer_state.json").write_text(json.dumps(trainer_state) + "\n", encoding="utf-8")
 
 
 def _find_checkpoint(root: Path, remove_bad: bool = True) -> tuple[int, Path] | None:
@@ -230,7 +231,7 @@ def save_best_weights(engine: "Engine", state: TrainState) -> None:
     target = RunFolder(e.run_dir).best_weights
     try:
         target.parent.mkdir(exist_ok=True)
-        with atomic_path(target) as tmp:
+        with atomic_path(target) as tmp, disk_writes(tmp):
             save_model(e.unwrapped, str(tmp))
     except OSError as exc:
         raise_disk_full(exc, target, state.step)

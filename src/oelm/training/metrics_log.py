@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +27,9 @@ class MetricsLog:
     ``trackers`` (set by :func:`start_trackers`; finished by :meth:`close`).
 
     ``offset`` (bytes) is where a resumed run cuts the file, so no record is lost or repeated;
-    TensorBoard events at or after ``purge_step`` are hidden for the same reason.
+    TensorBoard events at or after ``purge_step`` are hidden for the same reason. A file shorter
+    than ``offset`` (cut since the checkpoint) is continued after its last whole record, with a
+    warning, never padded.
     """
 
     trackers: "Trackers | None" = None
@@ -41,6 +44,14 @@ class MetricsLog:
         if not enabled:
             return
         self._fh = self.path.open("a+b")
+        size = self._fh.seek(0, os.SEEK_END)
+        if size < offset:  # cut short since the checkpoint: truncate(offset) would pad it with NUL bytes
+            self._fh.seek(0)
+            offset = self._fh.read(size).rfind(b"\n") + 1  # after its last whole record
+            warnings.warn(f"{self.path} is shorter ({size} bytes) than its checkpoint recorded ({self._offset} bytes): "
+                          f"the records after byte {offset} are lost; the run continues after its last whole record",
+                          RuntimeWarning, stacklevel=2)
+            self._offset = offset
         self._fh.truncate(offset)
         self._fh.seek(offset)
         if tensorboard:
