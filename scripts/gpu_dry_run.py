@@ -124,7 +124,7 @@ def dry_run(part: str, archive: Path, kit_root: Path = DEFAULT_KIT) -> int:
             (bin_dir / "nvidia-smi").chmod(0o755)
             env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
         env["GPU_CHECK_DRY_RUN"] = "1"
-        cmd = [str(python), str(Path(__file__).resolve()), "run", part, "--archive", str(archive), "--kit", str(kit_root)]
+        cmd = [str(python), str(ROOT / "scripts" / "offline_kit.py"), "run", part, "--archive", str(archive), "--kit", str(kit_root)]
         print(f"offline kit: dry run: {' '.join(cmd)} (GPU_CHECK_DRY_RUN=1, a Python without "
               f"{', '.join(PACKAGES + ABSENT_THERE)})", flush=True)
         return subprocess.run(cmd, env=env, cwd=ROOT).returncode

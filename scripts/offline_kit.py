@@ -58,7 +58,7 @@ PARTS = {
 }
 # Seconds the part's steps may take (GPU_CHECK_DEADLINE), chosen so the device command ends inside
 # its timeout (docs/scaling.md gives both): install, start and archive take ~15 s more.
-BUDGET_S = {"speed": 330, "scale": 390}
+BUDGET_S = {"speed": 340, "scale": 360}
 # What the GPU image lacks: pydantic and its dependencies (KINDS.md's package list). typing-extensions
 # is there, but perhaps older than pydantic needs: carried, installed only then.
 PACKAGES = ("pydantic", "pydantic-core", "annotated-types", "typing-inspection")
@@ -427,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="there: check and install the kit, run the part, archive its output")
     r.add_argument("part", choices=sorted(PARTS))
     r.add_argument("--archive", type=Path, required=True, help="the .tar.gz to write (under the device's $OUT)")
-    r.add_argument("--budget-s", type=int, help="seconds for the part's steps (default: speed 330, scale 390)")
+    r.add_argument("--budget-s", type=int, help="seconds for the part's steps (default: speed 340, scale 360)")
     r.add_argument("--kit", type=Path, default=DEFAULT_KIT, help="the folder holding PART/ (default .gpu-kit)")
     c = sub.add_parser("collect", help="here: merge the archives into docs/results/gpu-<date>-<gpu>/ with SUMMARY.md")
     c.add_argument("archives", nargs="+", type=Path)

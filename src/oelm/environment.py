@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 # Distributions whose versions change results or speed.
-_PACKAGES = ("torch", "transformers", "accelerate", "datasets", "tokenizers", "numpy", "oelm")
+_PACKAGES = ("torch", "transformers", "accelerate", "datasets", "tokenizers", "numpy", "pydantic", "oelm")
 # Environment variables that change speed or behaviour.
 _ENV_VARS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "CUDA_VISIBLE_DEVICES", "HF_HUB_OFFLINE")
 

@@ -284,7 +284,7 @@ def verdict_line(ep: dict) -> str:
     if v == "misses":
         return f"misses the <= {target} target (the whole interval is over it)"
     return (f"no verdict on the <= {target} target: the interval spans it (or there is none); "
-            "more steps narrow it (e.g. --steps 300)")
+            f"more steps than {ep.get('n')} (--steps), on a quieter machine, narrow it")
 
 
 def peak_note(m: dict) -> str:
