@@ -186,7 +186,7 @@ pytest_cuda() {  # the CUDA subset: tests/test_cuda.py (every test there skips w
 dry_bench_args() {  # dry_bench_args MODEL
   [ "$DRY" = 1 ] || return 0
   case "$1" in
-    gpt2-124m|gpt-medium-512) echo "--steps 3 --warmup-steps 1 --batch-size 2 --seq-len 64 num_layers=1" ;;
+    gpt2-124m|gpt-medium-512) echo "--steps 3 --warmup-steps 1 --batch-size 1 --seq-len 32 num_layers=1" ;;
     minilm-cls|bert-base-cls) echo "--steps 3 --warmup-steps 1 --batch-size 4 num_hidden_layers=1" ;;
     *) echo "--steps 3 --warmup-steps 1" ;;
   esac

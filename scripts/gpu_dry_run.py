@@ -100,7 +100,7 @@ def check_python312(python: str, kit: Path, work: Path) -> str:
             f"files, found the {len(used & stdlib)} standard-library modules they import")
 
 
-def dry_run(part: str, archive: Path, kit_root: Path = DEFAULT_KIT) -> int:
+def dry_run(part: str, archive: Path, kit_root: Path = DEFAULT_KIT, budget_s: int | None = None) -> int:
     """``run PART`` on this machine's CPU (GPU_CHECK_DRY_RUN=1), exactly as the device command runs
     it, under a Python without pydantic or what else the GPU image lacks (:func:`shadow_python`),
     with a stand-in ``nvidia-smi`` where there is none; first, where a python3.12 is on PATH,
@@ -124,7 +124,8 @@ def dry_run(part: str, archive: Path, kit_root: Path = DEFAULT_KIT) -> int:
             (bin_dir / "nvidia-smi").chmod(0o755)
             env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
         env["GPU_CHECK_DRY_RUN"] = "1"
-        cmd = [str(python), str(ROOT / "scripts" / "offline_kit.py"), "run", part, "--archive", str(archive), "--kit", str(kit_root)]
+        cmd = [str(python), str(ROOT / "scripts" / "offline_kit.py"), "run", part, "--archive", str(archive), "--kit", str(kit_root),
+               *(["--budget-s", str(budget_s)] if budget_s else [])]
         print(f"offline kit: dry run: {' '.join(cmd)} (GPU_CHECK_DRY_RUN=1, a Python without "
               f"{', '.join(PACKAGES + ABSENT_THERE)})", flush=True)
         return subprocess.run(cmd, env=env, cwd=ROOT).returncode
@@ -135,11 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("part", choices=sorted(PARTS))
     p.add_argument("--archive", type=Path, help="the .tar.gz to write (default: a temporary folder's gpu-PART.tar.gz)")
     p.add_argument("--kit", type=Path, default=DEFAULT_KIT, help="the folder holding PART/ (default .gpu-kit)")
+    p.add_argument("--budget-s", type=int, help="seconds for the steps (default: the part's GPU budget, as on the device; "
+                   "a loaded CPU may need more)")
     args = p.parse_args(argv)
     try:
         if args.archive is None:
             args.archive = Path(tempfile.mkdtemp(prefix="oelm-dry-run-")) / f"gpu-{args.part}.tar.gz"
-        return dry_run(args.part, args.archive.resolve(), args.kit.resolve())
+        return dry_run(args.part, args.archive.resolve(), args.kit.resolve(), args.budget_s)
     except (KitError, subprocess.CalledProcessError, OSError) as exc:
         print("offline kit: " + " ".join(str(exc).split()), file=sys.stderr)  # one line, whatever the cause says
         return 2

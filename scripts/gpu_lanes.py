@@ -127,7 +127,8 @@ def measure_lanes(config: str, overrides: list[str], device: str, max_lanes: int
     """``[{"lanes": k, "steps_per_s": X(k)}, ...]`` for k = 1..max_lanes, then 1 again (drift).
 
     Raises:
-        RuntimeError: a lane failed (its error, one line) or did not reach a phase within 10 minutes.
+        RuntimeError: a lane failed (its error, one line), or did not reach the first phase within
+            3 minutes or a later one within 30 s past its end.
     """
     phases = [*range(1, max_lanes + 1), 1]
     ctx = mp.get_context("spawn")  # each lane its own process and CUDA context, as the runs will have
@@ -139,8 +140,8 @@ def measure_lanes(config: str, overrides: list[str], device: str, max_lanes: int
     for w in workers:
         w.start()
     try:
-        for _ in range(len(phases) + 1):  # the first wait also covers the lanes' start and warm-up
-            barrier.wait(timeout=600)
+        for i in range(len(phases) + 1):  # the first wait also covers the lanes' start and warm-up
+            barrier.wait(timeout=180 if i == 0 else 30 + 3 * phase_s)
     except Exception:  # BrokenBarrierError: a lane failed (its message is queued) or timed out
         for w in workers:
             w.join(timeout=5)
