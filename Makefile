@@ -53,11 +53,13 @@ results-cpu: $(STAMP)
 	$(BIN)/oelm run configs/cpu/phase2_gpt_lm/tinystories.yaml --output-dir outputs/cpu-tinystories
 
 # The GPU check (scripts/gpu_check.sh): everything under docs/results/gpu-<date>-<gpu>/ (or OUT=DIR),
-# ending with SUMMARY.md. Needs a CUDA build of torch in .venv: a plain `pip install torch` from
-# PyPI on Linux is one; the CPU wheel this Makefile installs on a CPU-only mirror is not, and the
-# script then stops with "gpu-check: no CUDA GPU: ..." and says how to reinstall.
-gpu-check: $(STAMP)
-	PYTHON=$(BIN)/python OUT="$(OUT)" bash scripts/gpu_check.sh
+# ending with SUMMARY.md; PART=speed or PART=scale runs one part (docs/scaling.md, "The GPU check in
+# two commands"). It installs nothing (a GPU machine may have no network): it runs with .venv's
+# python when there is one, else python3 with oelm from src/. Without a CUDA GPU it stops with
+# "gpu-check: no CUDA GPU: ..." and says how to get a CUDA build of torch.
+gpu-check:
+	PYTHON="$(if $(wildcard $(BIN)/python),$(BIN)/python,python3)" PYTHONPATH="$(CURDIR)/src$(if $(PYTHONPATH),:$(PYTHONPATH))" \
+	  OUT="$(OUT)" bash scripts/gpu_check.sh $(PART)
 
 # Issue 12's CPU benchmark: OELM-Freeze vs baseline vs a plain PyTorch loop, interleaved (~2 min on 2 cores).
 # See benchmarks/README.md; on a GPU: `$(BIN)/oelm bench --model gpt-medium-512 --precision bf16 --compile`.

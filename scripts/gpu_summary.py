@@ -128,7 +128,12 @@ def runner_lines(data: dict) -> list[str]:
     ep = data.get("engine_plain")
     if isinstance(ep, dict):
         lines.append(f"engine / plain loop (same math): median {_num(ep.get('median'), 3)} of {ep.get('n', DASH)} per-step "
-                     f"ratios (p10 {_num(ep.get('p10'), 3)}, p90 {_num(ep.get('p90'), 3)}; best steps {_num(ep.get('best'), 3)})")
+                     f"ratios (p10 {_num(ep.get('p10'), 3)}, p90 {_num(ep.get('p90'), 3)}; best steps {_num(ep.get('best'), 3)})"
+                     + _verdict(ep))
+    mfu = next((r.get("mfu") for r in runners.values() if isinstance(r.get("mfu"), dict)), None)
+    if mfu:
+        lines.append(f"MFU against {_num((mfu.get('peak_flops') or 0) / 1e12, 3)} TFLOP/s ({mfu.get('peak_source')}, "
+                     f"{mfu.get('peak_precision')}){_peak(mfu)}")
     ops = data.get("operators")
     if isinstance(ops, dict):
         extra = ", ".join(f"{k} +{v}" for k, v in (ops.get("extra") or {}).items()) or "none"
@@ -137,20 +142,66 @@ def runner_lines(data: dict) -> list[str]:
     return lines
 
 
+def _verdict(ep: dict) -> str:
+    """The engine / plain interval and verdict `oelm bench` wrote (none in files older than it)."""
+    ci = ep.get("ci95")
+    if not ci:
+        return ""
+    target, v = ep.get("target", 1.03), ep.get("verdict")
+    said = {"meets": f"meets <= {target}", "misses": f"misses <= {target}"}.get(v, f"no verdict on <= {target} (the interval spans it)")
+    return f"; 95% CI {_num(ci[0], 3)}-{_num(ci[1], 3)}: {said}"
+
+
+def _peak(m: dict) -> str:
+    if m.get("after_gflops") is not None:
+        return f"; probed {_num(m.get('before_gflops'), 0)} / {_num(m.get('after_gflops'), 0)} GFLOP/s before / after the steps"
+    if m.get("peak_age_s") is not None:
+        return (f"; measured {_num(m['peak_age_s'] / 3600, 1)} h earlier at load {_num(m.get('peak_load_1min'), 1)}, "
+                f"load now {_num(m.get('load_1min'), 1)}")
+    return ""
+
+
+def matrix_lines(out: Path) -> list[str]:
+    """Each comparison's test accuracy per method (mean, 95% CI, seeds) beside the published figure,
+    and how its runs shared the GPU (``lanes.json`` of scripts/gpu_lanes.py)."""
+    lines = []
+    for path in sorted(out.glob("*/comparison.json")):
+        c = _load(path)
+        if not isinstance(c, dict):
+            continue
+        ref = c.get("reference") or {}
+        lines += [f"**{path.parent.name}** ({c.get('model') or DASH}, {c.get('metric') or DASH}; "
+                  f"timing-grade: {_get(c, 'execution', 'timing_grade')})", "",
+                  "| method | test mean | 95% CI | seeds | best validation mean | published |", "|---|---|---|---|---|---|"]
+        for method, m in (c.get("methods") or {}).items():
+            t, ci = m.get("test") or {}, (m.get("test") or {}).get("ci95")
+            lines.append(f"| {method} | {_num(t.get('mean'), 2)} | {f'{_num(ci[0], 2)}-{_num(ci[1], 2)}' if ci else DASH} | "
+                         f"{t.get('n', 0)} of {len(m.get('seeds') or [])} | {_num(_get(m, 'best_validation', 'mean'), 2)} | "
+                         f"{_num(ref.get(method), 2) if ref.get(method) is not None else DASH} |")
+        lanes = _load(path.parent / "lanes.json")
+        if isinstance(lanes, dict):
+            pred = "; ".join(f"{p['lanes']} lane(s) {_num(p['steps_per_s'], 2)} steps/s"
+                             for p in _get(lanes, "measurement", "predictions") or [])
+            lines += ["", f"Runs side by side: {lanes.get('lanes')} lane(s)" + (f" (measured: {pred})" if pred else "")
+                      + "; " + ", ".join(f"{r['name']} exit {r['exit_status']} in {_num(r['seconds'], 0)} s" for r in lanes.get("runs") or [])]
+        lines += [f"Warning: {w}" for w in (c.get("warnings") or [])[:6]] + [""]
+    return lines or ["No comparison with a comparison.json (part scale writes imdb/)."]
+
+
 def runs_table(out: Path) -> list[str]:
     results = sorted(out.glob("*/runs/*/result.json"))
     if not results:
         return ["No runs (see the tinystories/sst2 steps' logs)."]
     lines = [
-        "| comparison | run | status | best val | tokens/s | step ms (median) | MFU | GPU util % (median) | "
+        "| comparison | run | status | best val | test | tokens/s | step ms (median) | MFU | GPU util % (median) | "
         "GPU mem GiB (max) | power W (median) | temp °C (max) | SM MHz (median) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for path in results:
         r = _load(path)
         comparison, run = path.parts[-4], path.parent.name
         if not isinstance(r, dict):
-            lines.append(f"| {comparison} | {run} | unreadable result.json |" + " |" * 9)
+            lines.append(f"| {comparison} | {run} | unreadable result.json |" + " |" * 10)
             continue
         t = r.get("timing") or {}
         tel = t.get("gpu_telemetry") or {}
@@ -162,7 +213,7 @@ def runs_table(out: Path) -> list[str]:
             telemetry = [f"n/a ({tel.get('reason')})" if tel.get("reason") else DASH] + [DASH] * 4
         lines.append(
             f"| {comparison} | {run} | {r.get('status', DASH)} | {_get(r, 'performance', 'metric') or ''} "
-            f"{_num(_get(r, 'performance', 'best_validation'), 3)} | "
+            f"{_num(_get(r, 'performance', 'best_validation'), 3)} | {_num(_get(r, 'performance', 'test'), 3)} | "
             f"{_num(t.get('tokens_per_second'), 0)} | {_num(_get(t, 'per_step_ms', 'median'), 2)} | {_mfu(t.get('mfu'))} | "
             + " | ".join(telemetry) + " |"
         )
@@ -187,7 +238,11 @@ def summary(out: Path) -> str:
         "",
         *bench_lines(out),
         "",
-        "## Comparisons (`oelm run`, bf16, seed 0)",
+        "## Matrices (test split evaluated once per run)",
+        "",
+        *matrix_lines(out),
+        "",
+        "## Runs (`oelm run`, bf16)",
         "",
         *runs_table(out),
         "",

@@ -19,15 +19,19 @@ from _gpu_check_fakes import fake_gpu_python as _fake_gpu_python
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
-STEPS = ["env", "nvidia-smi", "pytest-cuda", "bench-compile", "bench-nocompile", "bench-proxy", "bench-proxy-reduce-overhead",
-         "bench-gpt2-124m", "bench-gpt2-124m-compile", "bench-gpt2-124m-reduce-overhead", "bench-bert-base",
-         "bench-bert-base-compile", "tinystories", "sst2", "tinystories-reduce-overhead", "sst2-reduce-overhead"]
+STEPS = ["env", "nvidia-smi", "pytest-cuda", "bench-gpt2-124m", "bench-gpt2-124m-compile", "bench-gpt2-124m-reduce-overhead",
+         "bench-minilm", "bench-minilm-reduce-overhead", "bench-proxy", "bench-proxy-reduce-overhead", "tinystories",
+         "tinystories-reduce-overhead", "imdb", "bench-compile", "bench-nocompile", "bench-bert-base", "bench-bert-base-compile",
+         "sst2", "sst2-reduce-overhead"]
+SPEED = STEPS[:STEPS.index("imdb")]  # issue 33's part speed, in its priority order
+SCALE = ["env", "nvidia-smi", "imdb"]
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
 
-def _run(env: dict[str, str], timeout: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, env={**os.environ, **env}, timeout=timeout, cwd=ROOT)
+def _run(env: dict[str, str], timeout: int = 120, part: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), *([part] if part else [])], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=timeout, cwd=ROOT)
 
 
 def test_script_syntax():
@@ -68,14 +72,19 @@ def test_every_step_runs_and_failures_are_recorded(tmp_path):
     assert {r[0]: r[1] for r in rows} == {s: ("0" if s == "nvidia-smi" else "7") for s in STEPS}
     assert (out_dir / "nvidia-smi.txt").read_text().startswith("fake nvidia-smi")
     logs = {s: (out_dir / "logs" / f"{s}.log").read_text() for s in STEPS}
-    assert "bench --model gpt-medium-512 --precision bf16 --device cuda --compile --json" in logs["bench-compile"]
+    assert "bench --model gpt-medium-512 --precision bf16 --device cuda --compile --no-progress --json" in logs["bench-compile"]
     assert f"{out_dir}/bench-gpt-medium-512-bf16-nocompile.json" in logs["bench-nocompile"] and "--no-compile" in logs["bench-nocompile"]
     assert "run configs/tinystories-tiny.yaml" in logs["tinystories"] and "training.max_steps=200" in logs["tinystories"]
     assert "run configs/quickstart.yaml" in logs["sst2"] and "training.mixed_precision=bf16" in logs["sst2"]
-    assert "bench --model dispatch-proxy --precision fp32 --device cuda --no-compile --json" in logs["bench-proxy"]
+    assert "bench --model dispatch-proxy --precision fp32 --device cuda --no-compile --no-progress --json" in logs["bench-proxy"]
     assert "--compile-mode reduce-overhead" in logs["bench-proxy-reduce-overhead"]
     assert f"{out_dir}/bench-gpt2-124m-bf16-reduce-overhead.json" in logs["bench-gpt2-124m-reduce-overhead"]
-    assert "--model gpt2-124m --precision bf16 --device cuda --compile --json" in logs["bench-gpt2-124m-compile"]
+    assert "--model gpt2-124m --precision bf16 --device cuda --compile --no-progress --json" in logs["bench-gpt2-124m-compile"]
+    assert all("--batch-size 16" in logs[s] for s in STEPS if s.startswith("bench-gpt2-124m"))  # fixed: no batch search
+    assert "--model minilm-cls --precision bf16 --device cuda --no-compile" in logs["bench-minilm"]
+    assert "--model minilm-cls" in logs["bench-minilm-reduce-overhead"] and "--compile-mode reduce-overhead" in logs["bench-minilm-reduce-overhead"]
+    assert (f"scripts/gpu_lanes.py scripts/gpu_scale_imdb.yaml --output-dir {out_dir}/imdb --lanes auto"
+            in logs["imdb"])
     assert "--model bert-base-cls --precision bf16 --device cuda --no-compile" in logs["bench-bert-base"]
     for name, config in (("tinystories", "tinystories-tiny"), ("sst2", "quickstart")):
         log = logs[f"{name}-reduce-overhead"]
@@ -83,7 +92,7 @@ def test_every_step_runs_and_failures_are_recorded(tmp_path):
         assert "training.compile=reduce-overhead" in log and "seeds=[0]" in log
         assert "reduce-overhead" not in logs[name]  # the eager single run stays eager
     pytest_log = (out_dir / "pytest-cuda.log").read_text()
-    assert "-m pytest -q -m not slow (OELM_TEST_DEVICE=cuda)" in pytest_log
+    assert "-m pytest -q -p no:cacheprovider tests/test_cuda.py (OELM_TEST_DEVICE=cuda)" in pytest_log
     summary = (out_dir / "SUMMARY.md").read_text()
     assert summary.count("**FAILED** (exit 7)") == len(STEPS) - 1 and "| nvidia-smi | ok |" in summary
 
@@ -106,7 +115,8 @@ def test_summary_copies_the_numbers(tmp_path):
     _write(tmp_path / "bench-gpt-medium-512-bf16-compile.json", {
         "tokens_per_second": 81234.5, "per_step_ms": {"median": 50.25}, "runners": {"baseline": runner},
         "ratios": {"oelm_freeze": {"median": 0.902, "p10": 0.8226, "p90": 1.0836, "n": 50, "theory": 0.978}},
-        "engine_plain": {"median": 1.049, "p10": 0.6956, "p90": 1.7013, "n": 300, "best": 1.0394},
+        "engine_plain": {"median": 1.049, "p10": 0.6956, "p90": 1.7013, "n": 300, "best": 1.0394, "ci95": [1.0312, 1.0688],
+                         "target": 1.03, "verdict": "misses"},
         "operators": {"engine": 1362, "plain": 1352, "extra": {"aten::div": 2, "aten::to": 2}, "fewer": {}}})
     telemetry = {"available": True, "gpu_utilization_percent": {"min": 3, "median": 96.5, "max": 100},
                  "memory_used_gib": {"min": 1.0, "median": 9.0, "max": 11.25}, "power_w": {"min": 90, "median": 512.4, "max": 690},
@@ -123,10 +133,34 @@ def test_summary_copies_the_numbers(tmp_path):
     assert "| baseline | 16.31 | 14.12 | 20.88 | 247,088 | 7.2% | 1,747 | 3.2 | True |" in text
     assert ("oelm_freeze / baseline step time: median 0.902 of 50 interleaved per-step ratios "
             "(p10 0.823, p90 1.084); FLOP theory 0.978") in text
-    assert "engine / plain loop (same math): median 1.049 of 300 per-step ratios (p10 0.696, p90 1.701; best steps 1.039)" in text
+    assert ("engine / plain loop (same math): median 1.049 of 300 per-step ratios (p10 0.696, p90 1.701; best steps 1.039); "
+            "95% CI 1.031-1.069: misses <= 1.03") in text
     assert "operators per step: engine 1362, plain 1352; engine extra: aten::div +2, aten::to +2" in text
-    assert ("| sst2 | baseline-seed0 | finished | accuracy 84.500 | 250,123 | 11.37 | 3.1% | 96 | 11.25 | 512 | 71 | 1,980 |") in text
+    assert ("| sst2 | baseline-seed0 | finished | accuracy 84.500 | – | 250,123 | 11.37 | 3.1% | 96 | 11.25 | 512 | 71 | 1,980 |") in text
     assert "| sst2 | oelm_freeze-seed0 | failed |" in text and "n/a (pynvml is not importable)" in text
+
+
+def test_summary_shows_a_matrix_beside_the_published_figures_and_its_lanes(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import gpu_summary
+    finally:
+        sys.path.pop(0)
+    test = {"mean": 84.1234, "ci95": [83.0, 85.25], "n": 3}
+    _write(tmp_path / "imdb" / "comparison.json", {
+        "model": "oelm-gpt-medium-512", "metric": "accuracy", "reference": {"baseline": 78.56, "oelm_freeze": 85.7},
+        "execution": {"timing_grade": False}, "warnings": ["runs overlapped: step times are not speed evidence"],
+        "methods": {"baseline": {"seeds": [0, 1, 2], "test": test, "best_validation": {"mean": 84.5}},
+                    "oelm_random": {"seeds": [0, 1, 2], "test": {"mean": None, "ci95": None, "n": 0}}}})
+    _write(tmp_path / "imdb" / "lanes.json", {"lanes": 3, "measurement": {"predictions": [
+        {"lanes": 1, "steps_per_s": 40.0}, {"lanes": 3, "steps_per_s": 95.5}]},
+        "runs": [{"name": "baseline-seed0", "exit_status": 0, "seconds": 61.2}]})
+    text = "\n".join(gpu_summary.matrix_lines(tmp_path))
+    assert "**imdb** (oelm-gpt-medium-512, accuracy; timing-grade: False)" in text
+    assert "| baseline | 84.12 | 83.00-85.25 | 3 of 3 | 84.50 | 78.56 |" in text
+    assert "| oelm_random | – | – | 0 of 3 | – | – |" in text
+    assert "Runs side by side: 3 lane(s) (measured: 1 lane(s) 40.00 steps/s; 3 lane(s) 95.50 steps/s); baseline-seed0 exit 0 in 61 s" in text
+    assert "Warning: runs overlapped" in text
 
 
 def test_the_steps_list_is_the_scripts():
@@ -134,6 +168,34 @@ def test_the_steps_list_is_the_scripts():
     listed = text.split("ALL_STEPS=(", 1)[1].split(")", 1)[0].split()
     called = [line.split()[1] for line in text.splitlines() if line.startswith("step ")]
     assert listed == called == STEPS
+    assert text.split("SPEED_STEPS=(", 1)[1].split(")", 1)[0].split() == SPEED
+    assert text.split("SCALE_STEPS=(", 1)[1].split(")", 1)[0].split() == SCALE
+
+
+@pytest.mark.parametrize("part, expected", [("speed", SPEED), ("scale", SCALE)])
+def test_a_part_runs_its_steps_in_priority_order(tmp_path, part, expected):
+    fake = _fake_gpu_python(tmp_path / "bin", "echo ran; exit 0")
+    out_dir = tmp_path / "out"
+    res = _run({"PYTHON": str(fake), "OUT": str(out_dir), "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}, part=part)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = [line.split("\t") for line in (out_dir / "steps.tsv").read_text().splitlines()[1:]]
+    assert [r[0] for r in rows] == expected and all(r[1] == "0" for r in rows)
+    assert f"gpu-check: {part} on Fake GPU 80GB HBM3" in res.stdout
+
+
+@pytest.mark.parametrize("env, part, message", [
+    ({}, "fast", "gpu-check: unknown part 'fast'; use speed, scale or all"),
+    ({"GPU_CHECK_DEADLINE": "5"}, None, "GPU_CHECK_DEADLINE=5 is not a Unix time between 2020 and 2100"),
+    ({"GPU_CHECK_DEADLINE": "99999999999999999999"}, None, "GPU_CHECK_DEADLINE=99999999999999999999 is out of range"),
+    ({"GPU_CHECK_STEP_TIMEOUT": "100000"}, None, "GPU_CHECK_STEP_TIMEOUT=100000 is over a day (86400 s)"),
+    ({"GPU_CHECK_STEP_TIMEOUT": "-5"}, None, "GPU_CHECK_STEP_TIMEOUT must be a whole number of seconds, got '-5'"),
+    ({"GPU_CHECK_DRY_RUN": "yes"}, None, "GPU_CHECK_DRY_RUN must be 0 or 1, got 'yes'"),
+])
+def test_hostile_settings_are_refused_in_one_line_before_anything_runs(tmp_path, env, part, message):
+    fake = _fake_gpu_python(tmp_path / "bin", "exit 0")
+    res = _run({"PYTHON": str(fake), "OUT": str(tmp_path / "out"), **env}, part=part)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and message in res.stderr, res.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_selected_steps_only_in_the_scripts_order(tmp_path):

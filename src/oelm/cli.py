@@ -431,7 +431,7 @@ def _add_inspect(sub, env: argparse.ArgumentParser) -> None:
 def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="interleaved step timing of methods vs baseline vs a plain PyTorch loop: ms/step, tokens/s, MFU, ratio")
     p.add_argument("--model", default="cpu-bench", help="a shape: cpu-bench (issue 12's), dispatch-proxy (a dispatch-bound "
-                   "tiny step), gpt2-124m, bert-base-cls; or an oelm GPT preset: gpt-tiny, gpt-medium-512")
+                   "tiny step), gpt2-124m, bert-base-cls, minilm-cls (the demo model's shape); or an oelm GPT preset: gpt-tiny, gpt-medium-512")
     p.add_argument("overrides", nargs="*", help="model config overrides as for `oelm run`, e.g. num_layers=4 "
                    "(or model.gpt_overrides.num_layers=4)")
     p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="the same overrides (an alias)")

@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 # Distributions whose versions change results or speed.
-_PACKAGES = ("torch", "transformers", "accelerate", "datasets", "tokenizers", "numpy", "oelm")
+_PACKAGES = ("torch", "transformers", "accelerate", "datasets", "tokenizers", "numpy", "pydantic", "oelm")
 # Environment variables that change speed or behaviour.
 _ENV_VARS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "CUDA_VISIBLE_DEVICES", "HF_HUB_OFFLINE")
 
@@ -222,6 +222,36 @@ def _write_peak_cache(key: str, result: dict) -> None:
         pass
 
 
+def probe_peak(device: torch.device | str, dtype: str = "fp32", budget_seconds: float = 1.0) -> dict:
+    """One measurement of the matmul peak, uncached: :func:`matmul_probe` at square sizes 256, 512,
+    1024, ... (0.1 s each) until one matmul takes over 0.1 s, ``budget_seconds`` have passed, or the
+    size reaches 16384. Returns the best probe's record plus ``measured_utc`` and ``load_1min`` (the
+    machine's 1-minute load average then, None where the OS has none): a peak taken under load is
+    too low, and an MFU divided by it too high."""
+    column = _precision_column(dtype)
+    device = torch.device(device)
+    best: dict | None = None
+    start = time.perf_counter()
+    size = 256
+    while True:
+        result = matmul_probe(device, size=size, dtype=_TORCH_DTYPES[column], min_seconds=0.1)
+        if best is None or result["gflops"] > best["gflops"]:
+            best = result
+        one_matmul = result["seconds"] / result["matmuls"]
+        if one_matmul > 0.1 or time.perf_counter() - start > budget_seconds or size >= 16384:
+            break
+        size *= 2
+    return {**best, "measured_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "load_1min": _load_1min()}
+
+
+def _load_1min() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
 def measured_peak_flops(device: torch.device | str, dtype: str = "fp32", budget_seconds: float = 1.0,
                         cache: bool = True, refresh: bool = False) -> float:
     """The best dense matmul throughput (FLOP/s) :func:`matmul_probe` reaches on ``device`` at ``dtype``.
@@ -251,18 +281,7 @@ def measured_peak_flops(device: torch.device | str, dtype: str = "fp32", budget_
         if isinstance(cached, dict) and isinstance(cached.get("gflops"), (int, float)) and cached["gflops"] > 0:
             _measured_peaks[key] = cached
             return cached["gflops"] * 1e9
-        best: dict | None = None
-        start = time.perf_counter()
-        size = 256
-        while True:
-            result = matmul_probe(device, size=size, dtype=_TORCH_DTYPES[column], min_seconds=0.1)
-            if best is None or result["gflops"] > best["gflops"]:
-                best = result
-            one_matmul = result["seconds"] / result["matmuls"]
-            if one_matmul > 0.1 or time.perf_counter() - start > budget_seconds or size >= 16384:
-                break
-            size *= 2
-        best = {**best, "measured_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+        best = probe_peak(device, column, budget_seconds)
         if refresh:  # keep the higher of the new measurement and what was known before
             known = [_measured_peaks.get(key), _read_peak_cache().get(disk_key) if cache else None]
             best = max([best, *(k for k in known if isinstance(k, dict) and isinstance(k.get("gflops"), (int, float)))],
@@ -303,6 +322,7 @@ def mfu_record(
     device: torch.device | str,
     precision: str,
     measure: bool = True,
+    peak_record: dict | None = None,
 ) -> dict:
     """MFU with the peak it was measured against, for a result record (``timing.mfu``).
 
@@ -321,12 +341,17 @@ def mfu_record(
         device: the device the run trained on.
         precision: ``"bf16"``, ``"fp16"``, ``"fp32"``, ``"tf32"`` or the engine's ``"no"`` (= fp32).
         measure: allow the matmul probe when no datasheet figure applies.
+        peak_record: where no datasheet figure applies, a peak the caller measured beside the run
+            (``oelm bench`` probes before and after its steps: :func:`probe_peak` records with
+            ``gflops``); used instead of the machine's cached peak, as ``"measured-interleaved"``.
 
     Returns:
         ``{"mfu": fraction or None, "flops_per_token": float, "tokens_per_second": float or None,
         "peak_flops": FLOP/s or None, "peak_source": "datasheet:<GPU>" (e.g. "datasheet:H100 SXM")
-        | "measured-probe" | None, "peak_precision": the column used ("bf16", "tf32", "fp32"),
-        "precision": the precision given}``.
+        | "measured-probe" | "measured-interleaved" | None, "peak_precision": the column used ("bf16",
+        "tf32", "fp32"), "precision": the precision given}``; with a measured peak also
+        ``peak_measured_utc``, ``peak_age_s`` (seconds since it was measured), ``peak_load_1min``
+        (the load average then) and ``load_1min`` (now): a cached peak from a loaded moment shows.
 
     Raises:
         ValueError: an unknown ``precision``.
@@ -338,13 +363,17 @@ def mfu_record(
         entry = _datasheet_entry(torch.cuda.get_device_name(device), column)
         if entry is not None:
             peak, source = entry[1], f"datasheet:{entry[0]}"
+    probe = None
+    if peak is None and peak_record is not None:
+        peak, source, probe = float(peak_record["gflops"]) * 1e9, "measured-interleaved", peak_record
     if peak is None and measure:
         peak, source = measured_peak_flops(device, column), "measured-probe"
         if tokens_per_second is not None and flops_per_token * tokens_per_second >= peak:
             # the run beat the "peak": it was measured while other work loaded the machine
             peak = measured_peak_flops(device, column, refresh=True)
+        probe = _measured_peaks.get((str(device), column))
     value = mfu(flops_per_token, tokens_per_second, peak) if tokens_per_second is not None else None
-    return {
+    return {**(_peak_age(probe) if isinstance(probe, dict) else {}),
         "mfu": value,
         "flops_per_token": float(flops_per_token),
         "tokens_per_second": None if tokens_per_second is None else float(tokens_per_second),
@@ -353,6 +382,18 @@ def mfu_record(
         "peak_precision": column,
         "precision": precision,
     }
+
+
+def _peak_age(probe: dict) -> dict:
+    """When a measured peak was taken and how loaded the machine was then and now."""
+    age = None
+    try:
+        age = round((_dt.datetime.now(_dt.timezone.utc) - _dt.datetime.fromisoformat(probe["measured_utc"])).total_seconds())
+    except (KeyError, TypeError, ValueError):
+        pass
+    interleaved = {k: probe[k] for k in ("before_gflops", "after_gflops", "after_load_1min") if k in probe}
+    return {"peak_measured_utc": probe.get("measured_utc"), "peak_age_s": age, "peak_load_1min": probe.get("load_1min"),
+            "load_1min": _load_1min(), **interleaved}
 
 
 # -- environment capture -----------------------------------------------------------------------

@@ -42,13 +42,61 @@ from oelm.bench.shapes import (BENCH_SHAPES, COMPILE_MODES, BenchConfig, BenchSh
 __all__ = ["BENCH_SHAPES", "COMPILE_MODES", "BenchConfig", "BenchShape", "format_bench", "parse_overrides", "run_bench"]
 
 
+#: Issue 25's target for the engine's overhead: engine / plain loop <= 1.03 per step.
+ENGINE_PLAIN_TARGET = 1.03
+
+
+def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float] | None:
+    """A distribution-free confidence interval for the median of ``values``: the order statistics
+    ``x_(k)`` and ``x_(n-k+1)`` with the largest ``k`` such that ``P(Binomial(n, 1/2) < k) <= (1 -
+    confidence) / 2`` (the sign-test interval; e.g. Hollander & Wolfe, *Nonparametric Statistical
+    Methods*, sec. 3.6). It assumes the values are exchangeable, which interleaving the runners
+    step by step is for. None when ``n`` is too small for that confidence (n < 6 at 95%)."""
+    from math import comb
+
+    xs = sorted(values)
+    n, tail, k, below = len(xs), (1.0 - confidence) / 2.0, 0, 0.0
+    for j in range(n + 1):
+        p = comb(n, j) / 2.0**n
+        if below + p > tail:
+            break
+        below, k = below + p, j + 1
+    return (xs[k - 1], xs[n - k]) if k >= 1 else None
+
+
+def verdict(interval: tuple[float, float] | None, target: float) -> str:
+    """``"meets"`` (the whole interval at or under ``target``), ``"misses"`` (the whole interval
+    over it) or ``"undecided"`` (the interval spans it, or there is none): no verdict the
+    interval cannot support."""
+    if interval is None or interval[0] <= target < interval[1]:
+        return "undecided"
+    return "meets" if interval[1] <= target else "misses"
+
+
 def _median_ratio(numerator: list[float], denominator: list[float]) -> dict:
     from oelm.timing import summarize_step_times
 
     ratios = [a / b for a, b in zip(numerator, denominator) if b > 0]
     s = summarize_step_times(ratios)
     best = min(numerator) / min(denominator) if numerator and denominator and min(denominator) > 0 else None
-    return {"median": s["median"], "p10": s["p10"], "p90": s["p90"], "n": s["n"], "best": best}
+    interval = median_interval(ratios)
+    return {"median": s["median"], "p10": s["p10"], "p90": s["p90"], "n": s["n"], "best": best,
+            "ci95": list(interval) if interval else None}
+
+
+def _interleaved_peak(device: torch.device, precision: str, before: dict | None) -> dict | None:
+    """Where no datasheet peak applies (a CPU): the matmul peak probed before the steps and again
+    after them, averaged, so the MFU's reference met the same load as the run (a cached peak may
+    come from a loaded moment: issue 33 saw 132 GFLOP/s cached against ~230 quiet)."""
+    from oelm.environment import _matmul_column, peak_flops, probe_peak
+
+    if device.type == "cuda" and peak_flops(device, _matmul_column(device, precision)) is not None:
+        return None
+    probe = probe_peak(device, _matmul_column(device, precision), budget_seconds=0.5)
+    if before is None:
+        return probe
+    return {**before, "gflops": (before["gflops"] + probe["gflops"]) / 2.0, "before_gflops": before["gflops"],
+            "after_gflops": probe["gflops"], "after_load_1min": probe.get("load_1min")}
 
 
 def _gpt_or_bert(cfg, gpt_name: str, bert_name: str):
@@ -135,7 +183,7 @@ def run_bench(config: BenchConfig, progress: bool = True) -> dict:
                                     compile_mode=mode)
     tokens = batch_size * seq_len
     flops = model_flops_per_token(runners[0].base, seq_len)
-    mfu_record(flops, None, device, config.precision)  # probe the peak (if needed) now, not between steps
+    peak_before = _interleaved_peak(device, config.precision, None)  # now, not between steps
 
     from tqdm.auto import tqdm
 
@@ -161,6 +209,7 @@ def run_bench(config: BenchConfig, progress: bool = True) -> dict:
     for r in runners:
         r.timer.flush()
     wall = time.perf_counter() - start
+    peak = _interleaved_peak(device, config.precision, peak_before) if peak_before is not None else None
 
     by_name = {r.name: r for r in runners}
     base_ms = by_name["baseline"].timer.measured_step_times_ms
@@ -172,7 +221,7 @@ def run_bench(config: BenchConfig, progress: bool = True) -> dict:
             "per_step_ms": summary["per_step_ms"],
             "step_times_ms": r.timer.measured_step_times_ms,
             "tokens_per_second": summary["tokens_per_second"],
-            "mfu": mfu_record(flops, summary["tokens_per_second"], device, config.precision),
+            "mfu": mfu_record(flops, summary["tokens_per_second"], device, config.precision, peak_record=peak),
             "peak_step_memory_mib": r.step_memory_mib,
             "compile_seconds": r.compile_seconds,
             "final_loss": r.losses[-1] if r.losses else None,
@@ -188,6 +237,7 @@ def run_bench(config: BenchConfig, progress: bool = True) -> dict:
     engine_plain = operators = None
     if config.plain:
         engine_plain = _median_ratio(base_ms, by_name["plain"].timer.measured_step_times_ms)
+        engine_plain.update(target=ENGINE_PLAIN_TARGET, verdict=verdict(engine_plain["ci95"], ENGINE_PLAIN_TARGET))
         if config.profile:  # after every figure above: these steps are not timed
             counts = {n: count_operators(lambda r=by_name[n]: _step(r, batches[-1], device, autocast, tokens))
                       for n in ("baseline", "plain")}
@@ -221,6 +271,33 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _ci(ratio: dict) -> str:
+    ci = ratio.get("ci95")
+    return f"95% CI {ci[0]:.3f}-{ci[1]:.3f}, " if ci else "too few steps for a 95% CI, "
+
+
+def verdict_line(ep: dict) -> str:
+    """The engine / plain verdict against its target, only as far as the interval supports it."""
+    target, v = ep.get("target", ENGINE_PLAIN_TARGET), ep.get("verdict")
+    if v == "meets":
+        return f"meets the <= {target} target (the whole interval is at or under it)"
+    if v == "misses":
+        return f"misses the <= {target} target (the whole interval is over it)"
+    return (f"no verdict on the <= {target} target: the interval spans it (or there is none); "
+            f"more steps than {ep.get('n')} (--steps), on a quieter machine, narrow it")
+
+
+def peak_note(m: dict) -> str:
+    """A measured peak's provenance: probed beside the run, or cached with its age and load."""
+    if m.get("peak_source") == "measured-interleaved" and m.get("after_gflops") is not None:
+        return (f"; probed before {m.get('before_gflops', 0) / 1e3:.3g} and after {m['after_gflops'] / 1e3:.3g} TFLOP/s "
+                f"the steps, load {_fmt(m.get('peak_load_1min'), '.1f')} -> {_fmt(m.get('after_load_1min'), '.1f')}")
+    if m.get("peak_age_s") is not None:
+        return (f"; measured {m['peak_age_s'] / 3600:.1f} h ago at load {_fmt(m.get('peak_load_1min'), '.1f')}, "
+                f"load now {_fmt(m.get('load_1min'), '.1f')}")
+    return ""
+
+
 def format_bench(result: dict) -> tuple[list[str], list[list[str]], list[str]]:
     """``(header, rows, lines)`` of the bench table and the summary lines under it."""
     header = ["runner", "ms/step", "p10", "p90", "tokens/s", "MFU %", "step MiB", "compile s", "frozen intact"]
@@ -236,15 +313,15 @@ def format_bench(result: dict) -> tuple[list[str], list[list[str]], list[str]]:
     lines = []
     for method, ratio in result["ratios"].items():
         lines.append(
-            f"{method} / baseline step time: {_fmt(ratio['median'], '.3f')} (median of per-step ratios over "
+            f"{method} / baseline step time: {_fmt(ratio['median'], '.3f')} ({_ci(ratio)}median of per-step ratios over "
             f"{ratio['n']} interleaved steps; p10 {_fmt(ratio['p10'], '.3f')}, p90 {_fmt(ratio['p90'], '.3f')}; "
             f"FLOP theory {ratio['theory']:.3f})"
         )
     ep = result.get("engine_plain")
     if ep is not None:
-        lines.append(f"engine / plain loop (same math): {_fmt(ep['median'], '.3f')} (median of {ep['n']} per-step ratios; "
-                     f"p10 {_fmt(ep['p10'], '.3f')}, p90 {_fmt(ep['p90'], '.3f')}; best step / best step "
-                     f"{_fmt(ep['best'], '.3f')})")
+        lines.append(f"engine / plain loop (same math): {_fmt(ep['median'], '.3f')} ({_ci(ep)}median of {ep['n']} per-step "
+                     f"ratios; p10 {_fmt(ep['p10'], '.3f')}, p90 {_fmt(ep['p90'], '.3f')}; best step / best step "
+                     f"{_fmt(ep['best'], '.3f')}); {verdict_line(ep)}")
     ops = result.get("operators")
     if ops is not None:
         extra = ", ".join(f"{k} +{v}" for k, v in ops["extra"].items()) or "none"
@@ -254,7 +331,7 @@ def format_bench(result: dict) -> tuple[list[str], list[list[str]], list[str]]:
     any_mfu = next(iter(result["runners"].values()))["mfu"]
     lines.append(f"MFU: {any_mfu['flops_per_token']:.3g} FLOP/token (PaLM 6N + 12LHT) against "
                  f"{_fmt(any_mfu['peak_flops'] and any_mfu['peak_flops'] / 1e12, '.3g')} TFLOP/s "
-                 f"({any_mfu['peak_source']}, {any_mfu['peak_precision']})")
+                 f"({any_mfu['peak_source']}, {any_mfu['peak_precision']}{peak_note(any_mfu)})")
     m = result["model"]
     lines.append(f"batch {m['batch_size']}{' (found automatically)' if m.get('auto_batch_size') else ''}; "
                  f"data: {result['data']}; device: {result['device']}; "

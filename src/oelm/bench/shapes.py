@@ -12,8 +12,11 @@ Shapes (:data:`BENCH_SHAPES`):
 * ``bert-base-cls`` — a BERT-base-sized encoder (Hugging Face ``BertForSequenceClassification``
   built from a config, random weights): 12 × 768, 12 heads, FFN 3072, vocabulary 30,522,
   sequences of 128 tokens, 2 labels.
+* ``minilm-cls`` — the demo's model shape (all-MiniLM-L6-v2, configs/quickstart.yaml) with random
+  weights, so no weights need to travel: a BERT encoder 6 × 384, 12 heads, FFN 1536, vocabulary
+  30,522, 64 tokens (SST-2 sentences are shorter), batch 32 as the demo trains, 2 labels.
 
-The batch of the two real shapes is found automatically when not given (``batch_size=None``):
+The batch of the two large shapes is found automatically when not given (``batch_size=None``):
 the largest power of two that fits, see :func:`oelm.bench.runners.find_batch_size`.
 """
 
@@ -76,6 +79,12 @@ BENCH_SHAPES: dict[str, BenchShape] = {
         {"num_hidden_layers": 12, "hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072,
          "vocab_size": 30522, "max_position_embeddings": 512, "num_labels": 2},
         batch_size=None, seq_len=128, family="bert",
+    ),
+    "minilm-cls": BenchShape(
+        "minilm",
+        {"num_hidden_layers": 6, "hidden_size": 384, "num_attention_heads": 12, "intermediate_size": 1536,
+         "vocab_size": 30522, "max_position_embeddings": 512, "num_labels": 2},
+        batch_size=32, seq_len=64, family="bert",
     ),
 }
 

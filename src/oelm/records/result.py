@@ -43,6 +43,25 @@ class Performance(TypedDict, total=False):
     early_stopped: bool  # training.early_stopping_patience ended it before budget.planned_steps (absent in older results)
 
 
+class Mfu(TypedDict, total=False):
+    """``result["timing"]["mfu"]`` (:func:`oelm.environment.mfu_record`): model FLOPs utilization
+    (a fraction) and the peak (FLOP/s) it divides by; with a measured peak also when that peak was
+    taken (UTC, its age in s) and the machine's 1-minute load average then and at the run's end
+    (absent in older results)."""
+
+    mfu: float | None
+    flops_per_token: float | None
+    tokens_per_second: float | None
+    peak_flops: float | None
+    peak_source: str | None  # "datasheet:<GPU>", "measured-probe", "measured-interleaved"
+    peak_precision: str | None
+    precision: str | None
+    peak_measured_utc: str | None
+    peak_age_s: float | None
+    peak_load_1min: float | None
+    load_1min: float | None
+
+
 class Timing(TypedDict, total=False):
     """The parts of ``result["timing"]`` the readers use (seconds, ms, tokens/s; the rest is free)."""
 
@@ -55,7 +74,7 @@ class Timing(TypedDict, total=False):
     timing_warmup_steps_excluded: int | None
     per_step_ms: dict[str, Any] | None  # median, mean, p10, p90 (ms), n
     step_ms: list[float | None] | None  # every measured step
-    mfu: dict[str, Any] | None  # mfu (a fraction), peak_source, peak_precision, ...
+    mfu: Mfu | None
     gpu_telemetry: dict[str, Any] | None
 
 
@@ -386,6 +405,13 @@ class RunRecord:
     median_step_ms = property(lambda self: (self.timing.get("per_step_ms") or {}).get("median"))
     mfu = property(lambda self: self.timing.get("mfu") or {},
                    doc="``timing.mfu``: mfu (a fraction), peak_source, peak_precision ({} when absent).")
+    mfu_peak_age_s = property(lambda self: self.mfu.get("peak_age_s"),
+                              doc="Seconds between the measured MFU peak and the run's end (None: a datasheet "
+                                  "peak, or an older result).")
+    mfu_peak_load_1min = property(lambda self: self.mfu.get("peak_load_1min"),
+                                  doc="The 1-minute load average when the measured MFU peak was taken.")
+    mfu_load_1min = property(lambda self: self.mfu.get("load_1min"),
+                             doc="The 1-minute load average when the run's MFU was computed.")
     gpu_telemetry = property(lambda self: self.timing.get("gpu_telemetry") or {})
     drift_percent = _get("environment", "matmul_probe_drift_percent", "Speed-probe change over the run (%).")
     probe_gflops = property(lambda self: (self.environment.get("matmul_probe") or {}).get("gflops"))
