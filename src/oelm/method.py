@@ -51,6 +51,7 @@ import torch
 from torch import nn
 
 from oelm.architectures import (
+    ARCHITECTURE_ATTRIBUTE,
     ARCHITECTURES,
     FUSED_LAYOUTS,
     PARAMETER_GROUPS,
@@ -60,6 +61,7 @@ from oelm.architectures import (
     SplitQKV,
     architecture_from_dict,
     architecture_of,
+    attach_architecture,
     find_attention_projections,
     fuse_split_projections,
     load_architecture,
@@ -375,16 +377,18 @@ def _split_if_fused_family(model: nn.Module) -> None:
 
 
 #: Instance attributes :func:`apply_oelm` sets on the model (and :func:`merge_and_unload` removes):
-#: the report, the config, a PEFT-style ``print_trainable_parameters``, and the checkpoint hooks
-#: of :mod:`oelm.recipe` (``save_pretrained`` in the stock layout, the load hook's handle).
-OELM_ATTRIBUTES = ("oelm_report", "oelm_config", "print_trainable_parameters", *CHECKPOINT_ATTRIBUTES)
+#: the report, the config, a PEFT-style ``print_trainable_parameters``, the checkpoint hooks of
+#: :mod:`oelm.recipe` (``save_pretrained`` in the stock layout, the load hook's handle), and the
+#: spec ``target_modules`` gave.
+OELM_ATTRIBUTES = ("oelm_report", "oelm_config", "print_trainable_parameters", *CHECKPOINT_ATTRIBUTES, ARCHITECTURE_ATTRIBUTE)
 
 
 def _is_bound(value: Any, func: Any) -> bool:
     return isinstance(value, functools.partial) and value.func is func
 
 
-def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, seed: int | None = None) -> ParameterReport:
+def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, seed: int | None = None,
+               target_modules: dict[str, Any] | None = None, num_heads: int | None = None) -> ParameterReport:
     """Apply an OELM method to ``model`` in place and return its parameter report.
 
     Steps: find every attention module's query/key projections through the architecture
@@ -416,9 +420,15 @@ def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, se
     :func:`merge_and_unload` first (which makes it a plain model again).
 
     Args:
-        model: a supported model (see :data:`ARCHITECTURES`, or register one).
+        model: a supported model (see :data:`ARCHITECTURES`, or register one, or name its
+            projections with ``target_modules``).
         config: an :class:`OELMConfig` or a name from :data:`METHODS`.
         seed: overrides ``config.seed`` for random draws.
+        target_modules: PEFT-style names of the projections, for a model no registry entry knows:
+            ``{"query": "q_proj", "key": "k_proj"}`` or ``{"qkv": "c_attn", "layout": "qkv_conv1d"}``
+            (module-name suffixes or full-name regexes; :mod:`oelm.architectures.targets`). The
+            spec built from them stays on this model (``model.oelm_architecture``); checkpoints record it.
+        num_heads: the query head count with ``target_modules`` when the model's config has none.
 
     Returns:
         :class:`ParameterReport`; ``str(report)`` is the PEFT-style line; ``report.projections``
@@ -448,6 +458,8 @@ def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, se
             f"applying {config.method!r} on top would mix two methods' initialization and freezing. Fix: start from a "
             "fresh model, or call model = oelm.merge_and_unload(model) first to make it a plain model again"
         )
+    if target_modules is not None:
+        attach_architecture(model, target_modules, num_heads=num_heads)  # refused here if nothing fits
     if config.targets:
         split_fused_projections(model)
         sites = find_attention_projections(model)
@@ -500,10 +512,11 @@ def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, se
     return report
 
 
-def get_oelm_model(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, seed: int | None = None) -> nn.Module:
+def get_oelm_model(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, seed: int | None = None,
+                   **targets: Any) -> nn.Module:
     """PEFT-style entry point: apply ``config`` to ``model`` (in place) and return the model.
 
-    Same as :func:`apply_oelm`, but returns the model (like ``peft.get_peft_model``); the report
+    Same as :func:`apply_oelm` (``targets``: its ``target_modules`` / ``num_heads``), but returns the model (like ``peft.get_peft_model``); the report
     is on ``model.oelm_report`` and ``model.print_trainable_parameters()`` (or
     :func:`print_trainable_parameters`) prints its summary line::
 
@@ -514,7 +527,7 @@ def get_oelm_model(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *
         ConfigError, OELMError, UnsupportedModelError: as :func:`apply_oelm`.
     """
     _require_module(model, "get_oelm_model")
-    apply_oelm(model, config, seed=seed)
+    apply_oelm(model, config, seed=seed, **targets)
     return model
 
 
@@ -559,7 +572,7 @@ def merge_and_unload(model: nn.Module) -> nn.Module:
     detached = detach_checkpoint_hooks(model)
     attributes = vars(model)
     # a method of that name the user set on the instance is theirs: only oelm's partial goes
-    ours = [n for n in ("oelm_report", "oelm_config") if n in attributes]
+    ours = [n for n in ("oelm_report", "oelm_config", ARCHITECTURE_ATTRIBUTE) if n in attributes]
     if _is_bound(attributes.get("print_trainable_parameters"), print_trainable_parameters):
         ours.append("print_trainable_parameters")
     if not fused and not ours and not detached:

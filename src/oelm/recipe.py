@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from oelm.architectures.spec import ARCHITECTURE_ATTRIBUTE, architecture_to_dict
 from oelm.errors import CheckpointMismatchError
 from oelm.fused import SplitQKV, fuse_state_dict, split_fused_entries
 
@@ -86,7 +87,8 @@ def _oelm_version() -> str | None:
 
 def recipe_of(model: nn.Module) -> dict[str, Any]:
     """The recipe of a model that went through ``apply_oelm`` (the module docstring shows it):
-    the method's config, the sha256 of every frozen tensor, and the split fused modules.
+    the method's config, the sha256 of every frozen tensor, the split fused modules, and the
+    architecture spec when ``apply_oelm`` got ``target_modules``.
 
     Raises:
         AttributeError: ``model`` has no ``oelm_config``.
@@ -97,7 +99,7 @@ def recipe_of(model: nn.Module) -> dict[str, Any]:
         for name, m in model.named_modules()
         if isinstance(m, SplitQKV)
     }
-    return {
+    recipe = {
         "format": RECIPE_FORMAT,
         "format_version": RECIPE_VERSION,
         "method": config.method,
@@ -106,6 +108,10 @@ def recipe_of(model: nn.Module) -> dict[str, Any]:
         "split": split,
         "versions": {"torch": torch.__version__, "oelm": _oelm_version()},
     }
+    own = vars(model).get(ARCHITECTURE_ATTRIBUTE)
+    if own is not None:  # the projections were named with target_modules: the loader needs the names
+        recipe["architecture"] = architecture_to_dict(own)
+    return recipe
 
 
 _MISSING = object()

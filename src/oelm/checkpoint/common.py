@@ -12,7 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from oelm.errors import CheckpointError, CheckpointMismatchError, ConfigError
+from oelm.architectures import architecture_from_dict, set_architecture
+from oelm.errors import CheckpointError, CheckpointMismatchError, ConfigError, UnsupportedModelError
 from oelm.method import OELMConfig, apply_oelm
 from oelm.recipe import tensor_sha256
 
@@ -61,15 +62,27 @@ def safetensors_size(tensors: dict[str, torch.Tensor], metadata: dict[str, str] 
     return 8 + n + offset
 
 
-def regenerate(model: nn.Module, config: Any) -> None:
+def _set_recorded_architecture(model: nn.Module, architecture: dict[str, Any] | None, where: str) -> None:
+    """Put a recorded architecture spec (``apply_oelm(..., target_modules=...)``) back on ``model``."""
+    if architecture is None:
+        return
+    try:
+        set_architecture(model, architecture_from_dict(architecture, source=f"{where}: architecture"))
+    except (ConfigError, UnsupportedModelError) as exc:
+        raise CheckpointError(f"{exc}; build base_model as the checkpoint's architecture") from None
+
+
+def regenerate(model: nn.Module, config: Any, architecture: dict[str, Any] | None = None, where: str = "checkpoint") -> None:
     """Apply the recorded method ``config`` (an ``OELMConfig``, with its seed) to the fresh base
-    ``model``: the one place a loader regenerates frozen tensors from a recipe."""
+    ``model`` (with its recorded ``architecture`` spec, if any): the one place a loader
+    regenerates frozen tensors from a recipe."""
+    _set_recorded_architecture(model, architecture, where)
     apply_oelm(model, config)
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
     """The model inside DistributedDataParallel / DataParallel / torch.compile wrappers."""
-    from accelerate.utils import extract_model_from_parallel
+    from accelerate.utils import extract_model_from_parallel  # accelerate only when a wrapped model is saved/loaded
 
     return extract_model_from_parallel(model, keep_torch_compile=False)
 
@@ -175,11 +188,12 @@ def oelm_config_from(meta: dict[str, Any], where: str = METADATA_NAME) -> OELMCo
         ) from None
 
 
-def reapply(model: nn.Module, config: Any) -> None:
+def reapply(model: nn.Module, config: Any, architecture: dict[str, Any] | None = None, where: str = "checkpoint") -> None:
     """Apply the recorded method to a model that already holds the trained tensors, frozen ones
     included: split and freeze as ``config`` says without initializing anything
     (``init="none"``); ``model.oelm_config`` is then the recorded config, so a later save records
     the same recipe."""
+    _set_recorded_architecture(model, architecture, where)
     apply_oelm(model, config.replace(init="none"))
     model.oelm_config = config
 

@@ -158,10 +158,11 @@ def load_oelm(directory: str | os.PathLike, base_model: nn.Module | None = None,
     model = _fresh_base(base_model) if base_model is not None else _build_base(meta, directory, allowed)
     # The recorded method, with its seed; when the frozen draw was not reproducible (seed None),
     # only the freezing (and any restructuring) is repeated and the stored frozen tensors are used.
+    where = str(directory / METADATA_NAME)
     if frozen_stored:
-        reapply(model, config)
+        reapply(model, config, meta.get("architecture"), where)
     else:
-        regenerate(model, config)
+        regenerate(model, config, meta.get("architecture"), where)
     params = dict(model.named_parameters())
     _check_names(meta, params)
     refreeze(params, meta["frozen"], config, meta.get("versions", {}).get("oelm"))

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from oelm.architectures import ARCHITECTURE_ATTRIBUTE, architecture_to_dict
 from oelm.errors import ConfigError
 from oelm.io import atomic_path, sha256_file, write_json_atomic
 from oelm.checkpoint.common import (
@@ -195,7 +196,15 @@ def _metadata(model: nn.Module, config: Any, source: str | None, frozen_stored: 
         "frozen_tensors_stored": frozen_stored,
         "weights": weights,
         "frozen": {n: {"dtype": str(p.dtype), "shape": list(p.shape), "sha256": tensor_sha256(p)} for n, p in frozen.items()},
+        **_architecture_record(model),
     }
+
+
+def _architecture_record(model: nn.Module) -> dict[str, Any]:
+    """``{"architecture": ...}`` when ``apply_oelm`` got ``target_modules`` (the loader needs the
+    names to find the projections again), else ``{}``."""
+    own = vars(model).get(ARCHITECTURE_ATTRIBUTE)
+    return {"architecture": architecture_to_dict(own)} if own is not None else {}
 
 
 def _report(directory: Path, metadata: dict[str, Any], metadata_bytes: int, frozen_tensors: int) -> SaveReport:
