@@ -178,6 +178,13 @@ class ModelConfig(_Strict):
         return self.pretrained or f"oelm-{self.gpt}"
 
 
+#: The PEFT LoraConfig fields a method's ``lora:`` may set (checked here without importing PEFT).
+LORA_KEYS = frozenset({
+    "r", "lora_alpha", "lora_dropout", "target_modules", "modules_to_save", "bias", "use_rslora", "fan_in_fan_out",
+    "init_lora_weights", "layers_to_transform", "task_type",
+})
+
+
 class MethodEntry(_Strict):
     """One method of the comparison: a named method, optionally modified, with its learning rate."""
 
@@ -207,6 +214,12 @@ class MethodEntry(_Strict):
         "query_key_value) fused in methods that do not target Q/K (baseline, oelm_ffn_only); default true "
         "splits it in every method so all run the same matmuls.",
     )
+    lora: dict[str, Any] | None = Field(
+        None,
+        description="A PEFT LoRA adapter on top of the method (LoraConfig fields: r, lora_alpha, lora_dropout, "
+        "target_modules, modules_to_save, ...): the method is applied first (frozen orthogonal Q/K for oelm_freeze), "
+        "then LoRA freezes the rest and trains its matrices and modules_to_save (oelm.peft.add_lora; the peft extra).",
+    )
 
     @model_validator(mode="after")
     def _known_base(self) -> "MethodEntry":
@@ -229,6 +242,11 @@ class MethodEntry(_Strict):
                 f"method {self.name!r}: training has unknown key(s) {unknown}; valid keys: {', '.join(TrainingConfig.model_fields)}"
             )
         self.oelm_config()  # init / normal_std / groups checked now, not when the first run builds its model
+        if self.lora is not None:
+            unknown = sorted(set(self.lora) - LORA_KEYS)
+            if unknown or not self.lora.get("target_modules"):
+                raise ValueError(f"method {self.name!r}: lora needs target_modules and takes only {sorted(LORA_KEYS)}; "
+                                 f"got {sorted(self.lora)}")
         if "learning_rate" in self.training and (self.learning_rate is not None or self.learning_rates is not None):
             given = "learning_rate" if self.learning_rate is not None else "learning_rates"
             raise ValueError(

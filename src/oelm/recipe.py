@@ -142,9 +142,9 @@ def save_pretrained_with_recipe(model: nn.Module, save_directory: Any, is_main_p
                 setattr(config, RECIPE_KEY, previous)
 
 
-def _changed_frozen(model: nn.Module, state_dict: dict[str, Any], prefix: str) -> list[str]:
-    """Names of frozen parameters whose entry in ``state_dict`` (split from a fused one where the
-    model has a :class:`SplitQKV`) differs from the value they hold: shape, or any element."""
+def _changed_frozen(model: nn.Module, state_dict: dict[str, Any], prefix: str, frozen: tuple[str, ...]) -> list[str]:
+    """Names in ``frozen`` whose entry in ``state_dict`` (split from a fused one where the model
+    has a :class:`SplitQKV`) differs from the value the parameter holds: shape, or any element."""
     incoming: dict[str, torch.Tensor] = {}
     for name, module in model.named_modules():
         if isinstance(module, SplitQKV):
@@ -153,10 +153,11 @@ def _changed_frozen(model: nn.Module, state_dict: dict[str, Any], prefix: str) -
             except ValueError:
                 pass  # the SplitQKV's own hook reports it as torch reports a size mismatch
     changed = []
-    for name, p in model.named_parameters():
-        key = prefix + name
+    params = dict(model.named_parameters())
+    for name in frozen:
+        key, p = prefix + name, params.get(name)
         value = state_dict[key] if key in state_dict else incoming.get(key)
-        if p.requires_grad or value is None:
+        if p is None or value is None:
             continue
         if value.shape != p.shape or not torch.equal(value.to(device=p.device, dtype=p.dtype), p.detach()):
             changed.append(name)
@@ -181,12 +182,16 @@ def _legacy_names(model: nn.Module) -> dict[str, str]:
 
 
 def before_load_state_dict(model: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: dict, strict: bool,
-                           missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str]) -> None:
-    """``load_state_dict`` pre-hook of an OELM model (torch's signature), run before any tensor of
-    the model is loaded. Names that transformers' ``save_pretrained`` renamed on the way out are
-    renamed back (a plain ``load_state_dict``, as ``Trainer``'s ``resume_from_checkpoint`` calls,
-    would miss GPT-NeoX's ``lm_head`` otherwise); then a state dict that would change a frozen
-    tensor is refused. (Each :class:`~oelm.fused.SplitQKV` splits the fused keys in its own hook.)
+                           missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str], *,
+                           frozen: tuple[str, ...] = ()) -> None:
+    """``load_state_dict`` pre-hook of an OELM model (torch's signature; ``frozen``, bound by
+    :func:`attach_checkpoint_hooks`: the parameters frozen when ``apply_oelm`` finished), run
+    before any tensor of the model is loaded. Names that transformers' ``save_pretrained`` renamed
+    on the way out are renamed back (a plain ``load_state_dict``, as ``Trainer``'s
+    ``resume_from_checkpoint`` calls, would miss GPT-NeoX's ``lm_head`` otherwise); then a state
+    dict that would change a frozen tensor is refused. (Each :class:`~oelm.fused.SplitQKV` splits
+    the fused keys in its own hook.) The frozen set is the one of ``apply_oelm``, not the
+    ``requires_grad`` flags of the moment: PEFT's inference mode, say, turns every flag off.
 
     Raises:
         CheckpointMismatchError: names the first frozen tensor that would change and the likely causes.
@@ -194,7 +199,7 @@ def before_load_state_dict(model: nn.Module, state_dict: dict[str, Any], prefix:
     for disk, name in _legacy_names(model).items():
         if prefix + disk in state_dict and prefix + name not in state_dict:
             state_dict[prefix + name] = state_dict.pop(prefix + disk)
-    changed = _changed_frozen(model, state_dict, prefix)
+    changed = _changed_frozen(model, state_dict, prefix, frozen)
     if not changed:
         return
     config = getattr(model, "oelm_config", None)
@@ -212,11 +217,12 @@ def before_load_state_dict(model: nn.Module, state_dict: dict[str, Any], prefix:
 def attach_checkpoint_hooks(model: nn.Module) -> None:
     """Give ``model`` (this instance) :func:`save_pretrained_with_recipe` as ``save_pretrained``
     (when its class has one) and :func:`before_load_state_dict` as a ``load_state_dict`` pre-hook
-    (its handle in ``model.oelm_load_hook``). Instance attributes, not a patched class: other
+    (its handle in ``model.oelm_load_hook``), bound to the parameters frozen now. Instance attributes, not a patched class: other
     instances are untouched, and the model still pickles and deep-copies."""
     if hasattr(type(model), "save_pretrained"):
         model.save_pretrained = functools.partial(save_pretrained_with_recipe, model)
-    model.oelm_load_hook = model.register_load_state_dict_pre_hook(before_load_state_dict)
+    frozen = tuple(n for n, p in model.named_parameters() if not p.requires_grad)
+    model.oelm_load_hook = model.register_load_state_dict_pre_hook(functools.partial(before_load_state_dict, frozen=frozen))
 
 
 def detach_checkpoint_hooks(model: nn.Module) -> bool:
