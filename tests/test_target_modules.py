@@ -173,3 +173,16 @@ def test_bart_encoder_and_decoder_keep_their_own_head_counts():
         assert max_orthogonality_error(s.key.weight, s.num_kv_heads) < 1e-5
     x = ids()
     assert torch.isfinite(model(input_ids=x, labels=x).loss)
+
+
+def test_every_registered_spec_reads_back_from_its_dict_form():
+    """Checkpoints record a spec as data (architecture_to_dict); reading it back must give the same spec."""
+    from oelm.architectures import architecture_from_dict, architecture_to_dict
+
+    fields = ("attention", "num_heads", "num_kv_heads", "head_dim", "group_patterns", "model_class")
+    for model_type, spec in ARCHITECTURES.items():
+        again = architecture_from_dict(architecture_to_dict(spec), source=model_type)
+        assert [getattr(again, f) for f in fields] == [getattr(spec, f) for f in fields], model_type
+    bart = architecture_to_dict(ARCHITECTURES["bart"])
+    assert [a.get("num_heads") for a in bart["attention"]] == ["encoder_attention_heads", "decoder_attention_heads",
+                                                                 "decoder_attention_heads"]
