@@ -136,12 +136,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     import time
 
     from oelm.config import load_config
+
+    started = time.perf_counter()
+    config = load_config(resolve_config(args.config), args.overrides)  # before torch loads: a typo fails at once
     from oelm.distributed import is_main_process
     from oelm.errors import RunInterruptedError
     from oelm.matrix import collect, run_matrix, run_only
 
-    started = time.perf_counter()
-    config = load_config(resolve_config(args.config), args.overrides)
     out = _output_dir(args, config)
     if args.only and args.collect:
         raise OELMError("--only and --collect are two steps: train runs with --only, then collect once with --collect")
@@ -188,9 +189,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from oelm.config import load_config
+
+    config = load_config(resolve_config(args.config), args.overrides)  # before torch loads: a typo fails at once
     from oelm.matrix import plan_matrix
 
-    config = load_config(resolve_config(args.config), args.overrides)
     out = _output_dir(args, config)
     for task in plan_matrix(config, out, log=lambda m: print(m, file=sys.stderr)):
         print(json.dumps(task.to_dict()))
