@@ -463,7 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "target", nargs="?", metavar="MODEL_OR_CONFIG",
         help="a Hugging Face model (Hub id, local dir, or sentence-transformers/all-MiniLM-L6-v2), "
-        "or an experiment YAML (its model and methods)",
+        "or an experiment YAML or shipped config name such as quickstart (its model and methods)",
     )
     p.add_argument("--config-only", action="store_true", help="MODEL: random weights from its config.json, no weight loading")
     p.add_argument("--model", help="Hugging Face id or local dir, built as a sequence classifier")
