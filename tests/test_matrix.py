@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from _tiny_matrix import numbers, write_config
+from _tiny_matrix import CONFIG, numbers, write_config
 from oelm.cli import main
 from oelm.config import config_from_dict
 from oelm.lock import acquire, release
-from oelm.matrix.plan import ready_runs, select_learning_rates
+from oelm.matrix.plan import marked_final, ready_runs, select_learning_rates
 from oelm.matrix.store import MatrixFolder, RunRecord
 from oelm.runs import run_name
 
@@ -35,7 +35,7 @@ def _names(tasks) -> list[tuple[str, str]]:
 
 
 def test_every_sweep_run_is_ready_at_once_and_a_methods_final_runs_once_it_is_selected():
-    c = config_from_dict(SWEPT)
+    c = config_from_dict(SWEPT | {"task": {"dataset": "sst2", "test_split": "test"}})
     ready, selection = ready_runs(c, "accuracy", {})
     assert _names(ready) == [("baseline-lr0.0001-seed0", "train"), ("baseline-lr0.0003-seed0", "train"),
                              ("oelm_freeze-seed0", "train"), ("oelm_freeze-seed1", "train")]
@@ -50,9 +50,26 @@ def test_every_sweep_run_is_ready_at_once_and_a_methods_final_runs_once_it_is_se
     assert selection.selected == {"baseline": 3e-4}
     assert _names(ready) == [("baseline-lr0.0003-seed0", "promote"), ("oelm_freeze-seed0", "train"),
                              ("oelm_freeze-seed1", "train"), ("baseline-lr0.0003-seed1", "train")]
+    assert all(t.evaluate_test == (t.run.stage == "final") for t in ready)
+    assert marked_final(c, selection, results) == []  # with a test split the promote task does it
     # promoted: nothing left of seed 0's baseline
     results["baseline-lr0.0003-seed0"] = _record("baseline", 3e-4, 0, "final", 85.0)
     assert ("baseline-lr0.0003-seed0", "promote") not in _names(ready_runs(c, "accuracy", results)[0])
+
+
+def test_without_a_test_split_no_task_promotes_or_evaluates_a_test_split():
+    """No test split (issue 35, item 6): the plan lists no "promote" task and no task says
+    ``evaluate_test: true``; the selected sweep run is marked final where it lies (marked_final)."""
+    c = config_from_dict(SWEPT)
+    results = {"baseline-lr0.0001-seed0": _record("baseline", 1e-4, 0, "sweep", 80.0),
+               "baseline-lr0.0003-seed0": _record("baseline", 3e-4, 0, "sweep", 85.0)}
+    ready, selection = ready_runs(c, "accuracy", results)
+    assert _names(ready) == [("oelm_freeze-seed0", "train"), ("oelm_freeze-seed1", "train"),
+                             ("baseline-lr0.0003-seed1", "train")]
+    assert [t.to_dict()["evaluate_test"] for t in ready] == [False, False, False]
+    assert [r.name for r in marked_final(c, selection, results)] == ["baseline-lr0.0003-seed0"]
+    results["baseline-lr0.0003-seed0"] = _record("baseline", 3e-4, 0, "final", 85.0)
+    assert marked_final(c, selection, results) == []
 
 
 def test_a_failed_sweep_run_being_retried_holds_back_its_methods_selection():
@@ -228,3 +245,22 @@ def test_parallel_auto_picks_the_arrangement_with_the_shortest_predicted_matrix_
     tie = choose_lanes({2: [probe(0.62, 0.2)] * 2, 1: [probe(0.32, 0.1)]}, runs=2, cores=2)
     assert (tie.lanes, tie.threads) == (1, 2)
     assert "1 lane(s) x 2 thread(s)" in tie.describe()
+
+
+def test_a_plan_without_a_test_split_marks_the_selected_sweep_run_final_without_a_task(tmp_path):
+    """`oelm plan` / `--only` / `--collect` on the tiny matrix without its test split: the second
+    plan is empty (no promote task), the selected sweep run's record says final, and the
+    comparison counts it."""
+    cfg = write_config(tmp_path, CONFIG.replace("test_split: test, ", ""))
+    out = tmp_path / "out"
+    first = _plan(cfg, out)
+    assert [x["action"] for x in first] == ["train"] * 4 and not any(x["evaluate_test"] for x in first)
+    for line in first:
+        assert main(["run", str(cfg), "--output-dir", str(out), "--only", line["name"]]) == 0
+    assert _plan(cfg, out) == []
+    sweep = json.loads((out / "sweep.json").read_text())
+    best = sweep["selected_learning_rates"]["baseline"]
+    result = json.loads((out / "runs" / run_name("baseline", 0, best) / "result.json").read_text())
+    assert (result["stage"], result["selected"], result["performance"]["test"]) == ("final", True, None)
+    assert main(["run", str(cfg), "--output-dir", str(out), "--collect"]) == 0
+    assert json.loads((out / "comparison.json").read_text())["methods"]["baseline"]["seeds"] == [0]

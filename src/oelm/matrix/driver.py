@@ -27,8 +27,10 @@ from oelm.matrix.output import (
     _check_fingerprint, _quiet, config_fingerprint, interruptible, open_output_dir, prepare_matrix_data, start_output,
     write_selection,
 )
-from oelm.matrix.plan import RunTask, final_results, plan_runs, ready_runs, unfinished_final_runs, why_not_ready
-from oelm.matrix.run_one import RunContext, placement_record, train_planned_run, verify_kept
+from oelm.matrix.plan import (
+    RunTask, final_results, marked_final, plan_runs, ready_runs, unfinished_final_runs, why_not_ready,
+)
+from oelm.matrix.run_one import RunContext, mark_final, placement_record, train_planned_run, verify_kept
 from oelm.matrix.store import MatrixFolder, RunRecord
 
 __all__ = ["run_matrix", "plan_matrix", "run_only", "collect", "task_metric"]
@@ -89,6 +91,14 @@ def run_matrix(config: ExperimentConfig, output_dir: str | Path | None = None, l
         return _drive(config, out, log, retry_failed, allow_missing_weights, executor)
 
 
+def _mark_finals(config: ExperimentConfig, out: Path, selection, results: dict[str, RunRecord],
+                 log: Callable[[str], None]) -> None:
+    """No test split: mark each selected sweep run final where it lies (:func:`~oelm.matrix.plan.marked_final`),
+    updating ``results``; rank 0 writes."""
+    for run in marked_final(config, selection, results):
+        results[run.name] = RunRecord(mark_final(out, run, log))
+
+
 def _check_kept(ctx: RunContext, results: dict[str, RunRecord], names: set[str]) -> None:
     """Check every earlier result the rerun keeps (:func:`oelm.matrix.run_one.verify_kept`)."""
     for name in sorted(names & set(results)):
@@ -123,6 +133,7 @@ def _drive(config: ExperimentConfig, out: Path, log: Callable[[str], None], retr
             if written != (selection.complete, selection.selected):
                 write_selection(out, config, selection, log, announced)
                 written = (set(selection.complete), dict(selection.selected))
+            _mark_finals(config, out, selection, results, log)
             for task in ready:
                 if executor.free_slots(len(busy)) <= 0:
                     break
@@ -178,6 +189,7 @@ def plan_matrix(config: ExperimentConfig, output_dir: str | Path | None = None,
         results = MatrixFolder(out).results()
         ready, selection = ready_runs(config, task_metric(config), results)
         write_selection(out, config, selection, log, set())
+        _mark_finals(config, out, selection, results, log)
     return ready
 
 
@@ -233,6 +245,7 @@ def collect(config: ExperimentConfig, output_dir: str | Path | None = None,
         results = MatrixFolder(out).results()
         _, selection = ready_runs(config, task_metric(config), results)
         write_selection(out, config, selection, log, set())
+        _mark_finals(config, out, selection, results, log)
         finals = {m: [r.raw for r in runs] for m, runs in final_results(config, selection, results).items() if runs}
         if not any(r.get("status") == "finished" for runs in finals.values() for r in runs):
             raise OELMError(f"no final run of {config.name} has finished under {out / 'runs'} yet; "

@@ -34,7 +34,7 @@ from oelm.trackers import TrackedRun
 from oelm.matrix.plan import RunTask
 from oelm.matrix.store import MatrixFolder
 
-__all__ = ["RunContext", "execute", "train_planned_run", "placement_record", "verify_kept", "promote"]
+__all__ = ["RunContext", "execute", "train_planned_run", "placement_record", "verify_kept", "promote", "mark_final"]
 
 # Every process of a launched job runs the protocol; rank 0 alone writes its files.
 _write_json = main_process_only(write_json_atomic)
@@ -368,11 +368,26 @@ def promote(config: ExperimentConfig, entry: MethodEntry, run: PlannedRun, data:
                 fh.write(json.dumps({"type": "test", "step": result["performance"]["best_step"], data.metric: test_value}) + "\n")
         result["timing"]["test_seconds"] = seconds
         log(f"[{run_dir.name}] selected; test {data.metric} {test_value:.4f} (evaluated once, best checkpoint)")
+    return _as_final(run_dir, result, test_value)
+
+
+def _as_final(run_dir: Path, result: dict, test_value: float | None) -> dict:
+    """``result`` as its seed's final run (``stage: final``, ``selected``, ``swept``, its test
+    value), written to ``run_dir/result.json``."""
     result = dict(result)
     result["performance"] = dict(result["performance"], test=test_value)
     result.update(stage="final", selected=True, swept=True)
     _write_json(run_dir / "result.json", result)
     return result
+
+
+def mark_final(out: Path, run: PlannedRun, log: Callable[[str], None]) -> dict:
+    """Without a test split: the finished sweep run at the selected rate becomes ``run`` (its
+    seed's final run) by its record alone, as :func:`promote` would make it but with nothing to
+    evaluate (no data, no model, no task). Returns the new result."""
+    run_dir = out / "runs" / run.name
+    log(f"[{run.name}] selected; its sweep run is the final run (no test split to evaluate)")
+    return _as_final(run_dir, read_json(run_dir / "result.json"), None)
 
 
 def _promote_or_retrain(ctx: RunContext, run: PlannedRun) -> dict:
