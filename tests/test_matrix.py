@@ -264,3 +264,51 @@ def test_a_plan_without_a_test_split_marks_the_selected_sweep_run_final_without_
     assert (result["stage"], result["selected"], result["performance"]["test"]) == ("final", True, None)
     assert main(["run", str(cfg), "--output-dir", str(out), "--collect"]) == 0
     assert json.loads((out / "comparison.json").read_text())["methods"]["baseline"]["seeds"] == [0]
+
+
+def test_each_run_keeps_its_console_output_in_train_log(local):
+    """runs/<run>/train.log (issue 35, item 6): that run's console lines, with a header per
+    process that worked on it; the promoted sweep run's log goes on with its promotion."""
+    _, out = local
+    runs = sorted(p.parent for p in (out / "runs").glob("*/result.json"))
+    assert len(runs) == 4
+    for run_dir in runs:
+        lines = (run_dir / "train.log").read_text().splitlines()
+        assert lines[0].startswith("=== ") and f" training {run_dir.name} on " in lines[0]
+        assert any(x.startswith(f"[{run_dir.name}] best validation accuracy") for x in lines), lines
+        assert not [x for x in lines if x.startswith("[") and not x.startswith(f"[{run_dir.name}]")]  # no other run's
+    promoted = json.loads((out / "sweep.json").read_text())["selected_learning_rates"]["baseline"]
+    log = (out / "runs" / run_name("baseline", 0, promoted) / "train.log").read_text()
+    assert f" promoting {run_name('baseline', 0, promoted)} on " in log and "selected; test accuracy" in log
+
+
+def test_train_log_keeps_what_the_terminal_shows_and_the_console_keeps_everything(tmp_path, capsys):
+    """A tqdm bar redrawn with carriage returns is one line in train.log (its last state); stderr
+    is copied too; the console still gets every write; an exception that ends the block is named
+    in the log."""
+    import sys
+
+    from tqdm import tqdm
+
+    from oelm.matrix.run_log import copy_console
+
+    log = tmp_path / "train.log"
+    with copy_console(log, "training r"):
+        print("[r] a line")
+        for _ in tqdm(range(3), desc="r", file=sys.stderr, mininterval=0):
+            pass
+        print("UserWarning: a warning", file=sys.stderr)  # as warnings.showwarning writes one
+    with pytest.raises(RuntimeError), copy_console(log, "training r"):
+        print("[r] again")
+        raise RuntimeError("boom")
+    print("after the block")
+    lines = log.read_text().splitlines()
+    assert "\r" not in log.read_text() and lines[1] == "[r] a line"
+    bars = [x for x in lines if x.startswith("r: ")]
+    assert len(bars) == 1 and "3/3" in bars[0]
+    assert any("UserWarning: a warning" in x for x in lines)
+    assert lines[-2] == "[r] again" and lines[-1].endswith("ended by RuntimeError: boom")
+    assert sum(x.startswith("=== ") and "training r on" in x for x in lines) == 2
+    assert "after the block" not in log.read_text()
+    console = capsys.readouterr()
+    assert "[r] a line" in console.out and "after the block" in console.out and "3/3" in console.err

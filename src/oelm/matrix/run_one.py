@@ -32,6 +32,7 @@ from oelm.runs import write_status as _write_status_file
 from oelm.trackers import TrackedRun
 
 from oelm.matrix.plan import RunTask
+from oelm.matrix.run_log import copy_console
 from oelm.matrix.store import MatrixFolder
 
 __all__ = ["RunContext", "execute", "train_planned_run", "placement_record", "verify_kept", "promote", "mark_final"]
@@ -291,11 +292,18 @@ def _train_cell(ctx: RunContext, run: PlannedRun, evaluate_test: bool) -> dict:
         Exception: anything else raised inside the run, after its status is set to ``failed``
             (``failure``: kind "error", the exception's type and message).
     """
-    run_dir, log = ctx.out / "runs" / run.name, ctx.log
+    run_dir = ctx.out / "runs" / run.name
     previous = _reuse_or_clear(ctx, run, run_dir)
     if previous is not None:
         return previous
     run_dir.mkdir(parents=True, exist_ok=True)
+    with copy_console(run_dir / "train.log", f"training {run.name}", enabled=is_main_process()):
+        return _train_fresh(ctx, run, run_dir, evaluate_test)
+
+
+def _train_fresh(ctx: RunContext, run: PlannedRun, run_dir: Path, evaluate_test: bool) -> dict:
+    """:func:`_train_cell` once the run is to (re)start or continue in ``run_dir``."""
+    log = ctx.log
     started = time.time()
     write_status(run_dir, run, "running")
     try:
@@ -386,7 +394,8 @@ def mark_final(out: Path, run: PlannedRun, log: Callable[[str], None]) -> dict:
     seed's final run) by its record alone, as :func:`promote` would make it but with nothing to
     evaluate (no data, no model, no task). Returns the new result."""
     run_dir = out / "runs" / run.name
-    log(f"[{run.name}] selected; its sweep run is the final run (no test split to evaluate)")
+    with copy_console(run_dir / "train.log", f"marking {run.name} final", enabled=is_main_process()):
+        log(f"[{run.name}] selected; its sweep run is the final run (no test split to evaluate)")
     return _as_final(run_dir, read_json(run_dir / "result.json"), None)
 
 
@@ -405,7 +414,8 @@ def _promote_or_retrain(ctx: RunContext, run: PlannedRun) -> dict:
     if swept.get("stage") == "final" or swept.get("status") != "finished":
         return swept  # promoted already (e.g. by an earlier attempt of this task), or failed
     try:
-        return promote(ctx.config, ctx.entry(run.method), run, ctx.data, run_dir, swept, ctx.log)
+        with copy_console(run_dir / "train.log", f"promoting {run.name}", enabled=is_main_process()):
+            return promote(ctx.config, ctx.entry(run.method), run, ctx.data, run_dir, swept, ctx.log)
     except RecordedFileMissingError as exc:
         if not ctx.allow_missing_weights:
             raise RecordedFileMissingError(f"{exc}; or rerun with --allow-missing-weights to train this selected run "
