@@ -312,3 +312,18 @@ def test_train_log_keeps_what_the_terminal_shows_and_the_console_keeps_everythin
     assert "after the block" not in log.read_text()
     console = capsys.readouterr()
     assert "[r] a line" in console.out and "after the block" in console.out and "3/3" in console.err
+
+
+def test_a_full_disk_stops_the_copy_not_the_run(capsys):
+    """train.log on a full disk (/dev/full: every write fails with ENOSPC): the block's prints
+    still reach the console and raise nothing; the run's own writes report disk faults."""
+    from pathlib import Path as _Path
+
+    from oelm.matrix.run_log import copy_console
+
+    if not _Path("/dev/full").exists():
+        pytest.skip("needs /dev/full")
+    with copy_console("/dev/full", "training r"):
+        for i in range(3):
+            print(f"[r] line {i}")
+    assert capsys.readouterr().out.splitlines() == ["[r] line 0", "[r] line 1", "[r] line 2"]

@@ -30,32 +30,45 @@ class _LineFile:
     """Appends whole lines to a file, each as its last carriage-return segment (what a terminal shows)."""
 
     def __init__(self, path: Path) -> None:
-        self._fh: IO[str] | None = path.open("a", encoding="utf-8", errors="replace")
         self._partial = ""
         self._lock = threading.Lock()
+        try:
+            self._fh: IO[str] | None = path.open("a", encoding="utf-8", errors="replace")
+        except OSError as exc:  # the run's own files will say what is wrong with the folder; no copy
+            self._fh = None
+            print(f"oelm: warning: cannot write {path} ({exc.strerror or exc}); this run's console output is not copied",
+                  file=sys.stderr)
 
     def feed(self, text: str) -> None:
         with self._lock:
             if self._fh is None:
                 return  # a stream kept after the block (a logging handler made during it): console only
             *lines, self._partial = (self._partial + text).split("\n")
-            for line in lines:
-                self._fh.write(line.rsplit("\r", 1)[-1] + "\n")
-            if lines:
-                self._fh.flush()
+            try:
+                for line in lines:
+                    self._fh.write(line.rsplit("\r", 1)[-1] + "\n")
+                if lines:
+                    self._fh.flush()
+            except OSError:  # a full disk: the copy stops, the console and the run go on (the run's own
+                self._drop()  # writes report the fault where it matters)
 
     def write_line(self, line: str) -> None:
         self.feed(("\n" if self._partial else "") + line + "\n")
+
+    def _drop(self) -> None:
+        fh, self._fh = self._fh, None
+        with contextlib.suppress(OSError):
+            fh.close()
 
     def close(self) -> None:
         with self._lock:
             if self._fh is None:
                 return
             last = self._partial.rsplit("\r", 1)[-1]
-            if last.strip():
-                self._fh.write(last + "\n")
-            self._fh.close()
-            self._fh = None
+            with contextlib.suppress(OSError):
+                if last.strip():
+                    self._fh.write(last + "\n")
+            self._drop()
 
 
 class _Tee:
