@@ -31,7 +31,8 @@ from pydantic import (
 
 from oelm.config_aliases import canonical_training
 from oelm.config_io import (
-    canonical_file, format_validation_error, override_changes, override_sites, parse_overrides, safe_load_unique, safetensors_problem,
+    canonical_file, format_validation_error, override_changes, override_sites, parse_overrides, safe_load_unique,
+    safetensors_problem, source_name,
 )
 from oelm.config_io import merge as _merge
 from oelm.errors import ConfigError
@@ -615,18 +616,6 @@ def config_from_dict(data: dict[str, Any], source: str = "(dict)", overrides: di
     return config
 
 
-_SHIPPED = Path(__file__).resolve().parent / "configs"  # oelm.configs: the YAML files shipped as package data
-
-
-def _source_name(path: Path) -> str:
-    """How an error names the config: a shipped one by its name (as ``oelm run NAME`` takes it),
-    not by its path inside site-packages; any other by its path."""
-    try:
-        return f"{path.resolve().relative_to(_SHIPPED).with_suffix('').as_posix()} (shipped with oelm)"
-    except ValueError:
-        return str(path)
-
-
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
     """Read, merge overrides into, and validate an experiment YAML file.
 
@@ -662,4 +651,4 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
             raise ConfigError(f"config file {path} must be a YAML mapping at the top level")
         data = _merge(canonical_file(data), override_changes(overrides))
         sites = override_sites(overrides, data)
-    return config_from_dict(data, source=_source_name(path), overrides=sites)
+    return config_from_dict(data, source=source_name(path), overrides=sites)

@@ -22,7 +22,7 @@ from oelm.config_aliases import TRAINER_ALIASES, canonical_training
 from oelm.errors import ConfigError
 
 __all__ = ["parse_overrides", "override_changes", "canonical_file", "override_sites", "merge", "format_validation_error",
-           "safe_load_unique", "safetensors_problem"]
+           "safe_load_unique", "safetensors_problem", "source_name"]
 
 
 def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
@@ -102,6 +102,18 @@ def format_validation_error(err: ValidationError, source: str, root: type[BaseMo
     if blamed_lines == len(seen):
         lines[0] = f"invalid command-line override{'s' if blamed_lines > 1 else ''} for experiment config {source}:"
     return ConfigError("\n".join(lines))
+
+
+_SHIPPED = Path(__file__).resolve().parent / "configs"  # oelm.configs: the YAML files shipped as package data
+
+
+def source_name(path: Path) -> str:
+    """How an error names a config file: a shipped one by its name (as ``oelm run NAME`` takes it),
+    not by its path inside site-packages; any other by its path."""
+    try:
+        return f"{Path(path).resolve().relative_to(_SHIPPED).with_suffix('').as_posix()} (shipped with oelm)"
+    except ValueError:
+        return str(path)
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
