@@ -29,6 +29,9 @@ interleaved with this one (old, new, old, new, ...), so both see the same machin
     OELM_DATA_DIR=/work/shared/data HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/startup.py \\
         --repeats 2 --reference /work/tmp/startup-base
 
+``--typo`` times a config typo instead: ``oelm run CONFIG training.epoch=2`` from process start to
+its one-line error and exit (``wall``), interleaved with ``--reference`` the same way.
+
 ``--hf`` also times ``benchmarks/startup_hf.py`` (the same job as a plain Hugging Face Trainer
 script) in the same rotation. Prints a table of medians (seconds) and the 1-minute load average
 at each run's start; ``--json`` writes every run's phases.
@@ -143,6 +146,18 @@ def run_oelm(tree: Path, python: str, config: str, steps: int, workdir: Path) ->
     return phases_of(json.loads(times.read_text()), start, end, result["timing"])
 
 
+def run_typo(tree: Path, python: str, config: str) -> dict[str, float]:
+    """``oelm run config training.epoch=2`` (a key typo) with ``tree``'s oelm: seconds to the error."""
+    env = {**os.environ, "PYTHONPATH": str(tree / "src")}
+    start = time.time()
+    proc = subprocess.run([python, "-m", "oelm", "run", config, "training.epoch=2"], env=env, capture_output=True,
+                          text=True, cwd=tree)
+    wall = time.time() - start
+    if proc.returncode != 2 or "training.epoch" not in proc.stderr:
+        sys.exit(f"expected the one-line config error from {tree}, got ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return {"wall": wall, "fixed": wall}
+
+
 def run_hf(python: str, steps: int, workdir: Path) -> dict[str, float]:
     """One run of ``benchmarks/startup_hf.py`` (the HF Trainer script); its wall time and the
     seconds its own steps and evaluations took (it prints them as JSON on its last line)."""
@@ -165,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=1, help="rounds of the rotation (old, new[, hf])")
     p.add_argument("--reference", type=Path, help="another source tree (e.g. a git worktree of the old commit)")
     p.add_argument("--hf", action="store_true", help="also time benchmarks/startup_hf.py")
+    p.add_argument("--typo", action="store_true", help="time a config typo's error instead of a run")
     p.add_argument("--json", type=Path, help="write every run's phases here")
     args = p.parse_args(argv)
     python = sys.executable
@@ -174,13 +190,18 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.repeats):
         for name, tree in sides:
             load = os.getloadavg()[0]
-            phases = run_hf(python, args.steps, workdir) if tree is None else run_oelm(tree, python, args.config, args.steps, workdir)
+            if args.typo and tree is not None:
+                phases = run_typo(tree, python, args.config)
+            else:
+                phases = run_hf(python, args.steps, workdir) if tree is None else run_oelm(tree, python, args.config, args.steps, workdir)
             runs[name].append({**phases, "load1": load})
             print(f"round {r + 1} {name}: wall {phases['wall']:.1f} s, fixed {phases['fixed']:.1f} s (load {load:.1f})",
                   flush=True)
     names = [n for n, _ in sides]
     rows = [k for k in (*PHASES, "gaps", "fixed", "wall", "load1") if any(k in run for n in names for run in runs[n])]
-    print(f"\nmedian seconds over {args.repeats} round(s), {args.steps} steps of {args.config} (baseline, seed 0)")
+    job = f"a config typo's error (oelm run {args.config} training.epoch=2)" if args.typo else \
+        f"{args.steps} steps of {args.config} (baseline, seed 0)"
+    print(f"\nmedian seconds over {args.repeats} round(s), {job}")
     print(f"{'phase':<14}" + "".join(f"{n:>10}" for n in names))
     for k in rows:
         cells = []

@@ -1,7 +1,7 @@
 """The architecture registry over every registered family: a matrix of tiny random-weight models.
 
 Each family is built from its transformers config class (hidden 32, 2 layers, 4 heads, vocab
-100; nothing downloaded) with a task head that gives a loss, then checked for: detection
+100, ViT 16x16 images; nothing downloaded) with a task head that gives a loss, then checked for: detection
 (sites = layers x attention kinds, shapes, head counts), fused-split equivalence, head-wise
 orthogonality of every frozen Q/K (with K's own head count under GQA), freezing that survives
 AdamW with weight decay bit for bit, parameter-report sums, a lean save/load round trip that
@@ -73,6 +73,14 @@ FAMILIES = {
     "t5": (T.T5Config, T.T5ForConditionalGeneration, _T5_KW, "s2s", 3),
     "mt5": (T.MT5Config, T.MT5ForConditionalGeneration, _T5_KW, "s2s", 3),
     "umt5": (T.UMT5Config, T.UMT5ForConditionalGeneration, _T5_KW, "s2s", 3),
+    "gemma": (T.GemmaConfig, T.GemmaForCausalLM, {**_DEC_KW, "num_key_value_heads": 2, "head_dim": 8}, "clm", 1),
+    "phi": (T.PhiConfig, T.PhiForCausalLM, _DEC_KW, "clm", 1),
+    "vit": (T.ViTConfig, T.ViTForImageClassification,
+            dict(hidden_size=32, num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=64, image_size=16,
+                 patch_size=8, num_labels=2), "img", 1),
+    "bart": (T.BartConfig, T.BartForConditionalGeneration,
+             dict(vocab_size=VOCAB, d_model=32, encoder_layers=LAYERS, decoder_layers=LAYERS, encoder_attention_heads=HEADS,
+                  decoder_attention_heads=HEADS, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64), "s2s", 3),
     "oelm-gpt": (GPTConfig, GPTForCausalLM,
                  dict(vocab_size=VOCAB, context_length=64, num_layers=LAYERS, num_heads=HEADS, hidden_size=32,
                       intermediate_size=64), "clm", 1),
@@ -93,6 +101,8 @@ def batch(family: str, seed: int = 0) -> dict[str, torch.Tensor]:
     ids = torch.randint(1, VOCAB, (2, 10), generator=g)
     if task == "cls":
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.randint(0, 2, (2,), generator=g)}
+    if task == "img":  # ViT: 16x16 RGB images, 2 classes
+        return {"pixel_values": torch.randn(2, 3, 16, 16, generator=g), "labels": torch.randint(0, 2, (2,), generator=g)}
     if task == "clm":
         if getattr(FAMILIES[family][2], "get", dict().get)("add_cross_attention"):  # cross-attention needs an encoder output
             return {"input_ids": ids, "labels": ids, "encoder_hidden_states": torch.randn(2, 5, 32, generator=g)}

@@ -180,7 +180,14 @@ def test_seed_none_with_random_init_stores_frozen_tensors(tmp_path):
     assert json.loads((tmp_path / METADATA_NAME).read_text())["frozen_tensors_stored"] is True
     assert stored_names(tmp_path) == {n for n, _ in model.named_parameters()}
     assert report.stored_numel == report.total_numel
-    assert_bit_identical(model, load_oelm(tmp_path, base_model=tiny_bert(seed=5)))  # any base of the same shape
+    loaded = load_oelm(tmp_path, base_model=tiny_bert(seed=5))  # any base of the same shape
+    assert_bit_identical(model, loaded)
+    # it keeps the recorded recipe (not the init="none" used to restore it), so saving it again
+    # stores the frozen tensors again instead of a checkpoint that cannot regenerate them
+    assert loaded.oelm_config == model.oelm_config
+    with pytest.warns(UserWarning, match="cannot be regenerated"):
+        save_pretrained(loaded, tmp_path / "again")
+    assert_bit_identical(model, load_oelm(tmp_path / "again", base_model=tiny_bert(seed=6)))
 
 
 def test_deterministic_init_with_seed_none_stays_lean(tmp_path):

@@ -315,3 +315,12 @@ def test_run_says_how_many_processes_each_launcher_gave_it(tmp_path, data_dir):
     assert accelerate.returncode == 0, accelerate.stderr[-3000:]
     assert accelerate.stdout.count("oelm run: tinystories-tiny ->") == 1
     assert "1 process on cpu; for N CPU processes: torchrun --nproc_per_node=N -m oelm run" in accelerate.stdout
+
+
+def test_inspect_takes_a_shipped_config_by_name_as_run_does(tmp_path, monkeypatch, capsys):
+    """``oelm inspect quickstart`` is the shipped config (its model and methods), as ``oelm run
+    quickstart`` is, not a Hub model id called quickstart."""
+    monkeypatch.chdir(tmp_path)  # no configs/ folder here: the name alone
+    assert main(["inspect", "quickstart", "--method", "oelm_freeze"]) == 0
+    out = capsys.readouterr().out
+    assert "== sentence-transformers/all-MiniLM-L6-v2 / oelm_freeze" in out and "query/key projections found" in out

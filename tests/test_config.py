@@ -223,3 +223,31 @@ def test_sweep_with_test_split_needs_the_best_checkpoint(tmp_path):
         "[{name: baseline}]", "[{name: baseline, learning_rates: [1.0e-4, 3.0e-4]}]")
     with pytest.raises(ConfigError, match="save_best_checkpoint"):
         load_config(write(tmp_path, text + "training: {save_best_checkpoint: false}\n"))
+
+
+def test_an_error_names_the_override_that_caused_it_not_the_shipped_file(tmp_path):
+    """A typo on the command line of a shipped config: the error says which ``key=value`` it was
+    and names the config as ``oelm run`` takes it, not by its path inside site-packages."""
+    from oelm.configs import resolve_config
+
+    path = resolve_config("quickstart")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, ["training.epochs=abc", "methods.oelm_freeze.learning_rate=-1"])
+    text = str(info.value)
+    assert str(path) not in text and "site-packages" not in text
+    header, *lines = text.splitlines()
+    assert header == "invalid command-line overrides for experiment config quickstart (shipped with oelm):"
+    assert len(lines) == 2
+    assert any("training.epochs: " in x and x.endswith("[command line: training.epochs=abc]") for x in lines)
+    assert any("methods.1.learning_rate" in x and x.endswith("[command line: methods.oelm_freeze.learning_rate=-1]")
+               for x in lines)
+    with pytest.raises(ConfigError, match=r"seeds has duplicates.*\[command line: seeds=\[0,0\]\]"):
+        load_config(path, ["seeds=[0,0]"])
+    # an error in the file itself is the file's: its path, no override blamed
+    bad = write(tmp_path, MINIMAL + "training: {epoch: 2}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(bad, ["training.batch_size=8"])
+    assert str(info.value).startswith(f"invalid experiment config {bad}:") and "command line" not in str(info.value)
+    # a cross-key check blames the override whose key it names
+    with pytest.raises(ConfigError, match=r"test_split is not.*\[command line: task.test_samples=5\]"):
+        load_config(write(tmp_path, MINIMAL), ["task.test_samples=5"])

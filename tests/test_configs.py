@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1] / "configs"
 ORIGINAL = sorted((ROOT / "original").rglob("*.yaml"))
 CPU = sorted((ROOT / "cpu").rglob("*.yaml"))
 EVIDENCE = sorted((ROOT / "evidence").glob("*.yaml"))  # issue 10's real-scale matrices
+RESEARCH = sorted((ROOT / "research").glob("*.yaml"))  # comparisons beyond the original project (issue 35: LoRA)
 ids = lambda paths: [str(p.relative_to(ROOT)) for p in paths]  # noqa: E731
 
 PUBLISHED = {
@@ -151,5 +152,5 @@ def test_every_shipped_config_is_package_data_and_configs_is_its_link():
     assert ROOT.is_symlink() and ROOT.resolve() == (package / "configs").resolve()
     globs = tomllib.loads((ROOT.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["oelm"]
     shipped = [p.relative_to(package).as_posix() for p in (package / "configs").rglob("*.yaml")]
-    assert len(shipped) == len(ORIGINAL) + len(CPU) + len(EVIDENCE) + 2  # + quickstart, tinystories-tiny
+    assert len(shipped) == len(ORIGINAL) + len(CPU) + len(EVIDENCE) + len(RESEARCH) + 2  # + quickstart, tinystories-tiny
     assert [p for p in shipped if not any(fnmatch(p, g) for g in globs)] == []

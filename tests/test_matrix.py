@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from _tiny_matrix import numbers, write_config
+from _tiny_matrix import CONFIG, numbers, write_config
 from oelm.cli import main
 from oelm.config import config_from_dict
 from oelm.lock import acquire, release
-from oelm.matrix.plan import ready_runs, select_learning_rates
+from oelm.matrix.plan import marked_final, ready_runs, select_learning_rates
 from oelm.records import MatrixFolder, RunRecord, run_name
 
 SWEPT = {
@@ -34,7 +34,7 @@ def _names(tasks) -> list[tuple[str, str]]:
 
 
 def test_every_sweep_run_is_ready_at_once_and_a_methods_final_runs_once_it_is_selected():
-    c = config_from_dict(SWEPT)
+    c = config_from_dict(SWEPT | {"task": {"dataset": "sst2", "test_split": "test"}})
     ready, selection = ready_runs(c, "accuracy", {})
     assert _names(ready) == [("baseline-lr0.0001-seed0", "train"), ("baseline-lr0.0003-seed0", "train"),
                              ("oelm_freeze-seed0", "train"), ("oelm_freeze-seed1", "train")]
@@ -49,9 +49,26 @@ def test_every_sweep_run_is_ready_at_once_and_a_methods_final_runs_once_it_is_se
     assert selection.selected == {"baseline": 3e-4}
     assert _names(ready) == [("baseline-lr0.0003-seed0", "promote"), ("oelm_freeze-seed0", "train"),
                              ("oelm_freeze-seed1", "train"), ("baseline-lr0.0003-seed1", "train")]
+    assert all(t.evaluate_test == (t.run.stage == "final") for t in ready)
+    assert marked_final(c, selection, results) == []  # with a test split the promote task does it
     # promoted: nothing left of seed 0's baseline
     results["baseline-lr0.0003-seed0"] = _record("baseline", 3e-4, 0, "final", 85.0)
     assert ("baseline-lr0.0003-seed0", "promote") not in _names(ready_runs(c, "accuracy", results)[0])
+
+
+def test_without_a_test_split_no_task_promotes_or_evaluates_a_test_split():
+    """No test split (issue 35, item 6): the plan lists no "promote" task and no task says
+    ``evaluate_test: true``; the selected sweep run is marked final where it lies (marked_final)."""
+    c = config_from_dict(SWEPT)
+    results = {"baseline-lr0.0001-seed0": _record("baseline", 1e-4, 0, "sweep", 80.0),
+               "baseline-lr0.0003-seed0": _record("baseline", 3e-4, 0, "sweep", 85.0)}
+    ready, selection = ready_runs(c, "accuracy", results)
+    assert _names(ready) == [("oelm_freeze-seed0", "train"), ("oelm_freeze-seed1", "train"),
+                             ("baseline-lr0.0003-seed1", "train")]
+    assert [t.to_dict()["evaluate_test"] for t in ready] == [False, False, False]
+    assert [r.name for r in marked_final(c, selection, results)] == ["baseline-lr0.0003-seed0"]
+    results["baseline-lr0.0003-seed0"] = _record("baseline", 3e-4, 0, "final", 85.0)
+    assert marked_final(c, selection, results) == []
 
 
 def test_a_failed_sweep_run_being_retried_holds_back_its_methods_selection():
@@ -224,3 +241,85 @@ def test_the_ray_executor_defaults_to_one_lane_with_the_local_executors_threads(
     assert LocalExecutor(ExecutorConfig(), config)._placement["cpus_per_run"] == ray.cpus_per_run
     chosen = RayExecutor(ExecutorConfig(name="ray", parallel=3, cpus_per_run=1), config)
     assert (chosen.lanes, chosen.cpus_per_run, chosen.free_slots(1)) == (3, 1, 2)
+
+
+def test_a_plan_without_a_test_split_marks_the_selected_sweep_run_final_without_a_task(tmp_path):
+    """`oelm plan` / `--only` / `--collect` on the tiny matrix without its test split: the second
+    plan is empty (no promote task), the selected sweep run's record says final, and the
+    comparison counts it."""
+    cfg = write_config(tmp_path, CONFIG.replace("test_split: test, ", ""))
+    out = tmp_path / "out"
+    first = _plan(cfg, out)
+    assert [x["action"] for x in first] == ["train"] * 4 and not any(x["evaluate_test"] for x in first)
+    for line in first:
+        assert main(["run", str(cfg), "--output-dir", str(out), "--only", line["name"]]) == 0
+    assert _plan(cfg, out) == []
+    sweep = json.loads((out / "sweep.json").read_text())
+    best = sweep["selected_learning_rates"]["baseline"]
+    result = json.loads((out / "runs" / run_name("baseline", 0, best) / "result.json").read_text())
+    assert (result["stage"], result["selected"], result["performance"]["test"]) == ("final", True, None)
+    assert main(["run", str(cfg), "--output-dir", str(out), "--collect"]) == 0
+    assert json.loads((out / "comparison.json").read_text())["methods"]["baseline"]["seeds"] == [0]
+
+
+def test_each_run_keeps_its_console_output_in_train_log(local):
+    """runs/<run>/train.log (issue 35, item 6): that run's console lines, with a header per
+    process that worked on it; the promoted sweep run's log goes on with its promotion."""
+    _, out = local
+    runs = sorted(p.parent for p in (out / "runs").glob("*/result.json"))
+    assert len(runs) == 4
+    for run_dir in runs:
+        lines = (run_dir / "train.log").read_text().splitlines()
+        assert lines[0].startswith("=== ") and f" training {run_dir.name} on " in lines[0]
+        assert any(x.startswith(f"[{run_dir.name}] best validation accuracy") for x in lines), lines
+        assert not [x for x in lines if x.startswith("[") and not x.startswith(f"[{run_dir.name}]")]  # no other run's
+    promoted = json.loads((out / "sweep.json").read_text())["selected_learning_rates"]["baseline"]
+    log = (out / "runs" / run_name("baseline", 0, promoted) / "train.log").read_text()
+    assert f" promoting {run_name('baseline', 0, promoted)} on " in log and "selected; test accuracy" in log
+
+
+def test_train_log_keeps_what_the_terminal_shows_and_the_console_keeps_everything(tmp_path, capsys):
+    """A tqdm bar redrawn with carriage returns is one line in train.log (its last state); stderr
+    is copied too; the console still gets every write; an exception that ends the block is named
+    in the log."""
+    import sys
+
+    from tqdm import tqdm
+
+    from oelm.matrix.run_log import copy_console
+
+    log = tmp_path / "train.log"
+    with copy_console(log, "training r"):
+        print("[r] a line")
+        for _ in tqdm(range(3), desc="r", file=sys.stderr, mininterval=0):
+            pass
+        print("UserWarning: a warning", file=sys.stderr)  # as warnings.showwarning writes one
+    with pytest.raises(RuntimeError), copy_console(log, "training r"):
+        print("[r] again")
+        raise RuntimeError("boom")
+    print("after the block")
+    lines = log.read_text().splitlines()
+    assert "\r" not in log.read_text() and lines[1] == "[r] a line"
+    bars = [x for x in lines if x.startswith("r: ")]
+    assert len(bars) == 1 and "3/3" in bars[0]
+    assert any("UserWarning: a warning" in x for x in lines)
+    assert lines[-2] == "[r] again" and lines[-1].endswith("ended by RuntimeError: boom")
+    assert sum(x.startswith("=== ") and "training r on" in x for x in lines) == 2
+    assert "after the block" not in log.read_text()
+    console = capsys.readouterr()
+    assert "[r] a line" in console.out and "after the block" in console.out and "3/3" in console.err
+
+
+def test_a_full_disk_stops_the_copy_not_the_run(capsys):
+    """train.log on a full disk (/dev/full: every write fails with ENOSPC): the block's prints
+    still reach the console and raise nothing; the run's own writes report disk faults."""
+    from pathlib import Path as _Path
+
+    from oelm.matrix.run_log import copy_console
+
+    if not _Path("/dev/full").exists():
+        pytest.skip("needs /dev/full")
+    with copy_console("/dev/full", "training r"):
+        for i in range(3):
+            print(f"[r] line {i}")
+    assert capsys.readouterr().out.splitlines() == ["[r] line 0", "[r] line 1", "[r] line 2"]

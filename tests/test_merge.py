@@ -1,5 +1,6 @@
-"""The way out of OELM (issue 26): ``merge_and_unload``, the refused ``model.save_pretrained`` of a
-split model, ``model.print_trainable_parameters()``, and no second ``apply_oelm`` on one model.
+"""The way out of OELM (issue 26): ``merge_and_unload``, ``model.save_pretrained`` of a split model in
+the stock layout (issue 35), ``model.print_trainable_parameters()``, and no second ``apply_oelm`` on one
+model.
 
 For every registered family with a fused Q/K/V layout (GPT-2 ``c_attn``: Conv1D, weight
 ``[in, 3*out]``; GPT-NeoX ``query_key_value``: rows ``[num_heads, 3, head_dim]``) a tiny
@@ -200,7 +201,7 @@ def test_merge_and_unload_of_a_model_without_fused_modules(tmp_path):
     model = tiny_bert()
     names = set(model.state_dict())
     apply_oelm(model, "oelm_freeze", seed=0)
-    assert "save_pretrained" not in vars(model)  # nothing split: the stock save is already complete
+    assert "save_pretrained" in vars(model)  # nothing to fuse; it adds the recipe to config.json
     state = snapshot(model)
     merge_and_unload(model)
     assert set(model.state_dict()) == names
@@ -213,49 +214,47 @@ def test_merge_and_unload_of_a_model_without_fused_modules(tmp_path):
     assert_same_state(reloaded, state)
 
 
-# ---------------------------------------------------------------- model.save_pretrained refused
+# ---------------------------------------------------------------- model.save_pretrained of a split model
 
 
 @pytest.mark.parametrize("family", FUSED_FAMILIES)
-def test_save_pretrained_of_a_split_model_is_refused_and_writes_nothing(family, tmp_path):
+def test_save_pretrained_of_a_split_model_writes_the_stock_layout(family, tmp_path):
     model = build(family)
+    randomize_(model)
     apply_oelm(model, "oelm_freeze", seed=0)
-    target = tmp_path / "hf"
-    with pytest.raises(OELMError) as info:
-        model.save_pretrained(target)
-    message = str(info.value)
-    assert "\n" not in message and "oelm.merge_and_unload" in message and "oelm.save_pretrained" in message
-    assert not target.exists()
+    train_a_few_steps(model)
+    state = snapshot(model)
+    model.save_pretrained(tmp_path / "hf")
+    assert_same_state(model, state)  # saved from a fused copy: the model keeps its split modules
+    assert sum(isinstance(m, SplitQKV) for m in model.modules()) == 2
     assert "save_pretrained" not in vars(build(family))  # on this instance only, the class is untouched
 
-    # why: what the class's own save_pretrained writes, a stock reload fills with random c_attn
-    type(model).save_pretrained(model, tmp_path / "bypassed")
-    _, loading = stock_reload(tmp_path / "bypassed")
-    fused = find_attention_projections(build(family))[0].fused_name
-    assert f"{fused}.weight" in loading["missing_keys"], loading
+    reloaded, info = stock_reload(tmp_path / "hf")
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    ids = token_ids(7)
+    with torch.no_grad():
+        assert torch.allclose(reloaded(input_ids=ids).logits, model.eval()(input_ids=ids).logits, atol=1e-6, rtol=0)
+    recipe = json.loads((tmp_path / "hf" / "config.json").read_text())["oelm"]
+    assert recipe["method"] == "oelm_freeze" and set(recipe["frozen"]) == {n for n, p in model.named_parameters() if not p.requires_grad}
 
     # the lean OELM checkpoint is unaffected
     oelm.save_pretrained(model, tmp_path / "lean")
-    loaded = oelm.load_oelm(tmp_path / "lean", base_model=build(family))
-    assert_same_state(loaded, snapshot(model))
+    base = build(family)
+    randomize_(base)
+    assert_same_state(oelm.load_oelm(tmp_path / "lean", base_model=base), state)
 
 
-def test_trainer_save_model_meets_the_same_refusal(tmp_path):
+def test_trainer_save_model_writes_a_checkpoint_stock_transformers_loads(tmp_path):
     pytest.importorskip("accelerate")
     model = build("gpt2")
     apply_oelm(model, "oelm_freeze", seed=0)
     args = T.TrainingArguments(output_dir=str(tmp_path / "trainer"), report_to="none", save_strategy="no",
                                use_cpu=True, disable_tqdm=True)
     trainer = T.Trainer(model=model, args=args)
-    target = tmp_path / "saved"
-    with pytest.raises(OELMError, match=r"save_pretrained refused: .*oelm\.merge_and_unload"):
-        trainer.save_model(str(target))
-    assert not target.exists() or not any(target.iterdir())
-
-    merge_and_unload(trainer.model)  # the trainer's model is the same object
-    trainer.save_model(str(target))
-    _, info = stock_reload(target)
+    trainer.save_model(str(tmp_path / "saved"))
+    _, info = stock_reload(tmp_path / "saved")
     assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert oelm.load_oelm(tmp_path / "saved").oelm_config == model.oelm_config
 
 
 # ---------------------------------------------------------------- model.print_trainable_parameters()
@@ -275,9 +274,9 @@ def test_print_trainable_parameters_is_a_method_of_the_model(capsys, tmp_path):
         clone.transformer.wpe.weight.requires_grad_(False)
         clone.print_trainable_parameters()
         assert capsys.readouterr().out == f"{parameter_report(clone)}\n" != now
-        with pytest.raises(OELMError, match="oelm.merge_and_unload"):
-            clone.save_pretrained(tmp_path / "never-written")
-        assert not (tmp_path / "never-written").exists()
+        clone.save_pretrained(tmp_path / "clone")  # bound to the clone: its own frozen wpe is in the recipe
+        recipe = json.loads((tmp_path / "clone" / "config.json").read_text())["oelm"]
+        assert {"transformer.wte.weight", "transformer.wpe.weight"} <= set(recipe["frozen"])
 
 
 # ---------------------------------------------------------------- one OELM application per model

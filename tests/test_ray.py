@@ -144,6 +144,10 @@ def test_a_matrix_on_a_local_ray_instance_equals_the_local_executor_bit_for_bit(
     assert {r["executor"]["threads"] for r in records} == {r["executor"]["threads"] for r in local} \
         == {torch.get_num_threads()}
     assert all(r["executor"]["node_id"] and r["executor"]["pid"] != proc.pid for r in records)
+    for r in records:  # each run's console output, written by the Ray worker that trained it (no Ray prefix)
+        lines = (out / "runs" / r["run_name"] / "train.log").read_text().splitlines()
+        assert lines[0].endswith(f"(pid {r['executor']['pid']})") and f"training {r['run_name']} on" in lines[0]
+        assert any(x.startswith(f"[{r['run_name']}] best validation") for x in lines), lines
     comparison = json.loads((out / "comparison.json").read_text())
     assert comparison["execution"]["executors"] == ["ray"]
     # the same folder reads the same way whichever executor wrote it

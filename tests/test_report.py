@@ -436,3 +436,57 @@ def test_layers_point_one_way_report_and_monitor_never_import_the_experiment():
     from oelm.report.caveats import DRIFT_WARNING_PERCENT
 
     assert math.isclose(DRIFT_WARNING_PERCENT, 10.0)
+
+
+@pytest.fixture(scope="module")
+def cls_run(tmp_path_factory, data_dir):
+    """The tiny SST-2 classifier (gpt-tiny, 4 steps): baseline and OELM-Freeze, seeds 0 and 1."""
+    from _tiny_matrix import CONFIG, write_config
+
+    tmp = tmp_path_factory.mktemp("report_cls")
+    text = CONFIG.replace("test_split: test, ", "").replace("seeds: [0]", "seeds: [0, 1]")
+    text = re.sub(r"methods: \[.*?\]\n(?=seeds)", "methods: [{name: baseline, learning_rate: 3.0e-3}, "
+                  "{name: oelm_freeze, learning_rate: 2.0e-3}]\n", text, flags=re.S)
+    cfg = write_config(tmp, text)
+    assert main(["run", str(cfg), "--output-dir", str(tmp / "out")]) == 0
+    return tmp / "out"
+
+
+def test_an_at_chance_baseline_is_shown_marked_and_kept_in_the_learning_curves(cls_run, tmp_path):
+    """Every baseline run ends at chance (its final validation accuracy set to the validation
+    majority share, as a run that learned nothing ends), OELM-Freeze's do not. The table shows the
+    baseline's mean marked "(at chance)", not a blank; it enters no Δ; its runs' real curves are
+    drawn (dashed) in the learning curves."""
+    from oelm.report import comparison_rows
+    from oelm.report.plots import learning_curves
+    from oelm.report.render import curves_from_runs
+
+    out = tmp_path / "copy"
+    shutil.copytree(cls_run, out)
+    chance_values = {}
+    for seed, path in enumerate(sorted(out.glob("runs/*-seed*/result.json"))):
+        r = json.loads(path.read_text())
+        majority = max(50.0, r["data"]["validation"]["majority_class_percent"])
+        value = majority - 1.0 if r["method"] == "baseline" else 90.0 + seed
+        r["performance"]["best_validation"] = r["performance"]["final_validation"] = value
+        if r["method"] == "baseline":
+            chance_values[r["seed"]] = value
+        path.write_text(json.dumps(r))
+    assert main(["report", str(out)]) == 0
+    c = json.loads((out / "comparison.json").read_text())
+    base = c["methods"]["baseline"]
+    assert base["included_seeds"] == [] and base["at_chance_seeds"] == [0, 1]
+    assert base["best_validation"]["mean"] is None  # in no mean ...
+    assert base["at_chance_best_validation"]["mean"] == pytest.approx(np.mean(list(chance_values.values())))
+    assert c["vs_baseline"]["oelm_freeze"]["metric_gap"] is None  # ... and no gap
+    header, rows = comparison_rows(c)
+    cell = dict((r[0], r[1]) for r in rows)
+    assert cell["baseline"].endswith("(at chance)") and cell["baseline"].startswith(f"{base['at_chance_best_validation']['mean']:.2f}")
+    assert not cell["oelm_freeze"].endswith("(at chance)") and "at chance" in (out / "report.md").read_text()
+    curves = curves_from_runs(out, c)
+    assert curves["baseline"]["eval"] == [] and len(curves["baseline"]["at_chance"]["eval"]) == 2
+    metrics = (out / "runs" / "baseline-seed0" / "metrics.jsonl").read_text().splitlines()
+    evals = {json.loads(x)["step"]: json.loads(x)["accuracy"] for x in metrics if json.loads(x)["type"] == "eval"}
+    assert {s: v for s, (v, _) in curves["baseline"]["at_chance"]["eval"][0].items()} == evals  # the run's real curve
+    without = {m: {k: v for k, v in parts.items() if k != "at_chance"} for m, parts in curves.items()}
+    assert learning_curves(curves, "accuracy") != learning_curves(without, "accuracy")  # drawn, not dropped

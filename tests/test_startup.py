@@ -141,3 +141,23 @@ def test_a_peak_measured_under_load_is_measured_again_when_a_run_beats_it(cache,
     # a refresh that measures lower (the machine loaded again) keeps the higher known peak
     monkeypatch.setattr(environment, "matmul_probe", _fixed_probe)
     assert environment.measured_peak_flops("cpu", "fp32", refresh=True) == 20.0e9
+
+
+@pytest.mark.parametrize("args", [
+    ["run", "quickstart", "training.epoch=2"],                 # a key typo on the command line
+    ["plan", "quickstart", "training.epochs=abc"],             # a wrong type
+    ["run", "quickstart", "training.eval_steps=0.5"],          # a refused Trainer name
+])
+def test_a_config_typo_fails_before_torch_is_imported(args):
+    """A config error is found by the keys-and-types pass, which imports nothing heavy: the
+    one-line error comes before torch, transformers or the data registry load (issue 35, item 6;
+    ``benchmarks/startup.py --typo`` prints the seconds)."""
+    code = (
+        "import sys\n"
+        "from oelm.cli import main\n"
+        f"rc = main({args!r})\n"
+        "print(rc, sorted(m for m in ('torch', 'transformers', 'oelm.data.registry', 'oelm.method') if m in sys.modules))\n"
+    )
+    out = _python(code)
+    assert out.stdout.strip().splitlines()[-1] == "2 []"
+    assert out.stderr.startswith("oelm: error: ") and "override" in out.stderr

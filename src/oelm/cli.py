@@ -127,12 +127,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     import time
 
     from oelm.config import load_config
+
+    started = time.perf_counter()
+    config = load_config(resolve_config(args.config), args.overrides)  # before torch loads: a typo fails at once
     from oelm.distributed import is_main_process
     from oelm.errors import RunInterruptedError
     from oelm.matrix import collect, run_matrix, run_only
 
-    started = time.perf_counter()
-    config = load_config(resolve_config(args.config), args.overrides)
     out = _output_dir(args, config)
     if args.only and args.collect:
         raise OELMError("--only and --collect are two steps: train runs with --only, then collect once with --collect")
@@ -178,9 +179,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from oelm.config import load_config
+
+    config = load_config(resolve_config(args.config), args.overrides)  # before torch loads: a typo fails at once
     from oelm.matrix import plan_matrix
 
-    config = load_config(resolve_config(args.config), args.overrides)
     out = _output_dir(args, config)
     for task in plan_matrix(config, out, log=lambda m: print(m, file=sys.stderr)):
         print(json.dumps(task.to_dict()))
@@ -409,7 +411,7 @@ def _add_inspect(sub, env: argparse.ArgumentParser) -> None:
     p.add_argument(
         "target", nargs="?", metavar="MODEL_OR_CONFIG",
         help="a Hugging Face model (Hub id, local dir, or sentence-transformers/all-MiniLM-L6-v2), "
-        "or an experiment YAML (its model and methods)",
+        "or an experiment YAML or shipped config name such as quickstart (its model and methods)",
     )
     p.add_argument("--config-only", action="store_true", help="MODEL: random weights from its config.json, no weight loading")
     p.add_argument("--model", help="Hugging Face id or local dir, built as a sequence classifier")

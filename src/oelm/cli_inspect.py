@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 
 from oelm.configs import resolve_config
-from oelm.errors import OELMError
+from oelm.errors import ConfigError, OELMError
 
 #: What a config file's name ends with.
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -72,6 +72,15 @@ def _print_sites(title: str, sites) -> None:
     print_table(title, ["module", "kind", "layer", "target", "shape", "heads", "head_dim", "fused"], rows)
 
 
+def _shipped(name: str) -> bool:
+    """Whether ``name`` is a shipped config's name (``quickstart``, ``evidence/sst2_minilm``)."""
+    try:
+        resolve_config(name)
+    except ConfigError:
+        return False
+    return True
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     import copy
 
@@ -82,6 +91,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     target = args.target
     if target is not None and Path(target).suffix in YAML_SUFFIXES:
         target = str(resolve_config(target))  # a YAML path that is not there is "no such file", not a Hub id
+    elif target is not None and not Path(target).expanduser().exists() and _shipped(target):
+        target = str(resolve_config(target))  # a shipped config by name, as `oelm run NAME` takes it
     elif target is not None and target.startswith(("/", "./", "../", "~")) and not Path(target).expanduser().exists():
         raise OELMError(f"{target}: no such file or directory (give a model directory, a Hub id or an experiment YAML)")
     is_config = target is not None and Path(target).is_file() and Path(target).suffix in YAML_SUFFIXES

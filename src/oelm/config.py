@@ -22,15 +22,23 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError, ValidationInfo, field_validator, model_validator,
+)
 
-from oelm.config_io import format_validation_error, parse_overrides, safe_load_unique, safetensors_problem
+from oelm.config_aliases import canonical_training
+from oelm.config_io import (
+    canonical_file, format_validation_error, override_changes, override_sites, parse_overrides, safe_load_unique,
+    safetensors_problem, source_name,
+)
 from oelm.config_io import merge as _merge
 from oelm.errors import ConfigError
-from oelm.method import METHODS, OELMConfig, get_method
+
+if TYPE_CHECKING:
+    from oelm.method import OELMConfig
 
 __all__ = [
     "TaskConfig",
@@ -72,6 +80,14 @@ def _not_blank(value: Any) -> Any:
 
 Text = Annotated[str, BeforeValidator(_not_blank)]
 
+# config_from_dict validates twice: first with this context, keys, types and bounds only (no check
+# that imports torch, transformers or the data registry), so a typo fails in a fraction of a second.
+_KEYS_ONLY = {"keys_only": True}
+
+
+def _keys_only(info: ValidationInfo) -> bool:
+    return bool((info.context or {}).get("keys_only"))
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
@@ -106,8 +122,10 @@ class TaskConfig(_Strict):
 
 
     @model_validator(mode="after")
-    def _known_dataset_and_splits(self) -> "TaskConfig":
+    def _known_dataset_and_splits(self, info: ValidationInfo) -> "TaskConfig":
         # Refused when the config is read, not after the output folder and the lock exist.
+        if _keys_only(info):
+            return self
         from oelm.data.registry import get_dataset_spec, resolve_split
 
         try:
@@ -164,10 +182,12 @@ class ModelConfig(_Strict):
     )
 
     @model_validator(mode="after")
-    def _one_source(self) -> "ModelConfig":
+    def _one_source(self, info: ValidationInfo) -> "ModelConfig":
         if (self.pretrained is None) == (self.gpt is None):
             raise ValueError("set exactly one of model.pretrained (Hugging Face id / local dir) and model.gpt (preset name)")
         if self.gpt is not None:
+            if _keys_only(info):
+                return self
             # Catch an unknown preset or a bad override (e.g. hidden_size not divisible by
             # num_heads) when the config is read, not when the first run builds its model.
             from oelm.models.gpt import gpt_config
@@ -180,6 +200,13 @@ class ModelConfig(_Strict):
     @property
     def display_name(self) -> str:
         return self.pretrained or f"oelm-{self.gpt}"
+
+
+#: The PEFT LoraConfig fields a method's ``lora:`` may set (checked here without importing PEFT).
+LORA_KEYS = frozenset({
+    "r", "lora_alpha", "lora_dropout", "target_modules", "modules_to_save", "bias", "use_rslora", "fan_in_fan_out",
+    "init_lora_weights", "layers_to_transform", "task_type",
+})
 
 
 class MethodEntry(_Strict):
@@ -211,17 +238,21 @@ class MethodEntry(_Strict):
         "query_key_value) fused in methods that do not target Q/K (baseline, oelm_ffn_only); default true "
         "splits it in every method so all run the same matmuls.",
     )
+    lora: dict[str, Any] | None = Field(
+        None,
+        description="A PEFT LoRA adapter on top of the method (LoraConfig fields: r, lora_alpha, lora_dropout, "
+        "target_modules, modules_to_save, ...): the method is applied first (frozen orthogonal Q/K for oelm_freeze), "
+        "then LoRA freezes the rest and trains its matrices and modules_to_save (oelm.peft.add_lora; the peft extra).",
+    )
+
+    @field_validator("training", mode="before")
+    @classmethod
+    def _trainer_names(cls, value: Any) -> Any:
+        # Hugging Face Trainer's names for the same settings (oelm.config_aliases); recorded under oelm's
+        return canonical_training(value)
 
     @model_validator(mode="after")
-    def _known_base(self) -> "MethodEntry":
-        base = self.base or self.name
-        if self.base is not None and base not in METHODS:
-            raise ValueError(f"method {self.name!r}: base {self.base!r} is not a named method ({', '.join(METHODS)})")
-        if base not in METHODS:
-            raise ValueError(
-                f"method {self.name!r} is not a named method ({', '.join(METHODS)}); "
-                "to define a new one, give `base:` naming the method it starts from"
-            )
+    def _known_base(self, info: ValidationInfo) -> "MethodEntry":
         if self.learning_rates is not None:
             if any(not (isinstance(lr, (int, float)) and lr > 0) for lr in self.learning_rates):
                 raise ValueError(f"method {self.name!r}: learning_rates must be positive numbers, got {self.learning_rates}")
@@ -232,17 +263,36 @@ class MethodEntry(_Strict):
             raise ValueError(
                 f"method {self.name!r}: training has unknown key(s) {unknown}; valid keys: {', '.join(TrainingConfig.model_fields)}"
             )
-        self.oelm_config()  # init / normal_std / groups checked now, not when the first run builds its model
+        if self.lora is not None:
+            unknown = sorted(set(self.lora) - LORA_KEYS)
+            if unknown or not self.lora.get("target_modules"):
+                raise ValueError(f"method {self.name!r}: lora needs target_modules and takes only {sorted(LORA_KEYS)}; "
+                                 f"got {sorted(self.lora)}")
         if "learning_rate" in self.training and (self.learning_rate is not None or self.learning_rates is not None):
             given = "learning_rate" if self.learning_rate is not None else "learning_rates"
             raise ValueError(
                 f"method {self.name!r} sets both {given} and training.learning_rate; keep one (they mean the same: "
                 "this method's rate)"
             )
+        if _keys_only(info):
+            return self
+        from oelm.method import METHODS  # torch: only once the keys-only pass has found no typo
+
+        base = self.base or self.name
+        if self.base is not None and base not in METHODS:
+            raise ValueError(f"method {self.name!r}: base {self.base!r} is not a named method ({', '.join(METHODS)})")
+        if base not in METHODS:
+            raise ValueError(
+                f"method {self.name!r} is not a named method ({', '.join(METHODS)}); "
+                "to define a new one, give `base:` naming the method it starts from"
+            )
+        self.oelm_config()  # init / normal_std / groups checked now, not when the first run builds its model
         return self
 
-    def oelm_config(self) -> OELMConfig:
-        """The :class:`OELMConfig` this entry describes."""
+    def oelm_config(self) -> "OELMConfig":
+        """The :class:`~oelm.method.OELMConfig` this entry describes."""
+        from oelm.method import get_method  # torch: not needed to read a config (a typo fails before it loads)
+
         changes: dict[str, Any] = {"method": self.name}
         for key in ("init", "normal_std", "freeze", "freeze_bias", "split_fused"):
             if getattr(self, key) is not None:
@@ -342,6 +392,13 @@ class TrainingConfig(_Strict):
     resume: bool = Field(
         True, description="Resume from the newest intact checkpoint in run_dir; False starts over (old checkpoints are removed)."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _trainer_names(cls, data: Any) -> Any:
+        # per_device_train_batch_size, num_train_epochs, bf16, ...: Hugging Face Trainer's names for the
+        # same settings (oelm.config_aliases), recorded under oelm's; refused with the key to use otherwise
+        return canonical_training(data)
 
     @field_validator("mixed_precision", mode="before")
     @classmethod
@@ -560,20 +617,23 @@ class ExperimentConfig(_Strict):
 # --------------------------------------------------------------------------------------------
 
 
-def _format_validation_error(err: ValidationError, source: str) -> ConfigError:
-    return format_validation_error(err, source, ExperimentConfig)
+def config_from_dict(data: dict[str, Any], source: str = "(dict)", overrides: dict[str, str] | None = None) -> ExperimentConfig:
+    """Validate a config mapping. Raises :class:`ConfigError` naming every bad key (and the
+    command-line override that set it: ``overrides``, resolved key path -> ``key=value`` as typed,
+    from :func:`oelm.config_io.override_sites`).
 
-
-def config_from_dict(data: dict[str, Any], source: str = "(dict)") -> ExperimentConfig:
-    """Validate a config mapping. Raises :class:`ConfigError` naming every bad key."""
+    Validated twice: first keys, types and bounds only (nothing that imports torch, so a typo is
+    reported at once), then fully (named methods, datasets and splits, GPT presets)."""
     if not isinstance(data, dict):
         raise ConfigError(f"experiment config {source} must be a YAML mapping at the top level, got {type(data).__name__}")
-    try:
-        return ExperimentConfig.model_validate(data)
-    except ValidationError as err:
-        raise _format_validation_error(err, source) from None
-    except ConfigError as err:
-        raise ConfigError(f"invalid experiment config {source}: {err}") from None
+    for context in (_KEYS_ONLY, None):
+        try:
+            config = ExperimentConfig.model_validate(data, context=context)
+        except ValidationError as err:
+            raise format_validation_error(err, source, ExperimentConfig, overrides) from None
+        except ConfigError as err:
+            raise ConfigError(f"invalid experiment config {source}: {err}") from None
+    return config
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
@@ -605,8 +665,10 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
         raise ConfigError(f"config file {path} is not UTF-8 text ({exc})") from None
     if data is None:
         raise ConfigError(f"config file {path} is empty")
+    sites = None
     if overrides:
         if not isinstance(data, dict):
             raise ConfigError(f"config file {path} must be a YAML mapping at the top level")
-        data = _merge(data, parse_overrides(overrides))
-    return config_from_dict(data, source=str(path))
+        data = _merge(canonical_file(data), override_changes(overrides))
+        sites = override_sites(overrides, data)
+    return config_from_dict(data, source=source_name(path), overrides=sites)

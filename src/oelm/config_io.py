@@ -18,9 +18,11 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from oelm.config_aliases import TRAINER_ALIASES, canonical_training
 from oelm.errors import ConfigError
 
-__all__ = ["parse_overrides", "merge", "format_validation_error", "safe_load_unique", "safetensors_problem"]
+__all__ = ["parse_overrides", "override_changes", "canonical_file", "override_sites", "merge", "format_validation_error",
+           "safe_load_unique", "safetensors_problem", "source_name"]
 
 
 def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
@@ -44,15 +46,35 @@ def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | 
 _UNION_BRANCH = re.compile(r"^(function-\w+\[.*\]|literal\[.*\]|int|float|str|bool|none|list\[.*\]|dict\[.*\]|tuple\[.*\])$")
 
 
-def format_validation_error(err: ValidationError, source: str, root: type[BaseModel]) -> ConfigError:
+def _blamed(path: str, msg: str, overrides: dict[str, str]) -> list[str]:
+    """The command-line overrides (``key=value`` as typed) behind an error at ``path`` with message
+    ``msg``: one that set ``path`` or a mapping above it, or, for a check across several keys of the
+    mapping at ``path``, one that set a key below it which the message names."""
+    found = []
+    for site, item in overrides.items():
+        if path == site or path.startswith(site + "."):
+            found.append(item)
+        elif (not path or site.startswith(path + ".")) and re.search(rf"\b{re.escape(site.rsplit('.', 1)[-1])}\b", msg):
+            found.append(item)
+    return found
+
+
+def format_validation_error(err: ValidationError, source: str, root: type[BaseModel],
+                            overrides: dict[str, str] | None = None) -> ConfigError:
     """One :class:`ConfigError` for ``err`` (raised validating ``root`` from ``source``): a header line, then
-    one line per bad key with its message and the value given (unknown keys: the closest valid key)."""
+    one line per bad key with its message and the value given (unknown keys: the closest valid key).
+    A line caused by a command-line override names it (``overrides``: :func:`override_sites`); when
+    every line does, the header says the overrides are invalid, not the file."""
     lines = [f"invalid experiment config {source}:"]
     seen: dict[str, int] = {}
+    blamed_lines = 0
     for e in err.errors():
         loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and _UNION_BRANCH.match(p)))
         path = ".".join(str(p) for p in loc) or "(top level)"
         e = dict(e, msg=e["msg"].removeprefix("Value error, "))
+        blamed = _blamed("" if path == "(top level)" else path, e["msg"], overrides or {})
+        if blamed and path not in seen:
+            blamed_lines += 1
         if path in seen:  # another branch of the same union: one line, the alternatives joined
             i = seen[path]
             lines[i] = lines[i].replace(" (got ", f"; or {e['msg']} (got ", 1)
@@ -75,7 +97,23 @@ def format_validation_error(err: ValidationError, source: str, root: type[BaseMo
             got = e.get("input")
             got_s = repr(got) if not isinstance(got, dict) else "a mapping"
             lines.append(f"  - {path}: {e['msg']} (got {got_s})")
+        if blamed:
+            lines[-1] += f" [command line: {', '.join(blamed)}]"
+    if blamed_lines == len(seen):
+        lines[0] = f"invalid command-line override{'s' if blamed_lines > 1 else ''} for experiment config {source}:"
     return ConfigError("\n".join(lines))
+
+
+_SHIPPED = Path(__file__).resolve().parent / "configs"  # oelm.configs: the YAML files shipped as package data
+
+
+def source_name(path: Path) -> str:
+    """How an error names a config file: a shipped one by its name (as ``oelm run NAME`` takes it),
+    not by its path inside site-packages; any other by its path."""
+    try:
+        return f"{Path(path).resolve().relative_to(_SHIPPED).with_suffix('').as_posix()} (shipped with oelm)"
+    except ValueError:
+        return str(path)
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
@@ -101,6 +139,81 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
                 raise ConfigError(f"override {item!r} conflicts with an earlier override of {part!r}")
         node[parts[-1]] = value
     return nested
+
+
+def override_changes(overrides: list[str]) -> dict[str, Any]:
+    """:func:`parse_overrides` with Hugging Face Trainer's names in a ``training`` mapping (the
+    experiment's or a method's) replaced by oelm's (:mod:`oelm.config_aliases`), so that
+    ``training.per_device_train_batch_size=16`` overrides the file's ``batch_size``.
+
+    Raises:
+        ConfigError: as :func:`parse_overrides`, or a refused Trainer name (names the override).
+    """
+    for item in overrides:  # one at a time first, so that an error names its override
+        try:
+            _canonical_changes(parse_overrides([item]))
+        except ValueError as err:
+            raise ConfigError(f"override {item!r}: {err}") from None
+    try:
+        return _canonical_changes(parse_overrides(overrides))
+    except ValueError as err:
+        raise ConfigError(f"overrides {' '.join(overrides)}: {err}") from None
+
+
+def _canonical_changes(changes: dict[str, Any], strict: bool = True) -> dict[str, Any]:
+    """``changes`` (overrides, or a config file's mapping) with Trainer's names replaced by oelm's
+    in its ``training`` mappings; ``strict=False`` leaves a mapping with a refused name as it is
+    (validation reports it)."""
+    def canonical(values: Any, where: str) -> Any:
+        try:
+            return canonical_training(values, where)
+        except ValueError:
+            if strict:
+                raise
+            return values
+
+    changes = dict(changes)
+    if isinstance(changes.get("training"), dict):
+        changes["training"] = canonical(changes["training"], "training")
+    def entry(e: Any) -> Any:
+        if isinstance(e, dict) and isinstance(e.get("training"), dict):
+            return e | {"training": canonical(e["training"], "methods.<method>.training")}
+        return e
+
+    methods = changes.get("methods")  # a list in a file; {index or name: ...} in overrides
+    if isinstance(methods, dict):
+        changes["methods"] = {k: entry(e) for k, e in methods.items()}
+    elif isinstance(methods, list):
+        changes["methods"] = [entry(e) for e in methods]
+    return changes
+
+
+def canonical_file(data: dict[str, Any]) -> dict[str, Any]:
+    """A config file's mapping with Trainer's names replaced by oelm's where that raises nothing,
+    before overrides are merged in (so that ``training.epochs=3`` replaces the file's
+    ``num_train_epochs``)."""
+    return _canonical_changes(data, strict=False)
+
+
+def override_sites(overrides: list[str], data: dict[str, Any]) -> dict[str, str]:
+    """Where each override landed in the merged config ``data``: the key path as validation errors
+    name it (a list entry by its index, a Trainer name by oelm's) -> the override as typed."""
+    sites = {}
+    for item in overrides:
+        parts = item.partition("=")[0].strip().split(".")
+        if len(parts) >= 2 and parts[-2] == "training" and parts[-1] in TRAINER_ALIASES:
+            parts[-1] = TRAINER_ALIASES[parts[-1]]
+        node: Any = data
+        for i, part in enumerate(parts):
+            if isinstance(node, list) and not part.lstrip("-").isdigit():
+                names = [e.get("name") if isinstance(e, dict) else None for e in node]
+                parts[i] = str(names.index(part)) if part in names else part
+            try:
+                node = node[int(parts[i])] if isinstance(node, list) else node.get(part) if isinstance(node, dict) else None
+            except (ValueError, IndexError):
+                node = None
+        sites[".".join(parts)] = item
+    return sites
 
 
 def _list_index(items: list, key: str, where: str) -> int:

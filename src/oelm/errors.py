@@ -79,3 +79,22 @@ class DamagedFileError(OELMError, ValueError):
     """A JSON file oelm wrote (``result.json``, ``comparison.json``, ``sweep.json``, ...) does not
     parse, or holds a value of the wrong type (a hand edit, a copy cut short); the message names
     the file (and the field) and what to do."""
+
+
+class CheckpointError(OELMError, ValueError):
+    """A checkpoint directory is missing, incomplete, of another format, or does not fit the model."""
+
+
+class CheckpointMismatchError(CheckpointError):
+    """A frozen tensor (regenerated from its recipe, or about to be loaded into a model) differs
+    from the one the checkpoint was trained with.
+
+    Attributes:
+        tensor: the first parameter name whose sha256 (or dtype/shape, or value) differs.
+        mismatched: every parameter name that differs.
+    """
+
+    def __init__(self, message: str, *, tensor: str, mismatched: list[str]) -> None:
+        super().__init__(message)
+        self.tensor = tensor
+        self.mismatched = mismatched

@@ -31,8 +31,9 @@ Named methods (:data:`METHODS`):
 The way back out is :func:`merge_and_unload` (PEFT's name): it fuses split Q/K/V modules back
 into the architecture's own module with the trained values and removes everything
 ``apply_oelm`` put on the model, so ``model.save_pretrained(dir)`` writes a checkpoint that a
-stock ``AutoModelForCausalLM.from_pretrained(dir)`` loads completely. Until then
-``model.save_pretrained`` refuses a model with split modules (see :func:`apply_oelm`).
+stock ``AutoModelForCausalLM.from_pretrained(dir)`` loads completely. Before that,
+``model.save_pretrained`` (and so Hugging Face ``Trainer``'s checkpoints) already writes the
+stock layout, with the method's recipe in ``config.json`` (:mod:`oelm.recipe`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ import torch
 from torch import nn
 
 from oelm.architectures import (
+    ARCHITECTURE_ATTRIBUTE,
     ARCHITECTURES,
     FUSED_LAYOUTS,
     PARAMETER_GROUPS,
@@ -59,6 +61,7 @@ from oelm.architectures import (
     SplitQKV,
     architecture_from_dict,
     architecture_of,
+    attach_architecture,
     find_attention_projections,
     fuse_split_projections,
     load_architecture,
@@ -67,6 +70,7 @@ from oelm.architectures import (
 )
 from oelm.errors import ConfigError, OELMError, UnsupportedModelError
 from oelm.init import global_orthogonal_, head_wise_orthogonal_, max_orthogonality_error, normal_
+from oelm.recipe import CHECKPOINT_ATTRIBUTES, attach_checkpoint_hooks, detach_checkpoint_hooks
 
 __all__ = [
     "OELMConfig",
@@ -373,32 +377,18 @@ def _split_if_fused_family(model: nn.Module) -> None:
 
 
 #: Instance attributes :func:`apply_oelm` sets on the model (and :func:`merge_and_unload` removes):
-#: the report, the config, and two PEFT-style methods (``save_pretrained`` only when fused Q/K/V
-#: modules were split).
-OELM_ATTRIBUTES = ("oelm_report", "oelm_config", "print_trainable_parameters", "save_pretrained")
-
-
-def _refuse_split_save(model: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    """``model.save_pretrained`` of a model whose fused Q/K/V ``apply_oelm`` split (bound with
-    :func:`functools.partial`). Raises :class:`OELMError` while any :class:`SplitQKV` remains;
-    once none does (fused back with ``fuse_split_projections``), the class's own method runs."""
-    split = [name for name, m in model.named_modules() if isinstance(m, SplitQKV)]
-    if not split:
-        return type(model).save_pretrained(model, *args, **kwargs)
-    more = f" (and {len(split) - 1} more)" if len(split) > 1 else ""
-    raise OELMError(
-        f"{type(model).__name__}.save_pretrained refused: apply_oelm split {split[0]}{more} into separate "
-        "query/key/value modules, which a stock from_pretrained does not know and would fill with random weights. "
-        "Fix: model = oelm.merge_and_unload(model) first for a plain Hugging Face checkpoint, or "
-        "oelm.save_pretrained(model, dir) for a lean OELM checkpoint (reload it with oelm.load_oelm)"
-    )
+#: the report, the config, a PEFT-style ``print_trainable_parameters``, the checkpoint hooks of
+#: :mod:`oelm.recipe` (``save_pretrained`` in the stock layout, the load hook's handle), and the
+#: spec ``target_modules`` gave.
+OELM_ATTRIBUTES = ("oelm_report", "oelm_config", "print_trainable_parameters", *CHECKPOINT_ATTRIBUTES, ARCHITECTURE_ATTRIBUTE)
 
 
 def _is_bound(value: Any, func: Any) -> bool:
     return isinstance(value, functools.partial) and value.func is func
 
 
-def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, seed: int | None = None) -> ParameterReport:
+def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, seed: int | None = None,
+               target_modules: dict[str, Any] | None = None, num_heads: int | None = None) -> ParameterReport:
     """Apply an OELM method to ``model`` in place and return its parameter report.
 
     Steps: find every attention module's query/key projections through the architecture
@@ -416,15 +406,13 @@ def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, se
 
     The report is also stored on the model as ``model.oelm_report`` and the config as
     ``model.oelm_config``, and ``model.print_trainable_parameters()`` prints the report's line (as
-    on a PEFT model). When fused Q/K/V modules were split, ``model.save_pretrained`` is replaced,
-    on this instance only, by one that raises :class:`OELMError` naming :func:`merge_and_unload`
-    and :func:`oelm.save_pretrained`: the split modules' parameter names
-    (``c_attn.query.weight`` ...) are unknown to the stock architecture, whose ``from_pretrained``
-    would silently initialize ``c_attn`` at random. An instance attribute, not a subclass or a
-    patched class, so the model keeps its class, other instances are untouched, and
-    ``Trainer.save_model`` / ``push_to_hub`` (which call ``model.save_pretrained``) meet the same
-    refusal; it is a :func:`functools.partial`, so the model still pickles and deep-copies. All
-    of these are listed in :data:`OELM_ATTRIBUTES`.
+    on a PEFT model). ``model.save_pretrained`` (this instance only) writes the stock layout, split
+    modules fused again on a copy of the state dict, with the recipe in ``config.json``, and a
+    ``load_state_dict`` pre-hook refuses a state dict that would change a frozen tensor, so Hugging
+    Face ``Trainer``'s checkpoints and ``resume_from_checkpoint`` work on split models (see
+    :mod:`oelm.recipe`). Instance attributes, not a subclass or a patched class: the model keeps
+    its class, other instances are untouched, and it still pickles and deep-copies. All of these
+    are listed in :data:`OELM_ATTRIBUTES`.
 
     A model that already went through ``apply_oelm`` (``model.oelm_config`` is set) is refused
     before anything changes: a second method on top would mix two initializations and two sets
@@ -432,9 +420,15 @@ def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, se
     :func:`merge_and_unload` first (which makes it a plain model again).
 
     Args:
-        model: a supported model (see :data:`ARCHITECTURES`, or register one).
+        model: a supported model (see :data:`ARCHITECTURES`, or register one, or name its
+            projections with ``target_modules``).
         config: an :class:`OELMConfig` or a name from :data:`METHODS`.
         seed: overrides ``config.seed`` for random draws.
+        target_modules: PEFT-style names of the projections, for a model no registry entry knows:
+            ``{"query": "q_proj", "key": "k_proj"}`` or ``{"qkv": "c_attn", "layout": "qkv_conv1d"}``
+            (module-name suffixes or full-name regexes; :mod:`oelm.architectures.targets`). The
+            spec built from them stays on this model (``model.oelm_architecture``); checkpoints record it.
+        num_heads: the query head count with ``target_modules`` when the model's config has none.
 
     Returns:
         :class:`ParameterReport`; ``str(report)`` is the PEFT-style line; ``report.projections``
@@ -464,6 +458,8 @@ def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, se
             f"applying {config.method!r} on top would mix two methods' initialization and freezing. Fix: start from a "
             "fresh model, or call model = oelm.merge_and_unload(model) first to make it a plain model again"
         )
+    if target_modules is not None:
+        attach_architecture(model, target_modules, num_heads=num_heads)  # refused here if nothing fits
     if config.targets:
         split_fused_projections(model)
         sites = find_attention_projections(model)
@@ -512,15 +508,15 @@ def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, se
     model.oelm_report = report
     model.oelm_config = config
     model.print_trainable_parameters = functools.partial(print_trainable_parameters, model)
-    if hasattr(type(model), "save_pretrained") and any(isinstance(m, SplitQKV) for m in model.modules()):
-        model.save_pretrained = functools.partial(_refuse_split_save, model)
+    attach_checkpoint_hooks(model)
     return report
 
 
-def get_oelm_model(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, seed: int | None = None) -> nn.Module:
+def get_oelm_model(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, seed: int | None = None,
+                   **targets: Any) -> nn.Module:
     """PEFT-style entry point: apply ``config`` to ``model`` (in place) and return the model.
 
-    Same as :func:`apply_oelm`, but returns the model (like ``peft.get_peft_model``); the report
+    Same as :func:`apply_oelm` (``targets``: its ``target_modules`` / ``num_heads``), but returns the model (like ``peft.get_peft_model``); the report
     is on ``model.oelm_report`` and ``model.print_trainable_parameters()`` (or
     :func:`print_trainable_parameters`) prints its summary line::
 
@@ -531,7 +527,7 @@ def get_oelm_model(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *
         ConfigError, OELMError, UnsupportedModelError: as :func:`apply_oelm`.
     """
     _require_module(model, "get_oelm_model")
-    apply_oelm(model, config, seed=seed)
+    apply_oelm(model, config, seed=seed, **targets)
     return model
 
 
@@ -545,8 +541,9 @@ def merge_and_unload(model: nn.Module) -> nn.Module:
     parameter names and ``model.save_pretrained(dir)`` writes a checkpoint that a stock
     ``from_pretrained(dir)`` loads with no missing or unexpected keys. Outputs are unchanged up to
     floating-point summation order. Then every attribute in :data:`OELM_ATTRIBUTES` is removed
-    (the report, the config, ``print_trainable_parameters`` and the refusing ``save_pretrained``,
-    so the class's own ``save_pretrained`` is back), and ``apply_oelm`` may be applied again.
+    (the report, the config, ``print_trainable_parameters``, oelm's ``save_pretrained``, so the
+    class's own is back, and the load hook; a recipe that a stock ``from_pretrained`` put on
+    ``model.config`` goes too), and ``apply_oelm`` may be applied again.
 
     Freezing is unloaded too: every parameter gets ``requires_grad=True``, as in a model that
     ``from_pretrained`` returns, since nothing marks the model as OELM any more (extra groups
@@ -572,11 +569,13 @@ def merge_and_unload(model: nn.Module) -> nn.Module:
     """
     _require_module(model, "merge_and_unload")
     fused = fuse_split_projections(model)
+    detached = detach_checkpoint_hooks(model)
     attributes = vars(model)
-    bound = {"print_trainable_parameters": print_trainable_parameters, "save_pretrained": _refuse_split_save}
-    # a method of that name the user set on the instance is theirs: only oelm's partials go
-    ours = [n for n in OELM_ATTRIBUTES if n in attributes and (n not in bound or _is_bound(attributes[n], bound[n]))]
-    if not fused and not ours:
+    # a method of that name the user set on the instance is theirs: only oelm's partial goes
+    ours = [n for n in ("oelm_report", "oelm_config", ARCHITECTURE_ATTRIBUTE) if n in attributes]
+    if _is_bound(attributes.get("print_trainable_parameters"), print_trainable_parameters):
+        ours.append("print_trainable_parameters")
+    if not fused and not ours and not detached:
         return model
     for name in ours:
         delattr(model, name)

@@ -27,6 +27,11 @@ llama, mistral, qwen2, opt           ``layers.N.self_attn`` -> ``q_proj`` / ``k_
 t5, mt5, umt5                        ``encoder.block.N.layer.0.SelfAttention``,            --
                                      ``decoder.block.N.layer.0.SelfAttention``,
                                      ``decoder.block.N.layer.1.EncDecAttention`` -> q / k
+gemma, phi                           ``layers.N.self_attn`` -> ``q_proj`` / ``k_proj``     --
+vit                                  ``layers.N.attention`` -> ``q_proj`` / ``k_proj``     --
+bart                                 ``encoder.layers.N.self_attn``,                       --
+                                     ``decoder.layers.N.self_attn``,
+                                     ``decoder.layers.N.encoder_attn`` -> q_proj / k_proj
 oelm-gpt                             ``h.N.attn`` -> ``q_proj`` / ``k_proj``               --
 ===================================  ==================================================  ==================
 
@@ -36,20 +41,25 @@ Another architecture is added without editing oelm, from Python::
                                            query="wq", key="wk", num_heads="n_heads"))
 
 or from a dict / YAML file (:func:`architecture_from_dict`, :func:`load_architecture`), which an
-experiment config can carry as ``model.architecture``.
+experiment config can carry as ``model.architecture``. A single model needs no entry at all: name
+its projections PEFT style, ``apply_oelm(model, method, target_modules={"query": "q_proj", "key":
+"k_proj"})`` (:mod:`oelm.architectures.targets`), and the spec stays on that model instance.
 """
 
 from oelm.architectures.sites import ProjectionSite, find_attention_projections, split_fused_projections
 from oelm.architectures.spec import (
+    ARCHITECTURE_ATTRIBUTE,
     ARCHITECTURES,
     PARAMETER_GROUPS,
     ArchitectureSpec,
     AttentionSpec,
     architecture_from_dict,
     architecture_of,
+    architecture_to_dict,
     load_architecture,
     register_architecture,
 )
+from oelm.architectures.targets import architecture_from_targets, attach_architecture, set_architecture
 from oelm.fused import FUSED_LAYOUTS, SplitQKV, fuse_split_projections
 
 from oelm.architectures import builtin  # noqa: E402,F401  registers the families oelm ships
@@ -62,6 +72,11 @@ __all__ = [
     "ARCHITECTURES",
     "register_architecture",
     "architecture_from_dict",
+    "architecture_to_dict",
+    "architecture_from_targets",
+    "attach_architecture",
+    "set_architecture",
+    "ARCHITECTURE_ATTRIBUTE",
     "load_architecture",
     "architecture_of",
     "ProjectionSite",

@@ -190,6 +190,82 @@ for _t in ("t5", "mt5", "umt5"):
     )
 
 
+for _t in ("gemma", "phi"):
+    # GemmaAttention / PhiAttention: q_proj [num_attention_heads*head_dim, hidden], k_proj/v_proj
+    # [num_key_value_heads*head_dim, hidden] (Gemma's head_dim need not be hidden/heads); Phi's
+    # output projection is self_attn.dense, its feed-forward mlp.fc1/fc2, its final norm final_layernorm.
+    register_architecture(
+        ArchitectureSpec(
+            model_type=_t,
+            attention_pattern=r"(?:^|\.)layers\.(\d+)\.self_attn$",
+            query="q_proj",
+            key="k_proj",
+            num_heads="num_attention_heads",
+            num_kv_heads="num_key_value_heads",
+            head_dim="head_dim",
+            group_patterns=(
+                ("norm", r"(layernorm|layer_norm|(^|\.)norm)\."),
+                ("embeddings", r"embed_tokens\."),
+                ("attention_query", r"self_attn\.q_proj\."),
+                ("attention_key", r"self_attn\.k_proj\."),
+                ("attention_value", r"self_attn\.v_proj\."),
+                ("attention_output", r"self_attn\.(o_proj|dense)\."),
+                ("ffn", r"mlp\."),
+                ("head", r"(^|\.)(lm_head|score|classifier|qa_outputs)\."),
+            ),
+        )
+    )
+register_architecture(
+    ArchitectureSpec(
+        model_type="vit",
+        # transformers 5.x ViTLayer: .attention (ViTAttention) with q_proj/k_proj/v_proj/o_proj
+        # (checkpoints in the older encoder.layer.N.attention.attention.query layout are renamed
+        # on load); layernorm_before/after, mlp.fc1/fc2; embeddings: cls_token, patch projection.
+        attention_pattern=r"(?:^|\.)layers\.(\d+)\.attention$",
+        query="q_proj",
+        key="k_proj",
+        num_heads="num_attention_heads",
+        group_patterns=(
+            ("norm", r"layernorm(_before|_after)?\."),
+            ("embeddings", r"embeddings\."),
+            ("attention_query", r"attention\.q_proj\."),
+            ("attention_key", r"attention\.k_proj\."),
+            ("attention_value", r"attention\.v_proj\."),
+            ("attention_output", r"attention\.o_proj\."),
+            ("ffn", r"mlp\."),
+            ("head", r"(^|\.)(classifier|pooler)\."),
+        ),
+    )
+)
+register_architecture(
+    ArchitectureSpec(
+        model_type="bart",
+        # BartEncoderLayer.self_attn; BartDecoderLayer.self_attn (causal) and .encoder_attn (cross:
+        # queries from the decoder, keys from the encoder output); each a BartAttention with
+        # q_proj/k_proj/v_proj/out_proj. Encoder and decoder have their own head counts.
+        attention=(
+            AttentionSpec(r"(?:^|\.)encoder\.layers\.(\d+)\.self_attn$", "q_proj", "k_proj", kind="encoder.self",
+                          num_heads="encoder_attention_heads"),
+            AttentionSpec(r"(?:^|\.)decoder\.layers\.(\d+)\.self_attn$", "q_proj", "k_proj", kind="decoder.self",
+                          num_heads="decoder_attention_heads"),
+            AttentionSpec(r"(?:^|\.)decoder\.layers\.(\d+)\.encoder_attn$", "q_proj", "k_proj", kind="decoder.cross",
+                          num_heads="decoder_attention_heads"),
+        ),
+        num_heads="encoder_attention_heads",
+        group_patterns=(
+            ("norm", r"(layer_norm|layernorm_embedding|(^|\.)layernorm)\."),
+            ("embeddings", r"(^|\.)(shared|embed_tokens|embed_positions)\."),
+            ("attention_query", r"(self_attn|encoder_attn)\.q_proj\."),
+            ("attention_key", r"(self_attn|encoder_attn)\.k_proj\."),
+            ("attention_value", r"(self_attn|encoder_attn)\.v_proj\."),
+            ("attention_output", r"(self_attn|encoder_attn)\.out_proj\."),
+            ("ffn", r"\.fc(1|2)\."),
+            ("head", r"(^|\.)(lm_head|classification_head|qa_outputs)\."),
+        ),
+    )
+)
+
+
 register_architecture(
     ArchitectureSpec(
         model_type="oelm-gpt",

@@ -96,33 +96,26 @@ def _fused_out_features(module: nn.Module, layout: str) -> tuple[int, int]:
     return weight.shape[0], weight.shape[1]
 
 
-def find_attention_projections(model: nn.Module) -> list[ProjectionSite]:
+def find_attention_projections(model: nn.Module, spec: ArchitectureSpec | None = None) -> list[ProjectionSite]:
     """Locate every attention module's query/key projections, in ``named_modules()`` order.
 
     Does not modify the model. Sites of fused modules that are not split yet have
     ``query``/``key`` None (see :func:`split_fused_projections`); sites of already split ones
-    point at the :class:`SplitQKV` children.
+    point at the :class:`SplitQKV` children. ``spec`` (default :func:`architecture_of`) says where
+    to look.
 
     Raises:
         UnsupportedModelError: unknown model type; a known type in which no attention module
             matched (the message names the patterns); a matched module without the expected
             children; head counts that do not divide the projection size.
     """
-    spec = architecture_of(model)
+    spec = spec or architecture_of(model)
     config = getattr(model, "config", None)
-    num_heads = _head_value(spec.num_heads, config, "num_heads", spec, model)
-    if num_heads is None:
-        raise UnsupportedModelError(
-            f"{type(model).__name__}.config has no integer {spec.num_heads!r}; cannot split Q/K into heads"
-        )
-    num_kv_heads = _head_value(spec.num_kv_heads, config, "num_kv_heads", spec, model) or num_heads
     head_dim_cfg = _head_value(spec.head_dim, config, "head_dim", spec, model)
-    if num_heads % num_kv_heads:
-        raise UnsupportedModelError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
-    patterns = [(a, re.compile(a.pattern)) for a in spec.attention]
+    patterns = [(a, re.compile(a.pattern), _heads_of(a, spec, config, model)) for a in spec.attention]
     sites: list[ProjectionSite] = []
     for name, module in model.named_modules():
-        for a, pattern in patterns:
+        for a, pattern, (num_heads, num_kv_heads) in patterns:
             m = pattern.search(name)
             if m:
                 sites.append(_site(name, module, int(m.group(1)), a, spec, num_heads, num_kv_heads, head_dim_cfg))
@@ -133,6 +126,21 @@ def find_attention_projections(model: nn.Module) -> list[ProjectionSite]:
             f"{[a.pattern for a in spec.attention]}"
         )
     return sites
+
+
+def _heads_of(a: AttentionSpec, spec: ArchitectureSpec, config: Any, model: nn.Module) -> tuple[int, int]:
+    """``(num_heads, num_kv_heads)`` of attention kind ``a``: its own counts, else the spec's."""
+    heads_attr = a.num_heads if a.num_heads is not None else spec.num_heads
+    num_heads = _head_value(heads_attr, config, "num_heads", spec, model)
+    if num_heads is None:
+        raise UnsupportedModelError(
+            f"{type(model).__name__}.config has no integer {heads_attr!r}; cannot split Q/K into heads"
+        )
+    kv_attr = a.num_kv_heads if a.num_kv_heads is not None else spec.num_kv_heads
+    num_kv_heads = _head_value(kv_attr, config, "num_kv_heads", spec, model) or num_heads
+    if num_heads % num_kv_heads:
+        raise UnsupportedModelError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+    return num_heads, num_kv_heads
 
 
 def _site(
@@ -195,7 +203,7 @@ def _site(
 # --------------------------------------------------------------------------------------------
 
 
-def split_fused_projections(model: nn.Module) -> list[str]:
+def split_fused_projections(model: nn.Module, spec: ArchitectureSpec | None = None) -> list[str]:
     """Replace every fused Q/K/V module of ``model`` by an equivalent :class:`SplitQKV` (in place).
 
     Outputs are unchanged up to floating-point summation order (the same products are summed
@@ -207,7 +215,7 @@ def split_fused_projections(model: nn.Module) -> list[str]:
     """
     replaced = []
     modules = dict(model.named_modules())
-    for site in find_attention_projections(model):
+    for site in find_attention_projections(model, spec):
         if site.fused is None or site.is_split:
             continue
         parent_name, _, child_name = site.fused_name.rpartition(".")

@@ -23,8 +23,10 @@ __all__ = [
     "HeadCount",
     "register_architecture",
     "architecture_from_dict",
+    "architecture_to_dict",
     "load_architecture",
     "architecture_of",
+    "ARCHITECTURE_ATTRIBUTE",
 ]
 
 PARAMETER_GROUPS = (
@@ -41,6 +43,9 @@ PARAMETER_GROUPS = (
 )
 
 
+HeadCount = str | int | None  # a config attribute name, a literal integer, or None (derive)
+
+
 @dataclass(frozen=True)
 class AttentionSpec:
     """One kind of attention module of an architecture.
@@ -54,6 +59,9 @@ class AttentionSpec:
         kind: label that tells sites of one model apart, e.g. ``"self"``, ``"cross"``,
             ``"encoder.self"``, ``"decoder.cross"``; shown in the projections table.
         fused: ``None`` for separate projections, else one of :data:`FUSED_LAYOUTS`.
+        num_heads / num_kv_heads: this kind's head counts when they differ from the
+            architecture's (BART's encoder and decoder have their own): a config attribute name
+            or an integer; None = the :class:`ArchitectureSpec`'s.
     """
 
     pattern: str
@@ -61,6 +69,8 @@ class AttentionSpec:
     key: str = "key"
     kind: str = "self"
     fused: str | None = None
+    num_heads: HeadCount = None
+    num_kv_heads: HeadCount = None
 
     def __post_init__(self) -> None:
         try:
@@ -71,9 +81,13 @@ class AttentionSpec:
             raise ConfigError(f"attention pattern {self.pattern!r} needs a group capturing the layer index, e.g. (\\d+)")
         if self.fused is not None and self.fused not in FUSED_LAYOUTS:
             raise ConfigError(f"fused={self.fused!r} is not a known layout; known: {FUSED_LAYOUTS} or null")
+        for name in ("num_heads", "num_kv_heads"):
+            _check_head_count(getattr(self, name), f"attention kind {self.kind!r}: {name}")
 
 
-HeadCount = str | int | None  # a config attribute name, a literal integer, or None (derive)
+def _check_head_count(value: Any, what: str) -> None:
+    if not (value is None or isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool) and value > 0)):
+        raise ConfigError(f"{what}={value!r} must be a config attribute name or a positive integer")
 
 
 @dataclass(frozen=True)
@@ -136,11 +150,7 @@ class ArchitectureSpec:
         if bad:
             raise ConfigError(f"architecture {self.model_type!r}: unknown parameter group(s) {bad}; known: {PARAMETER_GROUPS}")
         for name in ("num_heads", "num_kv_heads", "head_dim", "num_layers", "hidden_size", "max_positions"):
-            value = getattr(self, name)
-            if not (value is None or isinstance(value, str) or (isinstance(value, int) and value > 0)):
-                raise ConfigError(
-                    f"architecture {self.model_type!r}: {name}={value!r} must be a config attribute name or a positive integer"
-                )
+            _check_head_count(getattr(self, name), f"architecture {self.model_type!r}: {name}")
         if self.num_heads is None:
             raise ConfigError(f"architecture {self.model_type!r}: num_heads is required")
         if not isinstance(self.padded_positions, bool):
@@ -177,7 +187,7 @@ _DICT_KEYS = {
     "model_type", "model_class", "attention", "attention_pattern", "query", "key", "fused",
     "num_heads", "num_kv_heads", "head_dim", "num_layers", "hidden_size", "max_positions", "padded_positions", "groups",
 }
-_ATTENTION_KEYS = {"pattern", "query", "key", "kind", "fused"}
+_ATTENTION_KEYS = {"pattern", "query", "key", "kind", "fused", "num_heads", "num_kv_heads"}
 
 
 def architecture_from_dict(d: dict[str, Any], *, source: str = "architecture") -> ArchitectureSpec:
@@ -232,6 +242,22 @@ def architecture_from_dict(d: dict[str, Any], *, source: str = "architecture") -
         raise ConfigError(f"{source}: {exc}") from None
 
 
+def architecture_to_dict(spec: ArchitectureSpec) -> dict[str, Any]:
+    """The plain-data form of ``spec`` that :func:`architecture_from_dict` reads back (for a
+    checkpoint's record). ``matches`` (a Python predicate) has no data form and is left out."""
+    attention = []
+    for a in spec.attention:
+        entry = {"pattern": a.pattern, "query": a.query, "key": a.key, "kind": a.kind, "fused": a.fused}
+        entry.update({k: getattr(a, k) for k in ("num_heads", "num_kv_heads") if getattr(a, k) is not None})
+        attention.append(entry)
+    d: dict[str, Any] = {"model_type": spec.model_type, "attention": attention, "num_heads": spec.num_heads}
+    d.update({k: getattr(spec, k) for k in ("num_kv_heads", "head_dim", "model_class") if getattr(spec, k) is not None})
+    # the family's shape (flops, the position check); None kept: max_positions None means no limit
+    d.update({k: getattr(spec, k) for k in ("num_layers", "hidden_size", "max_positions", "padded_positions")})
+    d["groups"] = dict(spec.group_patterns)
+    return d
+
+
 def load_architecture(path: str | Path) -> ArchitectureSpec:
     """Read one architecture mapping from a YAML file (see :func:`architecture_from_dict`).
 
@@ -254,7 +280,9 @@ def _unsupported_message(model: nn.Module, model_type: Any) -> str:
     return (
         f"oelm does not know where the attention query/key projections of {type(model).__name__} "
         f"(model_type={model_type!r}) are. Supported model types: {', '.join(sorted(ARCHITECTURES))}. "
-        "To add one without editing oelm, register it from Python: "
+        "Name its projections, PEFT style: oelm.apply_oelm(model, method, target_modules={'query': 'q_proj', "
+        "'key': 'k_proj'}) (module-name suffixes or regexes; num_heads= if the config has no head count). "
+        "Or register it, without editing oelm, from Python: "
         "oelm.register_architecture(oelm.ArchitectureSpec(model_type=..., attention_pattern=r'layers\\.(\\d+)\\.attn$', "
         "query='q_proj', key='k_proj', num_heads='num_attention_heads')), "
         "or in the experiment config: model: {architecture: {model_type: ..., attention_pattern: ..., "
@@ -262,12 +290,20 @@ def _unsupported_message(model: nn.Module, model_type: Any) -> str:
     )
 
 
+#: The instance attribute holding a model's own spec (``apply_oelm(..., target_modules=...)``).
+ARCHITECTURE_ATTRIBUTE = "oelm_architecture"
+
+
 def architecture_of(model: nn.Module) -> ArchitectureSpec:
-    """The registry entry for ``model``: a spec that claims it, else its ``config.model_type``.
+    """The spec for ``model``: its own (``model.oelm_architecture``, set by ``apply_oelm(...,
+    target_modules=...)``), else a registry entry that claims it, else its ``config.model_type``'s.
 
     Raises:
         UnsupportedModelError: no entry; the message lists supported types and how to register.
     """
+    own = vars(model).get(ARCHITECTURE_ATTRIBUTE)
+    if isinstance(own, ArchitectureSpec):
+        return own
     for spec in ARCHITECTURES.values():
         if spec.claims(model):
             return spec

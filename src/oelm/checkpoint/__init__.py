@@ -42,8 +42,13 @@ frozen; on load they are frozen again and checked against the base model's value
 
 All writes are atomic: a temporary file beside the target, fsync, rename, fsync of the directory.
 
-Layout: :mod:`.common` (file names, errors, hashing helpers), :mod:`.save`, :mod:`.load`; every
-public name is importable from ``oelm.checkpoint``.
+Hugging Face-layout checkpoints (``config.json`` with the recipe under ``"oelm"``, weights in the
+stock layout: what ``model.save_pretrained`` of an OELM model and ``Trainer`` write, see
+:mod:`oelm.recipe`) load through the same ``load_oelm`` (:mod:`.stock`).
+
+Layout: :mod:`.common` (file names, errors, the recipe checks and :func:`regenerate`, the one call
+that applies a recorded method to a fresh base), :mod:`.save`, :mod:`.load` (lean), :mod:`.stock`
+(Hugging Face layout); every public name is importable from ``oelm.checkpoint``.
 """
 
 from oelm.checkpoint.common import (
@@ -53,6 +58,7 @@ from oelm.checkpoint.common import (
     RANDOM_INITS,
     CheckpointError,
     CheckpointMismatchError,
+    regenerate,
     tensor_sha256,
     safetensors_size,
 )
@@ -71,4 +77,5 @@ __all__ = [
     "load_oelm",
     "tensor_sha256",
     "safetensors_size",
+    "regenerate",
 ]

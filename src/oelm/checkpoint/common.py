@@ -1,10 +1,9 @@
-"""Shared parts of oelm's lean checkpoints (:mod:`oelm.checkpoint`): the file names and format,
-the errors, and the helpers :mod:`.save` and :mod:`.load` both use (tensor hashing, sizes,
-config and class import)."""
+"""Shared parts of oelm's checkpoints (:mod:`oelm.checkpoint`): the file names and format, the
+errors (defined in :mod:`oelm.errors`), :func:`regenerate` (a recipe applied to a fresh base), and
+the helpers the savers and loaders share (tensor hashing, sizes, config and class import)."""
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 import math
@@ -13,7 +12,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from oelm.errors import OELMError
+from oelm.architectures import architecture_from_dict, set_architecture
+from oelm.errors import CheckpointError, CheckpointMismatchError, ConfigError, UnsupportedModelError
+from oelm.method import OELMConfig, apply_oelm
+from oelm.recipe import tensor_sha256
+
+__all__ = [
+    "CHECKPOINT_FORMAT", "FORMAT_VERSION", "WEIGHTS_NAME", "METADATA_NAME", "RANDOM_INITS", "CheckpointError",
+    "CheckpointMismatchError", "tensor_sha256", "safetensors_size", "regenerate", "reapply", "oelm_config_from",
+    "refreeze", "check_frozen", "mismatch_causes",
+]
 
 CHECKPOINT_FORMAT = "oelm-lean-checkpoint"
 FORMAT_VERSION = 1
@@ -21,33 +29,6 @@ WEIGHTS_NAME = "oelm_model.safetensors"
 METADATA_NAME = "oelm_checkpoint.json"
 #: ``OELMConfig.init`` values that draw random numbers (from ``OELMConfig.seed``).
 RANDOM_INITS = frozenset({"random_orthogonal", "normal"})
-
-
-class CheckpointError(OELMError, ValueError):
-    """A checkpoint directory is missing, incomplete, of another format, or does not fit the model."""
-
-
-class CheckpointMismatchError(CheckpointError):
-    """A frozen tensor regenerated on load differs from the one the checkpoint was trained with.
-
-    Attributes:
-        tensor: the first parameter name whose sha256 (or dtype/shape) differs.
-        mismatched: every parameter name that differs.
-    """
-
-    def __init__(self, message: str, *, tensor: str, mismatched: list[str]) -> None:
-        super().__init__(message)
-        self.tensor = tensor
-        self.mismatched = mismatched
-
-
-def tensor_sha256(tensor: torch.Tensor) -> str:
-    """sha256 (hex) of the raw bytes of ``tensor`` as a contiguous CPU tensor (any dtype, any shape).
-
-    Only the bytes are hashed; compare dtype and shape separately (the checkpoint stores both).
-    """
-    t = tensor.detach().cpu().contiguous().reshape(-1)
-    return hashlib.sha256(t.view(torch.uint8).numpy()).hexdigest()
 
 
 _ST_DTYPES = {
@@ -81,11 +62,40 @@ def safetensors_size(tensors: dict[str, torch.Tensor], metadata: dict[str, str] 
     return 8 + n + offset
 
 
+def _set_recorded_architecture(model: nn.Module, architecture: dict[str, Any] | None, where: str) -> None:
+    """Put a recorded architecture spec (``apply_oelm(..., target_modules=...)``) back on ``model``."""
+    if architecture is None:
+        return
+    try:
+        set_architecture(model, architecture_from_dict(architecture, source=f"{where}: architecture"))
+    except (ConfigError, UnsupportedModelError) as exc:
+        raise CheckpointError(f"{exc}; build base_model as the checkpoint's architecture") from None
+
+
+def regenerate(model: nn.Module, config: Any, architecture: dict[str, Any] | None = None, where: str = "checkpoint") -> None:
+    """Apply the recorded method ``config`` (an ``OELMConfig``, with its seed) to the fresh base
+    ``model`` (with its recorded ``architecture`` spec, if any): the one place a loader
+    regenerates frozen tensors from a recipe."""
+    _set_recorded_architecture(model, architecture, where)
+    apply_oelm(model, config)
+
+
 def _unwrap(model: nn.Module) -> nn.Module:
     """The model inside DistributedDataParallel / DataParallel / torch.compile wrappers."""
-    from accelerate.utils import extract_model_from_parallel
+    from accelerate.utils import extract_model_from_parallel  # accelerate only when a wrapped model is saved/loaded
 
     return extract_model_from_parallel(model, keep_torch_compile=False)
+
+
+def _fresh_base(base_model: nn.Module) -> nn.Module:
+    """The unwrapped ``base_model``, refused when ``apply_oelm`` already ran on it."""
+    model = _unwrap(base_model)
+    if getattr(model, "oelm_config", None) is not None:
+        raise CheckpointError(
+            f"base_model ({type(model).__name__}) already went through apply_oelm ({model.oelm_config.method!r}); "
+            "pass a fresh base model: load_oelm applies the recorded method itself"
+        )
+    return model
 
 
 def _persistent_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -157,3 +167,88 @@ def _import_class(dotted: Any, field: str, allowed: tuple[str, ...], ask: str) -
 
 def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
+
+
+def oelm_config_from(meta: dict[str, Any], where: str = METADATA_NAME) -> OELMConfig:
+    """The :class:`~oelm.method.OELMConfig` a checkpoint records under ``"oelm_config"`` (a lean
+    checkpoint's metadata or a recipe), or a :class:`CheckpointError` naming ``where``."""
+    d = dict(meta["oelm_config"])
+    d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}  # JSON lists -> tuple fields
+    # Checkpoints written before OELMConfig.split_fused existed: methods without Q/K targets kept
+    # fused Q/K/V modules fused, so their parameter names only fit split_fused=False.
+    d.setdefault("split_fused", False)
+    try:
+        return OELMConfig(**d)
+    except ConfigError as exc:  # a hand-edited field: name the file it came from
+        raise CheckpointError(f"{where}: its oelm_config is invalid ({exc}); save the checkpoint again") from None
+    except TypeError as exc:
+        raise CheckpointError(
+            f"the checkpoint's oelm_config {meta['oelm_config']} does not fit this oelm's OELMConfig ({exc}); it was "
+            f"written by oelm {meta.get('versions', {}).get('oelm')}"
+        ) from None
+
+
+def reapply(model: nn.Module, config: Any, architecture: dict[str, Any] | None = None, where: str = "checkpoint") -> None:
+    """Apply the recorded method to a model that already holds the trained tensors, frozen ones
+    included: split and freeze as ``config`` says without initializing anything
+    (``init="none"``); ``model.oelm_config`` is then the recorded config, so a later save records
+    the same recipe."""
+    _set_recorded_architecture(model, architecture, where)
+    apply_oelm(model, config.replace(init="none"))
+    model.oelm_config = config
+
+
+def refreeze(params: dict[str, nn.Parameter], frozen: dict[str, Any], config: Any, written_by: Any) -> None:
+    """Freeze the recorded frozen parameters the method did not freeze (frozen by the user beyond
+    the method), and refuse a parameter the method froze that the record lists as trained."""
+    for name in frozen:
+        params[name].requires_grad_(False)
+    extra = sorted(n for n, p in params.items() if not p.requires_grad and n not in frozen)
+    if extra:
+        raise CheckpointError(
+            f"applying the recorded method {config.method!r} froze {extra[:5]}, which the checkpoint records as "
+            f"trained: the oelm version differs from the one that saved it ({written_by})"
+        )
+
+
+def mismatch_causes(source: str | None, config: Any, saved_torch: str | None) -> str:
+    """The likely causes of a frozen tensor that differs from its record, as one clause list."""
+    causes = []
+    if source:
+        causes.append(f"the base model was not built from the recorded source {source!r}")
+    else:
+        causes.append("the base model was not built the same way (same config and torch.manual_seed) as the original")
+    if config.init in RANDOM_INITS:
+        causes.append(f"a different seed (the checkpoint records seed={config.seed})")
+    if saved_torch != torch.__version__:
+        causes.append(f"a different torch version (saved with {saved_torch}, now {torch.__version__})")
+    else:
+        causes.append("a different torch/BLAS build, device or dtype than when it was saved")
+    return "; ".join(causes)
+
+
+def check_frozen(params: dict[str, nn.Parameter], frozen: dict[str, dict[str, Any]], config: Any, causes: str,
+                 origin: str = "regenerated by") -> None:
+    """Every recorded frozen tensor has its recorded dtype, shape and sha256. ``origin`` says where
+    the tensors came from in the message (``"regenerated by"`` the method, ``"loaded for"`` it).
+
+    Raises:
+        CheckpointMismatchError: names the first tensor that differs, how, and ``causes``.
+    """
+    bad = [
+        n for n, rec in frozen.items()
+        if str(params[n].dtype) != rec["dtype"] or list(params[n].shape) != rec["shape"] or tensor_sha256(params[n]) != rec["sha256"]
+    ]
+    if not bad:
+        return
+    p, rec = params[bad[0]], frozen[bad[0]]
+    if str(p.dtype) != rec["dtype"] or list(p.shape) != rec["shape"]:
+        detail = f"{p.dtype} {list(p.shape)} vs recorded {rec['dtype']} {rec['shape']}"
+    else:
+        detail = "sha256 differs"
+    raise CheckpointMismatchError(
+        f"frozen tensor {bad[0]!r} {origin} {config.method!r} does not match the checkpoint ({detail}; "
+        f"{len(bad)} of {len(frozen)} frozen tensors differ). Likely causes: {causes}.",
+        tensor=bad[0],
+        mismatched=bad,
+    )

@@ -10,21 +10,24 @@ from typing import Any
 import torch
 from torch import nn
 
-from oelm.errors import ConfigError
-from oelm.io import read_json, sha256_file
 from oelm.checkpoint.common import (
     CHECKPOINT_FORMAT,
-    CheckpointError,
-    CheckpointMismatchError,
     FORMAT_VERSION,
     METADATA_NAME,
-    RANDOM_INITS,
     TRUSTED_MODEL_CLASS_PREFIXES,
+    CheckpointError,
+    _fresh_base,
     _import_class,
     _persistent_buffers,
-    _unwrap,
-    tensor_sha256,
+    check_frozen,
+    mismatch_causes,
+    oelm_config_from,
+    reapply,
+    refreeze,
+    regenerate,
 )
+from oelm.checkpoint.stock import has_recipe, load_with_recipe
+from oelm.io import read_json, sha256_file
 
 
 def _read_metadata(directory: Path) -> dict[str, Any]:
@@ -33,8 +36,9 @@ def _read_metadata(directory: Path) -> dict[str, Any]:
         raise CheckpointError(f"{directory} does not exist; give the directory oelm.save_pretrained(model, directory) wrote")
     if not meta_path.is_file():
         raise CheckpointError(
-            f"{directory} is not an oelm checkpoint: {METADATA_NAME} is missing. Save one with "
-            "oelm.save_pretrained(model, directory)."
+            f"{directory} is not an oelm checkpoint: {METADATA_NAME} is missing and it has no config.json with an "
+            "'oelm' recipe. Save one with oelm.save_pretrained(model, directory), or with model.save_pretrained(directory) "
+            "after oelm.apply_oelm(model, ...)."
         )
     try:
         meta = read_json(meta_path)
@@ -48,25 +52,6 @@ def _read_metadata(directory: Path) -> dict[str, Any]:
             f"({FORMAT_VERSION}); upgrade oelm"
         )
     return meta
-
-
-def _oelm_config_from(meta: dict[str, Any], where: str = METADATA_NAME):
-    from oelm.method import OELMConfig
-
-    d = dict(meta["oelm_config"])
-    d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}  # JSON lists -> tuple fields
-    # Checkpoints written before OELMConfig.split_fused existed: methods without Q/K targets kept
-    # fused Q/K/V modules fused, so their parameter names only fit split_fused=False.
-    d.setdefault("split_fused", False)
-    try:
-        return OELMConfig(**d)
-    except ConfigError as exc:  # a hand-edited field: name the file it came from
-        raise CheckpointError(f"{where}: its oelm_config is invalid ({exc}); save the checkpoint again") from None
-    except TypeError as exc:
-        raise CheckpointError(
-            f"the checkpoint's oelm_config {meta['oelm_config']} does not fit this oelm's OELMConfig ({exc}); it was "
-            f"written by oelm {meta.get('versions', {}).get('oelm')}"
-        ) from None
 
 
 def _build_base(meta: dict[str, Any], directory: Path, allowed: tuple[str, ...] = TRUSTED_MODEL_CLASS_PREFIXES) -> nn.Module:
@@ -120,40 +105,29 @@ def _build_base(meta: dict[str, Any], directory: Path, allowed: tuple[str, ...] 
         hf_logging.set_verbosity(verbosity)
 
 
-def _mismatch_causes(meta: dict[str, Any], config) -> str:
-    causes = []
-    if meta.get("source"):
-        causes.append(f"the base model was not built from the recorded source {meta['source']!r}")
-    else:
-        causes.append("the base model was not built the same way (same config and torch.manual_seed) as the original")
-    if config.init in RANDOM_INITS:
-        causes.append(f"a different seed (the checkpoint records seed={config.seed})")
-    recorded = meta.get("versions", {})
-    if recorded.get("torch") != torch.__version__:
-        causes.append(f"a different torch version (saved with {recorded.get('torch')}, now {torch.__version__})")
-    else:
-        causes.append("a different torch/BLAS build, device or dtype than when it was saved")
-    return "; ".join(causes)
-
-
 def load_oelm(directory: str | os.PathLike, base_model: nn.Module | None = None, *,
               allow_model_class: str | tuple[str, ...] = ()) -> nn.Module:
-    """Rebuild a trained OELM model from a lean checkpoint written by :func:`save_pretrained`.
+    """Rebuild a trained OELM model from a checkpoint: a lean one written by
+    :func:`save_pretrained`, or a Hugging Face one (``config.json`` with the recipe under
+    ``"oelm"`` and the weights in the stock layout) that ``model.save_pretrained`` of an OELM
+    model, or Hugging Face ``Trainer``, wrote (see :func:`oelm.checkpoint.stock.load_with_recipe`).
 
-    Steps: read the metadata; take ``base_model`` (or rebuild the base from the recorded source
-    when it is available offline); apply the recorded OELM method with the recorded seed
-    (``apply_oelm``: pretrained Q/K are orthogonalized again, random draws repeated from the
-    seed, fused projections split as at save time); freeze parameters the user had frozen
-    beyond the method; check every frozen tensor's dtype, shape and sha256 against the record;
-    then copy the stored tensors in, strictly.
+    Lean checkpoint, steps: read the metadata; take ``base_model`` (or rebuild the base from the
+    recorded source when it is available offline); apply the recorded OELM method with the
+    recorded seed (``apply_oelm``: pretrained Q/K are orthogonalized again, random draws repeated
+    from the seed, fused projections split as at save time); freeze parameters the user had
+    frozen beyond the method; check every frozen tensor's dtype, shape and sha256 against the
+    record; then copy the stored tensors in, strictly.
 
     Args:
-        directory: a directory written by :func:`save_pretrained`.
+        directory: a directory written by :func:`save_pretrained` or by ``model.save_pretrained``
+            of an OELM model (a ``Trainer`` ``checkpoint-N`` folder, say).
         base_model: a fresh model built the same way as the original base (same checkpoint, or
             same config and ``torch.manual_seed``), on any device; modified in place and returned.
             None: rebuilt from the recorded ``source`` (a local directory, an oelm packaged
             checkpoint such as ``sentence-transformers/all-MiniLM-L6-v2``, or a copy in the Hugging
-            Face cache) with the recorded model class, config and dtype; never downloaded.
+            Face cache) with the recorded model class, config and dtype; never downloaded. (For a
+            Hugging Face checkpoint, None loads it with its own class's ``from_pretrained``.)
         allow_model_class: module prefixes (e.g. ``"mypkg."``) whose classes the checkpoint's
             ``model_class`` / ``model_config_class`` may also name when the base is rebuilt.
             Without it only oelm's own and ``transformers`` classes are imported: the metadata
@@ -174,10 +148,42 @@ def load_oelm(directory: str | os.PathLike, base_model: nn.Module | None = None,
             message names the tensor and the likely causes (different base checkpoint, seed or
             torch version).
     """
-    from safetensors.torch import load_file
+    directory, allowed = _checked_arguments(directory, base_model, allow_model_class)
+    if not (directory / METADATA_NAME).is_file() and has_recipe(directory):
+        return load_with_recipe(directory, base_model, allowed)
+    meta = _read_metadata(directory)
+    weights_path = _verified_weights(directory, meta)
+    config = oelm_config_from(meta, str(directory / METADATA_NAME))
+    frozen_stored = bool(meta.get("frozen_tensors_stored"))
+    model = _fresh_base(base_model) if base_model is not None else _build_base(meta, directory, allowed)
+    # The recorded method, with its seed; when the frozen draw was not reproducible (seed None),
+    # only the freezing (and any restructuring) is repeated and the stored frozen tensors are used.
+    where = str(directory / METADATA_NAME)
+    if frozen_stored:
+        reapply(model, config, meta.get("architecture"), where)
+    else:
+        regenerate(model, config, meta.get("architecture"), where)
+    params = dict(model.named_parameters())
+    _check_names(meta, params)
+    refreeze(params, meta["frozen"], config, meta.get("versions", {}).get("oelm"))
+    from safetensors.torch import load_file  # safetensors' torch half, imported when a checkpoint loads
 
-    from oelm.method import apply_oelm
+    stored = load_file(str(weights_path))
+    targets = _checked_targets(meta, stored, model, params, weights_path, frozen_stored)
+    with torch.no_grad():
+        if frozen_stored:
+            for name in meta["frozen"]:
+                params[name].copy_(stored[name])
+        causes = mismatch_causes(meta.get("source"), config, meta.get("versions", {}).get("torch"))
+        check_frozen(params, meta["frozen"], config, causes)
+        for name, value in stored.items():
+            if name not in meta["frozen"]:
+                targets[name].copy_(value)
+    return model.eval()
 
+
+def _checked_arguments(directory: Any, base_model: Any, allow_model_class: Any) -> tuple[Path, tuple[str, ...]]:
+    """The directory as a Path and the allowed class prefixes, or one clear TypeError."""
     if isinstance(directory, nn.Module):
         raise TypeError(f"oelm.load_oelm(directory, base_model=None): the first argument is the checkpoint directory, got a "
                         f"{type(directory).__name__}; call load_oelm(directory, base_model=model)")
@@ -185,8 +191,13 @@ def load_oelm(directory: str | os.PathLike, base_model: nn.Module | None = None,
         raise TypeError(f"oelm.load_oelm: directory must be a non-empty path (str or Path), got {directory!r}")
     if base_model is not None and not isinstance(base_model, nn.Module):
         raise TypeError(f"oelm.load_oelm: base_model must be a torch.nn.Module or None, got {type(base_model).__name__}")
-    directory = Path(directory)
-    meta = _read_metadata(directory)
+    if isinstance(allow_model_class, str):
+        allow_model_class = (allow_model_class,)
+    return Path(directory), TRUSTED_MODEL_CLASS_PREFIXES + tuple(allow_model_class)
+
+
+def _verified_weights(directory: Path, meta: dict[str, Any]) -> Path:
+    """The weights file the metadata describes, present and with the recorded size and sha256."""
     weights_path = directory / meta["weights"]["file"]
     if not weights_path.is_file():
         raise CheckpointError(f"{directory}: the weights file {weights_path.name} is missing; the checkpoint is incomplete")
@@ -195,27 +206,12 @@ def load_oelm(directory: str | os.PathLike, base_model: nn.Module | None = None,
             f"{weights_path} is not the file {METADATA_NAME} describes (size or sha256 differs): the checkpoint was "
             "modified or a later save was interrupted. Save it again."
         )
-    config = _oelm_config_from(meta, str(directory / METADATA_NAME))
-    frozen_stored = bool(meta.get("frozen_tensors_stored"))
-    if base_model is not None:
-        model = _unwrap(base_model)
-        if getattr(model, "oelm_config", None) is not None:
-            raise CheckpointError(
-                f"base_model ({type(model).__name__}) already went through apply_oelm ({model.oelm_config.method!r}); "
-                "pass a fresh base model: load_oelm applies the recorded method itself"
-            )
-    else:
-        if isinstance(allow_model_class, str):
-            allow_model_class = (allow_model_class,)
-        model = _build_base(meta, directory, TRUSTED_MODEL_CLASS_PREFIXES + tuple(allow_model_class))
+    return weights_path
 
-    # The recorded method, with its seed; when the frozen draw was not reproducible (seed None),
-    # only the freezing (and any restructuring) is repeated and the stored frozen tensors are used.
-    apply_oelm(model, config.replace(init="none") if frozen_stored else config)
-    params = dict(model.named_parameters())
-    frozen_meta: dict[str, dict[str, Any]] = meta["frozen"]
-    recorded_trainable = set(meta["weights"]["trainable"])
-    recorded = set(frozen_meta) | recorded_trainable
+
+def _check_names(meta: dict[str, Any], params: dict[str, nn.Parameter]) -> None:
+    """The model's parameters are exactly the recorded trained and frozen ones."""
+    recorded = set(meta["frozen"]) | set(meta["weights"]["trainable"])
     not_in_ckpt, not_in_model = sorted(set(params) - recorded), sorted(recorded - set(params))
     if not_in_ckpt or not_in_model:
         raise CheckpointError(
@@ -224,18 +220,14 @@ def load_oelm(directory: str | os.PathLike, base_model: nn.Module | None = None,
             f"{not_in_model[:5]}{' ...' if len(not_in_model) > 5 else ''}. Build base_model as "
             f"{meta.get('model_class')} from {meta.get('source') or 'the same config'}."
         )
-    for name in frozen_meta:  # frozen by the user beyond the method
-        params[name].requires_grad_(False)
-    extra_frozen = sorted(n for n, p in params.items() if not p.requires_grad and n not in frozen_meta)
-    if extra_frozen:
-        raise CheckpointError(
-            f"applying the recorded method {config.method!r} froze {extra_frozen[:5]}, which the checkpoint records as "
-            f"trained: the oelm version differs from the one that saved it ({meta.get('versions', {}).get('oelm')})"
-        )
 
-    stored = load_file(str(weights_path))
+
+def _checked_targets(meta: dict[str, Any], stored: dict[str, torch.Tensor], model: nn.Module, params: dict[str, nn.Parameter],
+                     weights_path: Path, frozen_stored: bool) -> dict[str, torch.Tensor]:
+    """The model tensors (parameters and persistent buffers) the stored ones go into, after
+    checking the stored names, the buffers, and every shape and dtype."""
     buffers = _persistent_buffers(model)
-    expected = recorded_trainable | set(meta["weights"]["buffers"]) | (set(frozen_meta) if frozen_stored else set())
+    expected = set(meta["weights"]["trainable"]) | set(meta["weights"]["buffers"]) | (set(meta["frozen"]) if frozen_stored else set())
     if set(stored) != expected:
         raise CheckpointError(f"{weights_path} holds other tensors than {METADATA_NAME} lists; save the checkpoint again")
     missing_buffers = sorted(set(meta["weights"]["buffers"]) ^ set(buffers))
@@ -252,32 +244,4 @@ def load_oelm(directory: str | os.PathLike, base_model: nn.Module | None = None,
                 f"tensor {name!r}: the checkpoint has {value.dtype} {list(value.shape)}, the model "
                 f"{target.dtype} {list(target.shape)}; build base_model with the same config and dtype"
             )
-
-    if frozen_stored:
-        with torch.no_grad():
-            for name in frozen_meta:
-                params[name].copy_(stored[name])
-    bad = []
-    for name, rec in frozen_meta.items():
-        p = params[name]
-        if str(p.dtype) != rec["dtype"] or list(p.shape) != rec["shape"] or tensor_sha256(p) != rec["sha256"]:
-            bad.append(name)
-    if bad:
-        p, rec = params[bad[0]], frozen_meta[bad[0]]
-        detail = (
-            f"{p.dtype} {list(p.shape)} vs recorded {rec['dtype']} {rec['shape']}"
-            if str(p.dtype) != rec["dtype"] or list(p.shape) != rec["shape"]
-            else "sha256 differs"
-        )
-        raise CheckpointMismatchError(
-            f"frozen tensor {bad[0]!r} regenerated by {config.method!r} does not match the checkpoint ({detail}; "
-            f"{len(bad)} of {len(frozen_meta)} frozen tensors differ). Likely causes: {_mismatch_causes(meta, config)}.",
-            tensor=bad[0],
-            mismatched=bad,
-        )
-
-    with torch.no_grad():
-        for name, value in stored.items():
-            if name not in frozen_meta:
-                targets[name].copy_(value)
-    return model.eval()
+    return targets

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from oelm.architectures import ARCHITECTURE_ATTRIBUTE, architecture_to_dict
 from oelm.errors import ConfigError
 from oelm.io import atomic_path, sha256_file, write_json_atomic
 from oelm.checkpoint.common import (
@@ -94,6 +95,32 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike, *, source: s
     Warns:
         UserWarning: seed None with a random initialization; frozen tensors are stored too.
     """
+    model, config, directory = _checked_arguments(model, directory)
+    if source is None:
+        source = getattr(getattr(model, "config", None), "_name_or_path", None) or None
+    params = dict(model.named_parameters())  # a tied weight once
+    trainable = {n: p for n, p in params.items() if p.requires_grad}
+    frozen = {n: p for n, p in params.items() if not p.requires_grad}
+    buffers = _persistent_buffers(model)
+    frozen_stored = _frozen_must_be_stored(config, bool(frozen))
+    stored = _tensors_to_store({**trainable, **buffers, **(frozen if frozen_stored else {})})
+    weights = _write_weights(directory / WEIGHTS_NAME, stored)
+    weights.update(trainable=sorted(trainable), buffers=sorted(buffers))
+    full_tensors = dict(params) | buffers
+    metadata = _metadata(model, config, source, frozen_stored, weights, frozen)
+    metadata["sizes"] = {
+        "weights_bytes": weights["bytes"],
+        "full_safetensors_bytes": safetensors_size(full_tensors, {"format": "pt"}),
+        "stored_numel": sum(t.numel() for t in stored.values()),
+        "total_numel": sum(t.numel() for t in full_tensors.values()),
+    }
+    metadata_path = directory / METADATA_NAME
+    write_json_atomic(metadata_path, metadata)
+    return _report(directory, metadata, metadata_path.stat().st_size, len(frozen))
+
+
+def _checked_arguments(model: Any, directory: Any) -> tuple[nn.Module, Any, Path]:
+    """The unwrapped model, its ``oelm_config`` and the directory, or one clear error."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"oelm.save_pretrained(model, directory) expects a torch.nn.Module first, got {type(model).__name__}")
     if not isinstance(directory, (str, os.PathLike)) or not str(directory).strip():
@@ -109,45 +136,52 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike, *, source: s
     if directory.exists() and not directory.is_dir():
         raise CheckpointError(f"oelm.save_pretrained: {directory} is a file, not a directory; give a directory path "
                               "(created if missing)")
-    if source is None:
-        source = getattr(getattr(model, "config", None), "_name_or_path", None) or None
+    return model, config, directory
 
-    params = dict(model.named_parameters())  # a tied weight once
-    trainable = {n: p for n, p in params.items() if p.requires_grad}
-    frozen = {n: p for n, p in params.items() if not p.requires_grad}
-    buffers = _persistent_buffers(model)
-    frozen_stored = config.seed is None and config.init in RANDOM_INITS and bool(frozen)
-    if frozen_stored:
+
+def _frozen_must_be_stored(config: Any, any_frozen: bool) -> bool:
+    """True (with a warning) when the frozen tensors came from an unseeded random draw."""
+    stored = config.seed is None and config.init in RANDOM_INITS and any_frozen
+    if stored:
         warnings.warn(
             f"oelm.save_pretrained: method {config.method!r} drew its frozen Q/K (init={config.init!r}) from torch's "
             "global random state (seed None), which cannot be regenerated; the frozen tensors are stored too, so the "
             "checkpoint is not lean. Pass seed=... to apply_oelm to store only what trains.",
             UserWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
+    return stored
 
+
+def _tensors_to_store(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Contiguous CPU copies-or-views; a tensor sharing memory with an earlier one is cloned
+    (safetensors refuses tensors that share memory)."""
     stored: dict[str, torch.Tensor] = {}
     seen_storages: set[int] = set()
-    for name, t in [*trainable.items(), *buffers.items(), *(frozen.items() if frozen_stored else ())]:
+    for name, t in tensors.items():
         t = t.detach().cpu().contiguous()
-        ptr = t.untyped_storage().data_ptr()
-        if ptr in seen_storages and t.numel():  # safetensors refuses tensors that share memory
+        if t.untyped_storage().data_ptr() in seen_storages and t.numel():
             t = t.clone()
         seen_storages.add(t.untyped_storage().data_ptr())
         stored[name] = t
+    return stored
 
-    weights_path = directory / WEIGHTS_NAME
-    with atomic_path(weights_path) as tmp:
-        from safetensors.torch import save_file
 
+def _write_weights(path: Path, stored: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Write ``stored`` atomically as safetensors; the record ``{"file", "bytes", "sha256"}``."""
+    from safetensors.torch import save_file  # safetensors' torch half imports only on save
+
+    with atomic_path(path) as tmp:
         save_file(stored, str(tmp), metadata={"format": "pt", "oelm_format": CHECKPOINT_FORMAT})
-        weights_sha = sha256_file(tmp)
-        weights_bytes = tmp.stat().st_size
+        return {"file": path.name, "bytes": tmp.stat().st_size, "sha256": sha256_file(tmp)}
 
+
+def _metadata(model: nn.Module, config: Any, source: str | None, frozen_stored: bool, weights: dict[str, Any],
+              frozen: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """The JSON record of a lean checkpoint (see the module docstring), without ``sizes``."""
     config_cls, config_dict = _config_dict(model)
-    full_tensors = {n: p for n, p in params.items()} | buffers
-    full_bytes = safetensors_size(full_tensors, {"format": "pt"})
-    metadata: dict[str, Any] = {
+    first = next(iter(model.parameters()), None)
+    return {
         "format": CHECKPOINT_FORMAT,
         "format_version": FORMAT_VERSION,
         "method": config.method,
@@ -157,40 +191,35 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike, *, source: s
         "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
         "model_config_class": config_cls,
         "model_config": config_dict,
-        "dtype": str(next(iter(params.values())).dtype) if params else None,
+        "dtype": str(first.dtype) if first is not None else None,
         "versions": _versions(),
         "frozen_tensors_stored": frozen_stored,
-        "weights": {
-            "file": WEIGHTS_NAME,
-            "bytes": weights_bytes,
-            "sha256": weights_sha,
-            "trainable": sorted(trainable),
-            "buffers": sorted(buffers),
-        },
-        "frozen": {
-            n: {"dtype": str(p.dtype), "shape": list(p.shape), "sha256": tensor_sha256(p)} for n, p in frozen.items()
-        },
-        "sizes": {
-            "weights_bytes": weights_bytes,
-            "full_safetensors_bytes": full_bytes,
-            "stored_numel": sum(t.numel() for t in stored.values()),
-            "total_numel": sum(t.numel() for t in full_tensors.values()),
-        },
+        "weights": weights,
+        "frozen": {n: {"dtype": str(p.dtype), "shape": list(p.shape), "sha256": tensor_sha256(p)} for n, p in frozen.items()},
+        **_architecture_record(model),
     }
-    metadata_path = directory / METADATA_NAME
-    write_json_atomic(metadata_path, metadata)
 
-    files = {WEIGHTS_NAME: weights_bytes, METADATA_NAME: metadata_path.stat().st_size}
-    written = sum(files.values())
+
+def _architecture_record(model: nn.Module) -> dict[str, Any]:
+    """``{"architecture": ...}`` when ``apply_oelm`` got ``target_modules`` (the loader needs the
+    names to find the projections again), else ``{}``."""
+    own = vars(model).get(ARCHITECTURE_ATTRIBUTE)
+    return {"architecture": architecture_to_dict(own)} if own is not None else {}
+
+
+def _report(directory: Path, metadata: dict[str, Any], metadata_bytes: int, frozen_tensors: int) -> SaveReport:
+    sizes = metadata["sizes"]
+    files = {WEIGHTS_NAME: sizes["weights_bytes"], METADATA_NAME: metadata_bytes}
+    written, full = sum(files.values()), sizes["full_safetensors_bytes"]
     return SaveReport(
         directory=directory,
         files=files,
         bytes_written=written,
-        full_bytes=full_bytes,
-        saved_percent=100.0 * (1.0 - written / full_bytes) if full_bytes else 0.0,
-        stored_numel=metadata["sizes"]["stored_numel"],
-        total_numel=metadata["sizes"]["total_numel"],
-        frozen_tensors=len(frozen),
-        frozen_stored=frozen_stored,
+        full_bytes=full,
+        saved_percent=100.0 * (1.0 - written / full) if full else 0.0,
+        stored_numel=sizes["stored_numel"],
+        total_numel=sizes["total_numel"],
+        frozen_tensors=frozen_tensors,
+        frozen_stored=bool(metadata["frozen_tensors_stored"]),
         metadata=metadata,
     )

@@ -143,7 +143,8 @@ def load_init_weights(model: torch.nn.Module, path: Path) -> dict[str, Any]:
 
 
 def build_run_model(config: ExperimentConfig, entry: MethodEntry, seed: int, data: "PreparedData"):
-    """Seeded fresh model with the method applied (and ``init_from`` weights loaded first).
+    """Seeded fresh model with the method applied (and ``init_from`` weights loaded first), then
+    the method's LoRA adapter when it has one (``lora:``; the model is then a PEFT model).
 
     With ``init_from`` the pretrained query/key weights are kept as they are (``init: none``)
     and frozen as the method says: the pretraining run of the same method already gave them
@@ -159,4 +160,8 @@ def build_run_model(config: ExperimentConfig, entry: MethodEntry, seed: int, dat
         init_info = load_init_weights(model, init_path)
         oelm_cfg = oelm_cfg.replace(init="none")
     report = apply_oelm(model, oelm_cfg, seed=seed)
+    if entry.lora is not None:  # PEFT is imported only for a method with a LoRA adapter (the peft extra)
+        from oelm.peft import add_lora
+
+        model, report = add_lora(model, entry.lora, report)
     return model, oelm_cfg, report, init_info

@@ -29,8 +29,10 @@ from oelm.matrix.output import (
     _check_fingerprint, _quiet, config_fingerprint, interruptible, open_output_dir, prepare_matrix_data, start_output,
     write_selection,
 )
-from oelm.matrix.plan import RunTask, final_results, plan_runs, ready_runs, unfinished_final_runs, why_not_ready
-from oelm.matrix.run_one import RunContext, placement_record, train_planned_run, verify_kept
+from oelm.matrix.plan import (
+    RunTask, final_results, marked_final, plan_runs, ready_runs, unfinished_final_runs, why_not_ready,
+)
+from oelm.matrix.run_one import RunContext, mark_final, placement_record, train_planned_run, verify_kept
 from oelm.records import MatrixFolder, RunRecord
 
 __all__ = ["run_matrix", "plan_matrix", "run_only", "collect", "task_metric"]
@@ -92,6 +94,14 @@ def run_matrix(config: ExperimentConfig, output_dir: str | Path | None = None, l
             return _drive(config, out, log, retry_failed, allow_missing_weights, runner)
 
 
+def _mark_finals(config: ExperimentConfig, out: Path, selection, results: dict[str, RunRecord],
+                 log: Callable[[str], None]) -> None:
+    """No test split: mark each selected sweep run final where it lies (:func:`~oelm.matrix.plan.marked_final`),
+    updating ``results``; rank 0 writes."""
+    for run in marked_final(config, selection, results):
+        results[run.name] = mark_final(MatrixFolder(out), run, log)
+
+
 def _check_kept(ctx: RunContext, results: dict[str, RunRecord], names: set[str]) -> None:
     """Check every earlier result the rerun keeps (:func:`oelm.matrix.run_one.verify_kept`)."""
     for name in sorted(names & set(results)):
@@ -122,6 +132,7 @@ def _drive(config: ExperimentConfig, out: Path, log: Callable[[str], None], retr
             if written != (selection.complete, selection.selected):
                 write_selection(out, config, selection, log, announced)
                 written = (set(selection.complete), dict(selection.selected))
+            _mark_finals(config, out, selection, results, log)
             for task in ready:
                 if executor.free_slots(len(busy)) <= 0:
                     break
@@ -175,6 +186,7 @@ def plan_matrix(config: ExperimentConfig, output_dir: str | Path | None = None,
         results = MatrixFolder(out).results()
         ready, selection = ready_runs(config, task_metric(config), results)
         write_selection(out, config, selection, log, set())
+        _mark_finals(config, out, selection, results, log)
     return ready
 
 
@@ -230,6 +242,7 @@ def collect(config: ExperimentConfig, output_dir: str | Path | None = None,
         results = MatrixFolder(out).results()
         _, selection = ready_runs(config, task_metric(config), results)
         write_selection(out, config, selection, log, set())
+        _mark_finals(config, out, selection, results, log)
         finals = {m: runs for m, runs in final_results(config, selection, results).items() if runs}
         if not any(r.finished for runs in finals.values() for r in runs):
             raise OELMError(f"no final run of {config.name} has finished under {MatrixFolder(out).runs} yet; "

@@ -92,6 +92,7 @@ def config_fingerprint(config: ExperimentConfig) -> dict[str, Any]:
             "oelm": m.oelm_config().to_dict(),
             "learning_rates": config.learning_rate_candidates(m),
             "training": {k: v for k, v in sorted(m.training.items()) if k not in COSMETIC_TRAINING_KEYS},
+            **({"lora": m.lora} if m.lora is not None else {}),  # absent otherwise: earlier fingerprints still match
         }
         for m in config.methods
     }

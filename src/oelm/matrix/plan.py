@@ -9,7 +9,9 @@ Protocol (one experiment = one task, one model source, several methods, several 
    ``best_validation`` over the sweep seeds (failed runs excluded; ties: the first candidate).
 3. **Final**: every seed at the selected rate (a method with one rate: at once), the test split
    evaluated once with the best-on-validation weights. The sweep run at the selected rate is that
-   seed's final run: it is *promoted* (test evaluated from its checkpoint), not retrained.
+   seed's final run: it is *promoted* (test evaluated from its checkpoint), not retrained. Without
+   a test split there is nothing to evaluate: no promote task, its record is marked final
+   (:func:`marked_final`).
 
 Runs of a stage follow :func:`run_order` (seed 0: A B C, seed 1: C B A, ...), so slow drift of a
 shared machine hits every method alike; :func:`ready_runs` lists ready runs in that order.
@@ -26,7 +28,7 @@ from oelm.metrics import get_metric
 from oelm.records import PlannedRun, RunRecord, final_runs, grid_edge, run_name, sweep_entry
 
 __all__ = ["run_order", "plan_runs", "Selection", "select_learning_rates", "select", "RunTask", "ready_runs",
-           "final_results", "unfinished_final_runs", "why_not_ready"]
+           "marked_final", "final_results", "unfinished_final_runs", "why_not_ready"]
 
 
 def run_order(methods: list, seeds: list[int]) -> list[tuple[Any, int]]:
@@ -135,20 +137,18 @@ class RunTask:
     """One unit of work for an executor: ``run`` and what to do with it.
 
     ``action`` ``"train"`` trains (or continues) the run, evaluating the test split once at the
-    end when ``evaluate_test`` (a final run); ``"promote"`` evaluates the test split of the
-    finished sweep run ``run`` names (the selected rate) and marks it final.
+    end when ``evaluate_test`` (a final run of a config with a test split); ``"promote"``
+    evaluates the test split of the finished sweep run ``run`` names (the selected rate) and
+    marks it final.
     """
 
     run: PlannedRun
     action: Literal["train", "promote"] = "train"
+    evaluate_test: bool = False
 
     @property
     def name(self) -> str:
         return self.run.name
-
-    @property
-    def evaluate_test(self) -> bool:
-        return self.run.stage == "final"
 
     def to_dict(self) -> dict[str, Any]:
         r = self.run
@@ -157,7 +157,8 @@ class RunTask:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunTask":
-        return cls(PlannedRun(d["method"], d["learning_rate"], d["seed"], d["stage"], d["name"]), d["action"])
+        return cls(PlannedRun(d["method"], d["learning_rate"], d["seed"], d["stage"], d["name"]), d["action"],
+                   bool(d.get("evaluate_test", d["stage"] == "final")))
 
 
 def _wants_training(record: RunRecord | None, name: str, retry: set[str]) -> bool:
@@ -177,6 +178,7 @@ def ready_runs(config: ExperimentConfig, metric: str, results: dict[str, RunReco
         busy: runs training now (left out; a method's final runs wait for its busy sweep runs).
     """
     retry, busy = set(retry), set(busy)
+    tested = config.task.test_split is not None
     sweep = [r for r in plan_runs(config) if r.stage == "sweep"]
     ready = [RunTask(r) for r in sweep if r.name not in busy and _wants_training(results.get(r.name), r.name, retry)]
     selection = select_learning_rates(config, metric, results, pending={t.name for t in ready} | busy)
@@ -187,11 +189,27 @@ def ready_runs(config: ExperimentConfig, metric: str, results: dict[str, RunReco
         swept = len(config.learning_rate_candidates(_entry(config, run.method))) > 1 and run.seed in config.sweep_seed_list()
         if not swept:
             if _wants_training(record, run.name, retry):
-                ready.append(RunTask(run))
-        elif record is not None and record.finished and not record.is_final:
-            ready.append(RunTask(run, "promote"))
-        # a swept seed's run that failed at the selected rate is that seed's (failed) final run
+                ready.append(RunTask(run, evaluate_test=tested))
+        elif tested and record is not None and record.finished and not record.is_final:
+            ready.append(RunTask(run, "promote", evaluate_test=True))
+        # a swept seed's run that failed at the selected rate is that seed's (failed) final run;
+        # without a test split a finished one is marked final where it lies (marked_final)
     return ready, selection
+
+
+def marked_final(config: ExperimentConfig, selection: Selection, results: dict[str, RunRecord]) -> list[PlannedRun]:
+    """Without a test split: the finished sweep runs at a method's selected rate that are not yet
+    marked final. Each is its seed's final run as it is (nothing to evaluate); the caller marks its
+    record (``stage: final``, ``selected``), no task is planned for it. Empty with a test split
+    (those are :func:`ready_runs`' ``promote`` tasks)."""
+    if config.task.test_split is not None:
+        return []
+    found = []
+    for run in plan_runs(config, selection.selected):
+        record = results.get(run.name)
+        if run.stage == "final" and record is not None and record.stage == "sweep" and record.finished:
+            found.append(run)
+    return found
 
 
 def _entry(config: ExperimentConfig, method: str):

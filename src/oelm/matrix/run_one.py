@@ -36,8 +36,9 @@ from oelm.training import evaluate, optimizer_steps_per_epoch, planned_total_ste
 from oelm.matrix.assemble import build_run_model
 from oelm.matrix.output import prepare_matrix_data
 from oelm.matrix.plan import RunTask
+from oelm.matrix.run_log import copy_console
 
-__all__ = ["RunContext", "execute", "train_planned_run", "placement_record", "verify_kept", "promote"]
+__all__ = ["RunContext", "execute", "train_planned_run", "placement_record", "verify_kept", "promote", "mark_final"]
 
 # Every process of a launched job runs the protocol; rank 0 alone writes its files.
 _write_record = main_process_only(write_record)
@@ -260,11 +261,18 @@ def _train_cell(ctx: RunContext, run: PlannedRun, evaluate_test: bool) -> RunRec
         Exception: anything else raised inside the run, after its status is set to ``failed``
             (``failure``: kind "error", the exception's type and message).
     """
-    folder, log = ctx.folder.run(run.name), ctx.log
+    folder = ctx.folder.run(run.name)
     previous = _reuse_or_clear(ctx, run, folder)
     if previous is not None:
         return previous
     folder.path.mkdir(parents=True, exist_ok=True)
+    with copy_console(folder.train_log, f"training {run.name}", enabled=is_main_process()):
+        return _train_fresh(ctx, run, folder, evaluate_test)
+
+
+def _train_fresh(ctx: RunContext, run: PlannedRun, folder: RunFolder, evaluate_test: bool) -> RunRecord:
+    """:func:`_train_cell` once the run is to (re)start or continue in ``folder``."""
+    log = ctx.log
     started = time.time()
     write_status(folder, run, "running")
     try:
@@ -340,6 +348,19 @@ def promote(config: ExperimentConfig, entry: MethodEntry, run: PlannedRun, data:
     return promoted
 
 
+def mark_final(matrix: MatrixFolder, run: PlannedRun, log: Callable[[str], None]) -> RunRecord:
+    """Without a test split: the finished sweep run at the selected rate becomes ``run`` (its
+    seed's final run) by its record alone, as :func:`promote` would make it but with nothing to
+    evaluate (no data, no model, no task): ``stage: final``, ``selected``, ``swept``, test None.
+    Returns the new record (written by rank 0)."""
+    folder = matrix.run(run.name)
+    with copy_console(folder.train_log, f"marking {run.name} final", enabled=is_main_process()):
+        log(f"[{run.name}] selected; its sweep run is the final run (no test split to evaluate)")
+    promoted = read_record(folder.result).promoted(None, None)
+    _write_record(folder.result, promoted)
+    return promoted
+
+
 def _promote_or_retrain(ctx: RunContext, run: PlannedRun) -> RunRecord:
     """:func:`promote` the finished sweep run in ``run``'s folder to ``run`` (its final run); when
     its best weights are missing and ``allow_missing_weights``, move the sweep run to
@@ -355,7 +376,8 @@ def _promote_or_retrain(ctx: RunContext, run: PlannedRun) -> RunRecord:
     if swept.is_final or not swept.finished:
         return swept  # promoted already (e.g. by an earlier attempt of this task), or failed
     try:
-        return promote(ctx.config, ctx.entry(run.method), run, ctx.data, folder.path, swept, ctx.log)
+        with copy_console(folder.train_log, f"promoting {run.name}", enabled=is_main_process()):
+            return promote(ctx.config, ctx.entry(run.method), run, ctx.data, folder.path, swept, ctx.log)
     except RecordedFileMissingError as exc:
         if not ctx.allow_missing_weights:
             raise RecordedFileMissingError(f"{exc}; or rerun with --allow-missing-weights to train this selected run "

@@ -18,6 +18,7 @@ and a run's folder::
       status.json     state (running / finished / failed / interrupted), stage, total steps, pid, host, times
       result.json     a :class:`~oelm.records.result.RunRecord` once the run finished or failed
       metrics.jsonl   train / eval / test records (written by :mod:`oelm.training`)
+      train.log       the console output while it trained (or was promoted), whichever process ran it
       checkpoint/model.safetensors   the best-on-validation weights; checkpoints/step-<N>/ while it trains
 
 Only the driver (``oelm run``, ``oelm plan``, ``--collect``) writes the files of ``<out>``; a run
@@ -103,6 +104,12 @@ class RunFolder:
     def metrics(self) -> Path:
         """``metrics.jsonl``: train / eval / test records, one JSON object a line."""
         return self.path / "metrics.jsonl"
+
+    @property
+    def train_log(self) -> Path:
+        """``train.log``: the console output of every process that trained or promoted this run
+        (:mod:`oelm.matrix.run_log`)."""
+        return self.path / "train.log"
 
     @property
     def best_weights(self) -> Path:

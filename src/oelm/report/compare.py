@@ -78,6 +78,18 @@ def mfu_reference(peak_source: str | None, precision: str | None = None) -> str:
     return str(peak_source)
 
 
+def _at_chance(per_run: list[dict[str, Any]]) -> dict[str, Any]:
+    """``at_chance_seeds`` (finished runs excluded only because they ended at chance: a result, not
+    a failure) and ``at_chance_best_validation`` (their best validation summarized: what the report
+    shows, marked, for a method with no sound run, instead of a blank; in no mean or gap). Absent
+    when no run is at chance (comparisons written before stay as they were)."""
+    runs = [r for r in per_run if r["collapse"] and all(x.startswith("at chance") for x in r["collapse"])]
+    if not runs:
+        return {}
+    return {"at_chance_seeds": [r["seed"] for r in runs],
+            "at_chance_best_validation": summarize([r["best_validation"] for r in runs])}
+
+
 def _mfu(record: RunRecord) -> dict[str, Any]:
     """``timing.mfu`` of a run ({} when absent: older results, or FLOPs not derivable)."""
     return record.mfu
@@ -277,6 +289,7 @@ def _method_summary(runs: list[RunRecord], records: dict[int, list[dict]], grid:
         "seeds": [r.seed for r in runs],
         "included_seeds": [r.seed for r in sound],
         "excluded": excluded,
+        **_at_chance(per_run),
         "best_validation": col(lambda r: r.best_validation),
         "final_validation": col(lambda r: r.final_validation),
         "test": col(lambda r: r.test),

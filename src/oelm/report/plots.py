@@ -50,7 +50,9 @@ def learning_curves(curves: dict[str, dict[str, list[dict[int, tuple[float, floa
 
     Args:
         curves: method -> {"train": [per seed: step -> (loss, elapsed_seconds)],
-            "eval": [per seed: step -> (metric value, elapsed_seconds)]}.
+            "eval": [per seed: step -> (metric value, elapsed_seconds)]}, and optionally
+            ``"at_chance"``: the same for its runs that ended at chance (left out of the mean;
+            drawn dashed, in the method's colour).
         metric: "accuracy" (%) or "perplexity" (log-scale axis).
     """
     colors = method_colors(list(curves))
@@ -60,16 +62,18 @@ def learning_curves(curves: dict[str, dict[str, list[dict[int, tuple[float, floa
         for col, xlabel in enumerate(("step", "wall time since run start (s)")):
             ax = axes[row][col]
             for method, per_kind in curves.items():
-                seeds = [c for c in per_kind.get(kind, []) if c]
-                if not seeds:
-                    continue
-                steps, mean, lo, hi, secs = _band(seeds)
-                if len(steps) == 0:
-                    continue
-                x = steps if col == 0 else secs
-                ax.plot(x, mean, color=colors[method], label=f"{method} (n={len(seeds)})", lw=1.6, marker="o" if kind == "eval" else None, ms=3)
-                if len(seeds) > 1:
-                    ax.fill_between(x, lo, hi, color=colors[method], alpha=0.18, lw=0)
+                for part, style, name in ((per_kind, "-", method), (per_kind.get("at_chance") or {}, "--", f"{method}, at chance")):
+                    seeds = [c for c in part.get(kind, []) if c]
+                    if not seeds:
+                        continue
+                    steps, mean, lo, hi, secs = _band(seeds)
+                    if len(steps) == 0:
+                        continue
+                    x = steps if col == 0 else secs
+                    ax.plot(x, mean, style, color=colors[method], label=f"{name} (n={len(seeds)})", lw=1.6,
+                            marker="o" if kind == "eval" else None, ms=3)
+                    if len(seeds) > 1:
+                        ax.fill_between(x, lo, hi, color=colors[method], alpha=0.18 if style == "-" else 0.08, lw=0)
             ax.set_xlabel(xlabel)
             ax.set_ylabel(label)
             if kind == "eval" and metric == "perplexity":
@@ -105,8 +109,11 @@ def final_metric_figure(comparison: dict[str, Any]):
     for i, m in enumerate(methods):
         s = comparison["methods"][m]["best_validation"]
         if s["mean"] is None:
+            chance = (comparison["methods"][m].get("at_chance_best_validation") or {}).get("mean")
             for ax in (full, zoom):
-                ax.text(i, 0, "no sound run", ha="center", va="bottom", fontsize=8)
+                # at the foot of each panel (x in data, y in axes units): the zoomed axis may not reach 0
+                ax.text(i, 0.02, "no sound run" if chance is None else f"at chance\n({chance:.4g})", ha="center",
+                        va="bottom", fontsize=8, transform=ax.get_xaxis_transform())
             continue
         err = None
         if s.get("ci95"):

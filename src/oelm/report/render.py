@@ -106,7 +106,7 @@ def comparison_rows(comparison: dict[str, Any]) -> tuple[list[str], list[list[st
         seeds = f"{len(m['included_seeds'])}/{len(m['seeds'])}" if "included_seeds" in m else str(len(m.get("seeds", [])))
         row = [
             name,
-            _fmt(m["best_validation"]),
+            _best_cell(m),
             _ci(m["best_validation"]),
             _signed(gap.get("metric_gap")),
             _num(params.get("trainable_percent")),
@@ -125,23 +125,39 @@ def comparison_rows(comparison: dict[str, Any]) -> tuple[list[str], list[list[st
     return header, rows
 
 
+def _best_cell(m: dict[str, Any]) -> str:
+    """The best-validation cell: mean ± std of the sound seeds; for a method whose every finished
+    run ended at chance, their mean marked "(at chance)" (in no mean or Δ), not a blank."""
+    at_chance = m.get("at_chance_best_validation") or {}
+    if m["best_validation"].get("mean") is None and at_chance.get("mean") is not None:
+        return f"{_fmt(at_chance)} (at chance)"
+    return _fmt(m["best_validation"])
+
+
 def curves_from_runs(out: Path, comparison: dict[str, Any]) -> dict[str, dict[str, list[dict[int, tuple[float, float]]]]]:
-    """Per method and sound seed, step -> (value, elapsed_seconds) of train loss and validation metric."""
+    """Per method and sound seed, step -> (value, elapsed_seconds) of train loss and validation
+    metric; under ``"at_chance"`` the same for its runs that ended at chance (drawn apart, dashed)."""
     metric = comparison.get("metric")
     curves: dict[str, dict[str, list]] = {}
     for method, m in comparison["methods"].items():
-        curves[method] = {"train": [], "eval": []}
         runs = {r["seed"]: r for r in m.get("runs", [])}
-        for seed in m.get("included_seeds", m["seeds"]):
-            run = runs.get(seed, {})
-            recs = metrics_records(out, run.get("run_name"), method, seed, run.get("learning_rate", m.get("learning_rate")))
-            for kind, key in (("train", "loss"), ("eval", metric)):
-                c = {
-                    int(r["step"]): (float(r[key]), float(r.get("elapsed_seconds") or 0.0))
-                    for r in recs
-                    if r.get("type") == kind and isinstance(r.get(key), (int, float))
-                }
-                curves[method][kind].append(c)
+
+        def of(seeds: list[int]) -> dict[str, list]:
+            found: dict[str, list] = {"train": [], "eval": []}
+            for seed in seeds:
+                run = runs.get(seed, {})
+                recs = metrics_records(out, run.get("run_name"), method, seed, run.get("learning_rate", m.get("learning_rate")))
+                for kind, key in (("train", "loss"), ("eval", metric)):
+                    found[kind].append({
+                        int(r["step"]): (float(r[key]), float(r.get("elapsed_seconds") or 0.0))
+                        for r in recs
+                        if r.get("type") == kind and isinstance(r.get(key), (int, float))
+                    })
+            return found
+
+        curves[method] = of(m.get("included_seeds", m["seeds"]))
+        if m.get("at_chance_seeds"):
+            curves[method]["at_chance"] = of(m["at_chance_seeds"])
     return curves
 
 
@@ -182,6 +198,9 @@ def _comparison_section(c: dict[str, Any], metric: str, unit: str) -> Section:
     """The headline table (:func:`comparison_rows`), the published numbers' source, the test split's paired gaps."""
     header, rows = comparison_rows(c)
     s = Section("Comparison").table(header, rows)
+    if any(r[1].endswith("(at chance)") for r in rows):
+        s.text("(at chance): no run of that method counts in the means; those that finished ended at or below chance "
+               "(the collapse rule under Runs). Their mean is shown for reference, in no Δ; their learning curves are dashed.")
     if c.get("reference_source"):
         s.text(f"Published numbers: {c['reference_source']}. They come from the original setting (model size, data, "
                "budget); a CPU-scale run is not expected to match them, only to show the same ordering.")
@@ -270,7 +289,7 @@ def _plot_sections(c: dict[str, Any], out: Path | None, metric: str) -> list[Sec
     sections = []
     if out is not None:
         curves = curves_from_runs(out, c)
-        if any(v for m in curves.values() for v in m["eval"] + m["train"]):
+        if any(v for m in curves.values() for part in (m, m.get("at_chance") or {}) for v in part.get("eval", []) + part.get("train", [])):
             sections.append(Section("Learning curves").image("learning_curves.png", _plots().learning_curves(curves, metric),
                                                              "train loss and validation metric vs step and wall time"))
     if any(m["best_validation"]["mean"] is not None for m in c["methods"].values()):
