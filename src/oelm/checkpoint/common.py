@@ -14,13 +14,12 @@ import torch
 from torch import nn
 
 from oelm.errors import OELMError
+from oelm.init import RANDOM_INITS  # noqa: F401 - re-exported: the init kinds that draw from the seed
 
 CHECKPOINT_FORMAT = "oelm-lean-checkpoint"
 FORMAT_VERSION = 1
 WEIGHTS_NAME = "oelm_model.safetensors"
 METADATA_NAME = "oelm_checkpoint.json"
-#: ``OELMConfig.init`` values that draw random numbers (from ``OELMConfig.seed``).
-RANDOM_INITS = frozenset({"random_orthogonal", "normal"})
 
 
 class CheckpointError(OELMError, ValueError):

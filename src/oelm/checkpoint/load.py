@@ -18,7 +18,6 @@ from oelm.checkpoint.common import (
     CheckpointMismatchError,
     FORMAT_VERSION,
     METADATA_NAME,
-    RANDOM_INITS,
     TRUSTED_MODEL_CLASS_PREFIXES,
     _import_class,
     _persistent_buffers,
@@ -126,7 +125,7 @@ def _mismatch_causes(meta: dict[str, Any], config) -> str:
         causes.append(f"the base model was not built from the recorded source {meta['source']!r}")
     else:
         causes.append("the base model was not built the same way (same config and torch.manual_seed) as the original")
-    if config.init in RANDOM_INITS:
+    if config.draws_random:
         causes.append(f"a different seed (the checkpoint records seed={config.seed})")
     recorded = meta.get("versions", {})
     if recorded.get("torch") != torch.__version__:

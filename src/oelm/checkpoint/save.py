@@ -19,7 +19,6 @@ from oelm.checkpoint.common import (
     CheckpointError,
     FORMAT_VERSION,
     METADATA_NAME,
-    RANDOM_INITS,
     WEIGHTS_NAME,
     _config_dict,
     _mb,
@@ -116,7 +115,7 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike, *, source: s
     trainable = {n: p for n, p in params.items() if p.requires_grad}
     frozen = {n: p for n, p in params.items() if not p.requires_grad}
     buffers = _persistent_buffers(model)
-    frozen_stored = config.seed is None and config.init in RANDOM_INITS and bool(frozen)
+    frozen_stored = config.seed is None and config.draws_random and bool(frozen)
     if frozen_stored:
         warnings.warn(
             f"oelm.save_pretrained: method {config.method!r} drew its frozen Q/K (init={config.init!r}) from torch's "
