@@ -390,3 +390,19 @@ def test_a_gpt_vocab_smaller_than_the_tokenizer_is_refused(data_dir):
     with pytest.raises(ConfigError) as info:
         build_model(config, data)
     assert "model.gpt_overrides.vocab_size=100 is smaller than the tokenizer (50,257 ids, task.tokenizer='gpt2')" in str(info.value)
+
+
+# --- the research methods (issue 36) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model, methods, expected", [
+    ({"pretrained": "sentence-transformers/all-MiniLM-L6-v2"}, [{"name": "fixed_attention"}],
+     "method 'fixed_attention': fixed_attention replaces the attention scores inside oelm's own GPT"),
+    (TINY_GPT, [{"name": "reservoir", "reservoir_layers": [0, 3]}], "reservoir_layers [0, 3] names layer(s) [3]"),
+    (TINY_GPT, [{"name": "reservoir", "reservoir_layers": "every_other"}], "reservoir_layers"),
+    (TINY_GPT, [{"name": "m", "base": "oelm_freeze", "init": "mimetic", "targets": ["key"]}],
+     "init='mimetic' sets query and key together"),
+    (TINY_GPT, [{"name": "m", "base": "oelm_freeze", "init": "mimetc"}], "'orthogonalize_rescaled', 'random_orthogonal'"),
+])
+def test_research_method_misuse_is_refused_in_one_line(model, methods, expected):
+    assert expected in _refused(_config(model=model, methods=[{"name": "baseline"}, *methods]))
