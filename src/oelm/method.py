@@ -378,14 +378,11 @@ def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, se
     The report is also stored on the model as ``model.oelm_report`` and the config as
     ``model.oelm_config``, and ``model.print_trainable_parameters()`` prints the report's line (as
     on a PEFT model). When fused Q/K/V modules were split, ``model.save_pretrained`` is replaced,
-    on this instance only, by one that raises :class:`OELMError` naming :func:`merge_and_unload`
-    and :func:`oelm.save_pretrained`: the split modules' parameter names
-    (``c_attn.query.weight`` ...) are unknown to the stock architecture, whose ``from_pretrained``
-    would silently initialize ``c_attn`` at random. An instance attribute, not a subclass or a
-    patched class, so the model keeps its class, other instances are untouched, and
-    ``Trainer.save_model`` / ``push_to_hub`` (which call ``model.save_pretrained``) meet the same
-    refusal; it is a :func:`functools.partial`, so the model still pickles and deep-copies. All
-    of these are listed in :data:`OELM_ATTRIBUTES`.
+    on this instance only (a :func:`functools.partial`: the model keeps its class, pickles and
+    deep-copies), by :func:`oelm.merge.refuse_split_save`, which raises :class:`OELMError` naming
+    :func:`merge_and_unload` and :func:`oelm.save_pretrained`: a stock ``from_pretrained`` would
+    fill the unknown split names with random weights; ``Trainer.save_model`` / ``push_to_hub`` meet
+    the same refusal. All of these are listed in :data:`OELM_ATTRIBUTES`.
 
     A model that already went through ``apply_oelm`` (``model.oelm_config`` is set) is refused
     before anything changes: a second method on top would mix two initializations and two sets
