@@ -14,6 +14,7 @@ know.
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -253,6 +254,26 @@ def test_grouped_query_attention_uses_k_head_count(family, num_kv_heads):
         assert max_orthogonality_error(s.key.weight, num_kv_heads) < 1e-5
     keys = [p for p in report.projections if p["target"] == "key"]
     assert all(p["num_heads"] == num_kv_heads and p["max_orthogonality_error"] < 1e-5 for p in keys)
+    assert torch.isfinite(model(**batch(family)).loss)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_reservoir_and_mimetic_on_every_family(family):
+    """Reservoir layers are found through the registry's attention patterns in every family (layer 1 of each
+    stack: T5's encoder and decoder both); mimetic Q/K wherever each query head has its own key head."""
+    model = build(family)
+    apply_oelm(model, "reservoir", seed=0)
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    stack_index = {n: re.search(r"(^|\.)(layer|h|layers|block)\.(\d+)\.", n) for n, _ in model.named_parameters()}
+    layer_one = {n for n, m in stack_index.items() if m and m.group(3) == "1"}  # the first container index is the layer
+    assert frozen and frozen == layer_one, sorted(frozen ^ layer_one)[:4]
+    assert torch.isfinite(model(**batch(family)).loss)
+    model = build(family)
+    if FAMILIES[family][2].get("num_key_value_heads", HEADS) != HEADS:
+        with pytest.raises(UnsupportedModelError, match="grouped-query"):
+            apply_oelm(model, "oelm_mimetic", seed=0)
+        return
+    apply_oelm(model, "oelm_mimetic", seed=0)
     assert torch.isfinite(model(**batch(family)).loss)
 
 

@@ -36,6 +36,8 @@ from typing import Callable, Literal
 
 import torch
 
+from oelm.errors import UnsupportedModelError
+
 __all__ = [
     "head_wise_orthogonal_",
     "rescaled_head_wise_orthogonal_",
@@ -375,7 +377,7 @@ def _random_orthogonal(weight: torch.Tensor, heads: int, generator: torch.Genera
 
 def _mimetic_pair(query: torch.Tensor, key: torch.Tensor, heads: int, kv_heads: int, generator: torch.Generator | None) -> None:
     if kv_heads != heads:
-        raise ValueError(
+        raise UnsupportedModelError(
             f"init='mimetic' pairs every query head with its own key head, but this attention has {heads} query and "
             f"{kv_heads} key/value heads (grouped-query attention); use another init for this model"
         )
