@@ -20,7 +20,7 @@ from oelm.errors import RunInterruptedError
 from oelm.metrics import Metric
 from oelm.training.checkpoint import remove_unfinished, save_best_weights, save_checkpoint, start_or_resume
 from oelm.training.engine import Engine, setup, with_learning_rate
-from oelm.training.evaluation import early_stop_due, evaluate_test, stop_early, validate, validated_at
+from oelm.training.evaluation import early_stop_due, evaluate_test, stop_early, token_accuracy_of, validate, validated_at
 from oelm.training.faults import StopSignals
 from oelm.training.metrics_log import log_train, start_trackers
 from oelm.training.rng import epoch_seed, restore_rng
@@ -37,7 +37,7 @@ __all__ = ["finish", "train"]
 def train(model: nn.Module, train_loader: DataLoader, eval_loader: DataLoader, *, metric: Metric | str,
           config: TrainingConfig, learning_rate: float | None = None, run_dir: Path,
           test_loader: DataLoader | None = None, description: str = "train",
-          tracked: "TrackedRun | None" = None) -> TrainResult:
+          tracked: "TrackedRun | None" = None, predictions: bool = False) -> TrainResult:
     """Train ``model`` and select the best weights on ``eval_loader``; resumable at any step.
 
     ``learning_rate`` (the peak rate after warmup) defaults to ``config.learning_rate``; given,
@@ -45,7 +45,10 @@ def train(model: nn.Module, train_loader: DataLoader, eval_loader: DataLoader, *
     accumulation, warm-up, checkpoints and resume, early stopping, faults and the returned timing
     are described in the package docstring of :mod:`oelm.training`. ``config.report_to``'s W&B /
     MLflow trackers get every metrics record as a run named ``run_dir``'s name (``tracked``: its
-    project, config and output folder; :class:`oelm.trackers.TrackedRun`).
+    project, config and output folder; :class:`oelm.trackers.TrackedRun`). With ``predictions``
+    (a matrix's final runs) the best weights' per-example predictions on the validation split (and
+    the test split, when given) are saved to ``run_dir/predictions.npz`` in a pass after the run's
+    timings were taken (:func:`oelm.training.predictions.save_final_predictions`).
 
     Raises:
         TrainingDivergedError: (``RunFaultError``, kind ``"nan"``) NaN/Inf loss, gradients or weights.
@@ -102,12 +105,24 @@ def train(model: nn.Module, train_loader: DataLoader, eval_loader: DataLoader, *
         warnings.warn(f"{stop_signal} received during the final evaluation; the run was finished first",
                       RuntimeWarning, stacklevel=2)
     test_value = finish(engine, state, test_loader)
+    timing = run_timing(engine, state, warmup_seconds, telemetry.summary())
+    # after the timings: the extra evaluation passes are in no run time
+    saved = _save_predictions(engine, state, eval_loader, test_loader) if predictions else None
     return TrainResult(
         metric=engine.metric.name, best_validation=float(state.best_value), best_step=state.best_step,
         final_validation=float(state.last_eval["value"]), final_train_loss=state.last_loss, steps=state.step,
-        test=test_value, timing=run_timing(engine, state, warmup_seconds, telemetry.summary()),
-        history=state.history, stop_signal=stop_signal, early_stopped=stopped_early,
+        test=test_value, timing=timing, history=state.history, stop_signal=stop_signal, early_stopped=stopped_early,
+        token_accuracy=token_accuracy_of(state.history, state.best_step), predictions=saved,
     )
+
+
+def _save_predictions(engine: Engine, state: TrainState, eval_loader: DataLoader, test_loader: DataLoader | None) -> dict:
+    """Per-example predictions of the best weights (loaded by :func:`finish`) on validation and test."""
+    from oelm.training.predictions import save_final_predictions  # only final runs save them
+
+    return save_final_predictions(engine.model, {"validation": eval_loader, "test": test_loader}, engine.metric.name,
+                                  engine.precision, run_dir=engine.run_dir, step=state.best_step,
+                                  accelerator=engine.accelerator, is_main=engine.is_main)
 
 
 def _run_epochs(engine: Engine, state: TrainState, loaders: tuple, generators: list, base_seeds: list,
