@@ -355,7 +355,7 @@ def promote(config: ExperimentConfig, entry: MethodEntry, run: PlannedRun, data:
     """
     from oelm.train import evaluate
     from oelm.training.evaluation import token_accuracy_fields
-    from oelm.training.predictions import save_final_predictions
+    from oelm.training.predictions import collector_for, save_final_predictions
 
     test_value, test_eval = None, {}
     if data.test is not None or (run_dir / BEST_CHECKPOINT).is_file():
@@ -368,9 +368,10 @@ def promote(config: ExperimentConfig, entry: MethodEntry, run: PlannedRun, data:
         load_model(model, str(ckpt))
         training = config.training_for(entry)
         _, val_loader, test_loader = make_loaders(data, training, run.seed)
+        test_rows = collector_for(test_loader, data.metric) if test_loader is not None else None
         if test_loader is not None:
             t0 = time.perf_counter()
-            test_eval = evaluate(model, test_loader, data.metric, training.mixed_precision)
+            test_eval = evaluate(model, test_loader, data.metric, training.mixed_precision, predictions=test_rows)
             test_value = test_eval["value"]
             seconds = time.perf_counter() - t0
             if is_main_process():
@@ -380,7 +381,8 @@ def promote(config: ExperimentConfig, entry: MethodEntry, run: PlannedRun, data:
             result["timing"]["test_seconds"] = seconds
             log(f"[{run_dir.name}] selected; test {data.metric} {test_value:.4f} (evaluated once, best checkpoint)")
         save_final_predictions(model, {"validation": val_loader, "test": test_loader}, data.metric, training.mixed_precision,
-                               run_dir=run_dir, step=result["performance"]["best_step"], is_main=is_main_process())
+                               run_dir=run_dir, step=result["performance"]["best_step"], is_main=is_main_process(),
+                               evaluated={"test": test_rows})
     result = dict(result)
     result["performance"] = dict(result["performance"], test=test_value)
     if "token_accuracy" in test_eval:

@@ -47,7 +47,8 @@ def evaluate(
     and every process returns the same numbers.
 
     ``predictions`` (:class:`~oelm.training.predictions.PredictionCollector`) is handed every
-    batch's logits, to keep per-example outcomes (the final runs' ``predictions.npz``).
+    batch's logits, to keep per-example outcomes (the final runs' ``predictions.npz``), and the
+    returned dict as its ``result``.
 
     Returns:
         ``{"value": accuracy % or perplexity, "loss": mean loss, "n": examples or tokens}``;
@@ -92,8 +93,12 @@ def evaluate(
         raise OELMError("the evaluation split is empty")
     mean_loss = loss_sum / count
     if classification:
-        return {"value": 100.0 * correct / count, "loss": mean_loss, "n": count}
-    return {"value": math.exp(min(mean_loss, 700.0)), "loss": mean_loss, "n": count, "token_accuracy": 100.0 * correct / count}
+        result = {"value": 100.0 * correct / count, "loss": mean_loss, "n": count}
+    else:
+        result = {"value": math.exp(min(mean_loss, 700.0)), "loss": mean_loss, "n": count, "token_accuracy": 100.0 * correct / count}
+    if predictions is not None:
+        predictions.result = result
+    return result
 
 
 def _gathered_sums(model, loader, classification: bool, autocast, accelerator: Accelerator,
@@ -191,13 +196,16 @@ def stop_early(engine: "Engine", state: "TrainState") -> None:
     state.history.append(record)
 
 
-def evaluate_test(engine: "Engine", state: "TrainState", test_loader: DataLoader | None) -> float | None:
+def evaluate_test(engine: "Engine", state: "TrainState", test_loader: DataLoader | None,
+                  predictions: "PredictionCollector | None" = None) -> float | None:
     """Evaluate the test split once (with the weights loaded: the best on validation) and log it
-    at the best step. Returns its value, or None without a test split."""
+    at the best step; ``predictions`` collects its per-example outcomes. Returns its value, or
+    None without a test split."""
     if test_loader is None:
         return None
     with engine.phases.measure("test"):
-        result = evaluate(engine.model, test_loader, engine.metric.name, engine.precision, accelerator=engine.accelerator)
+        result = evaluate(engine.model, test_loader, engine.metric.name, engine.precision, accelerator=engine.accelerator,
+                          predictions=predictions)
     record = {"type": "test", "step": state.best_step, engine.metric.name: result["value"], **token_accuracy_fields(result)}
     engine.log.write(record)
     state.history.append(record)

@@ -30,6 +30,7 @@ from oelm.training.timing import EpochClock, run_timing
 
 if TYPE_CHECKING:
     from oelm.trackers import TrackedRun
+    from oelm.training.predictions import PredictionCollector
 
 __all__ = ["finish", "train"]
 
@@ -47,8 +48,9 @@ def train(model: nn.Module, train_loader: DataLoader, eval_loader: DataLoader, *
     MLflow trackers get every metrics record as a run named ``run_dir``'s name (``tracked``: its
     project, config and output folder; :class:`oelm.trackers.TrackedRun`). With ``predictions``
     (a matrix's final runs) the best weights' per-example predictions on the validation split (and
-    the test split, when given) are saved to ``run_dir/predictions.npz`` in a pass after the run's
-    timings were taken (:func:`oelm.training.predictions.save_final_predictions`).
+    the test split, when given: kept during its one evaluation) are saved to
+    ``run_dir/predictions.npz``; the validation split is evaluated once more for them, after the
+    run's timings were taken (:func:`oelm.training.predictions.save_final_predictions`).
 
     Raises:
         TrainingDivergedError: (``RunFaultError``, kind ``"nan"``) NaN/Inf loss, gradients or weights.
@@ -104,10 +106,11 @@ def train(model: nn.Module, train_loader: DataLoader, eval_loader: DataLoader, *
     if stop_signal is not None:
         warnings.warn(f"{stop_signal} received during the final evaluation; the run was finished first",
                       RuntimeWarning, stacklevel=2)
-    test_value = finish(engine, state, test_loader)
+    test_rows = _test_collector(test_loader, engine) if predictions else None
+    test_value = finish(engine, state, test_loader, test_rows)
     timing = run_timing(engine, state, warmup_seconds, telemetry.summary())
-    # after the timings: the extra evaluation passes are in no run time
-    saved = _save_predictions(engine, state, eval_loader, test_loader) if predictions else None
+    # after the timings: the validation predictions pass is in no run time
+    saved = _save_predictions(engine, state, eval_loader, test_loader, test_rows) if predictions else None
     return TrainResult(
         metric=engine.metric.name, best_validation=float(state.best_value), best_step=state.best_step,
         final_validation=float(state.last_eval["value"]), final_train_loss=state.last_loss, steps=state.step,
@@ -116,13 +119,23 @@ def train(model: nn.Module, train_loader: DataLoader, eval_loader: DataLoader, *
     )
 
 
-def _save_predictions(engine: Engine, state: TrainState, eval_loader: DataLoader, test_loader: DataLoader | None) -> dict:
-    """Per-example predictions of the best weights (loaded by :func:`finish`) on validation and test."""
-    from oelm.training.predictions import save_final_predictions  # only final runs save them
+def _test_collector(test_loader: DataLoader | None, engine: Engine) -> "PredictionCollector | None":
+    """The collector of the test split's per-example outcomes (its one evaluation fills it)."""
+    from oelm.training.predictions import collector_for  # only final runs save predictions
+
+    return None if test_loader is None else collector_for(test_loader, engine.metric.name)
+
+
+def _save_predictions(engine: Engine, state: TrainState, eval_loader: DataLoader, test_loader: DataLoader | None,
+                      test_rows: "PredictionCollector | None") -> dict:
+    """Per-example predictions of the best weights (loaded by :func:`finish`): the validation split
+    evaluated once more, the test split as its one evaluation collected them."""
+    from oelm.training.predictions import save_final_predictions
 
     return save_final_predictions(engine.model, {"validation": eval_loader, "test": test_loader}, engine.metric.name,
                                   engine.precision, run_dir=engine.run_dir, step=state.best_step,
-                                  accelerator=engine.accelerator, is_main=engine.is_main)
+                                  accelerator=engine.accelerator, is_main=engine.is_main,
+                                  evaluated={"test": test_rows})
 
 
 def _run_epochs(engine: Engine, state: TrainState, loaders: tuple, generators: list, base_seeds: list,
@@ -206,15 +219,17 @@ def _interrupt(engine: Engine, state: TrainState, stop: StopSignals) -> None:
     )
 
 
-def finish(engine: Engine, state: TrainState, test_loader: DataLoader | None) -> float | None:
+def finish(engine: Engine, state: TrainState, test_loader: DataLoader | None,
+           test_predictions: "PredictionCollector | None" = None) -> float | None:
     """Load and save the best-on-validation weights (rank 0), evaluate the test split once with
-    them, close the log and remove the resumable checkpoints. Returns the test value (None
-    without a test split)."""
+    them (``test_predictions``: a :class:`~oelm.training.predictions.PredictionCollector` that keeps
+    its per-example outcomes), close the log and remove the resumable checkpoints. Returns the
+    test value (None without a test split)."""
     import shutil
 
     try:
         save_best_weights(engine, state)
-        test_value = evaluate_test(engine, state, test_loader)
+        test_value = evaluate_test(engine, state, test_loader, test_predictions)
     finally:
         engine.log.close()
     engine.barrier()

@@ -23,11 +23,11 @@ from torch import nn
 from oelm.errors import OELMError
 from oelm.metrics import get_metric
 from oelm.predictions import write_predictions
-from oelm.training.evaluation import evaluate
+from oelm.training import evaluation
 from oelm.training.faults import raise_disk_full
 from oelm.training.precision import Precision
 
-__all__ = ["PredictionCollector", "example_order", "save_final_predictions"]
+__all__ = ["PredictionCollector", "collector_for", "example_order", "save_final_predictions"]
 
 
 def example_order(loader: Iterable) -> list[int]:
@@ -58,6 +58,7 @@ class PredictionCollector:
     def __init__(self, task_type: str, eos_token_id: int | None = None) -> None:
         self.task_type = task_type
         self.eos_token_id = eos_token_id
+        self.result: dict[str, float] | None = None  # what evaluate() returned for the pass that filled it
         self._rows: list[dict[str, torch.Tensor]] = []
 
     @torch.no_grad()
@@ -141,13 +142,21 @@ def _split_summary(result: dict[str, float], examples: int) -> dict[str, Any]:
     return {k: v for k, v in result.items() if k in ("value", "loss", "n", "token_accuracy")} | {"rows": examples}
 
 
+def collector_for(loader: Any, metric: str) -> PredictionCollector:
+    """A :class:`PredictionCollector` for an evaluation of ``loader`` on ``metric`` (the task type
+    from the metric; for LM the end-of-text id its dataset knows)."""
+    task_type = "classification" if get_metric(metric).unit == "%" else "language_modeling"
+    return PredictionCollector(task_type, getattr(loader.dataset, "eos_token_id", None))
+
+
 def save_final_predictions(model: nn.Module, loaders: dict[str, Any], metric: str, precision: str | Precision, *,
-                           run_dir: Path, step: int, accelerator: Accelerator | None = None,
-                           is_main: bool = True) -> dict[str, Any]:
-    """Evaluate ``model`` (its best-on-validation weights) once more on each split of ``loaders``
-    (``{"validation": loader, "test": loader or None}``) collecting per-example predictions, and
-    write ``run_dir/predictions.npz`` (rank 0: ``is_main``). A separate pass, after the run's
-    timings were taken: the run's times do not include it.
+                           run_dir: Path, step: int, accelerator: Accelerator | None = None, is_main: bool = True,
+                           evaluated: dict[str, PredictionCollector] | None = None) -> dict[str, Any]:
+    """Write ``run_dir/predictions.npz`` (rank 0: ``is_main``) for the splits of ``loaders``
+    (``{"validation": loader, "test": loader or None}``), ``model`` holding its best-on-validation
+    weights. A split in ``evaluated`` (split -> the collector filled, with its ``result``) was
+    collected during its own evaluation (the test split: evaluated once); any other is evaluated
+    here once more (the validation split: after the run's timings, so no run time includes it).
 
     Returns:
         Per split ``{"value", "loss", "n", "token_accuracy" (LM), "rows"}`` and ``"seconds"`` (the passes).
@@ -156,13 +165,17 @@ def save_final_predictions(model: nn.Module, loaders: dict[str, Any], metric: st
         RunFaultError: kind ``disk_full`` (the file names it).
     """
     started = time.perf_counter()
-    task_type = "classification" if get_metric(metric).unit == "%" else "language_modeling"
+    evaluated = evaluated or {}
     splits, summaries = {}, {}
     for split, loader in loaders.items():
         if loader is None:
             continue
-        collector = PredictionCollector(task_type, getattr(loader.dataset, "eos_token_id", None))
-        result = evaluate(model, loader, metric, precision, accelerator=accelerator, predictions=collector)
+        collector = evaluated.get(split)
+        if collector is None:
+            collector = collector_for(loader, metric)
+            evaluation.evaluate(model, loader, metric, precision, accelerator=accelerator, predictions=collector)
+        result = collector.result
+        task_type = collector.task_type
         splits[split] = collector.columns(example_order(loader), loader.dataset)
         summaries[split] = _split_summary(result, len(next(iter(splits[split].values()))))
     meta = {"metric": get_metric(metric).name, "step": step, "splits": summaries,

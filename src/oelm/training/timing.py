@@ -91,12 +91,12 @@ def training_progress(engine: "Engine") -> dict[str, Any]:
       weight skips, at the mean tokens per sequence so far); None when the model's layers and
       width cannot be read.
 
-    Reads the step timer after a flush (a validation synchronizes the device anyway).
+    Reads the step timer's summary, which flushes it (on CUDA a wait for the last step's event;
+    a validation synchronizes the device anyway).
     """
     from oelm.flops import executed_flops_per_token
 
-    engine.timer.flush()
-    summary = engine.timer.summary()
+    summary = engine.timer.summary()  # flushes the ended steps first
     tokens, samples = summary["tokens"] * engine.world_size, summary["samples"]
     flops = 0.0 if not tokens else None
     if tokens and samples:
