@@ -27,7 +27,8 @@ from oelm.io import read_json, write_json_atomic
 from oelm.lock import pid_alive
 from oelm.metrics import get_metric
 from oelm.models.build import build_run_model
-from oelm.runs import PlannedRun, checkpoint_record, read_status, verify_checkpoint
+from oelm.predictions import predictions_record
+from oelm.runs import BEST_CHECKPOINT, PlannedRun, checkpoint_record, read_status, verify_checkpoint
 from oelm.runs import write_status as _write_status_file
 from oelm.trackers import TrackedRun
 
@@ -111,6 +112,7 @@ def _train(ctx: RunContext, run: PlannedRun, run_dir: Path, *, evaluate_test: bo
         model, train_loader, val_loader, metric=data.metric, config=training, learning_rate=run.learning_rate,
         run_dir=run_dir, test_loader=test_loader if evaluate_test else None, description=run_dir.name,
         tracked=TrackedRun(config.name, {**config.model_dump(mode="json"), "run": _run_identity(config, run)}, ctx.out),
+        predictions=evaluate_test,  # a final run: per-example predictions of its best weights (predictions.npz)
     )
     if result.early_stopped:
         metric = get_metric(result.metric)
@@ -172,6 +174,7 @@ def _train(ctx: RunContext, run: PlannedRun, run_dir: Path, *, evaluate_test: bo
             "test": result.test,
             "steps": result.steps,
             "early_stopped": result.early_stopped,
+            "token_accuracy": result.token_accuracy,  # LM: next-token top-1 accuracy (%) at the best step, test; else None
         },
         "timing": result.timing,
         # A SIGTERM/SIGINT that arrived during the final evaluation: the run is complete and kept,
@@ -179,6 +182,8 @@ def _train(ctx: RunContext, run: PlannedRun, run_dir: Path, *, evaluate_test: bo
         "stop_signal": result.stop_signal,
         # path, sha256 and size of the best weights train() wrote (rank 0): checked on every reuse
         "checkpoint": checkpoint_record(run_dir) if training.save_best_checkpoint and is_main_process() else None,
+        # path, sha256 and size of the final run's per-example predictions (oelm.predictions); None for a sweep run
+        "predictions": predictions_record(run_dir) if is_main_process() else None,
     }
 
 
@@ -339,18 +344,21 @@ def _train_cell(ctx: RunContext, run: PlannedRun, evaluate_test: bool) -> dict:
 def promote(config: ExperimentConfig, entry: MethodEntry, run: PlannedRun, data: PreparedData, run_dir: Path,
             result: dict, log: Callable[[str], None]) -> dict:
     """Make the finished sweep run at the selected learning rate a final run: evaluate the test
-    split once, from its best-on-validation checkpoint, and mark it ``stage: final``,
-    ``selected: true``. The run is not retrained (same seed, data order and budget as a fresh
-    final run would have).
+    split once, from its best-on-validation checkpoint, save its predictions (validation and test:
+    :func:`~oelm.training.predictions.save_final_predictions`; none without best weights) and mark
+    it ``stage: final``, ``selected: true``. The run is not retrained (same seed, data order and
+    budget as a fresh final run would have).
 
     Raises:
         ChecksumError: its best weights do not match the sha256 its result records
             (:class:`~oelm.errors.RecordedFileMissingError` when they are missing).
     """
     from oelm.train import evaluate
+    from oelm.training.evaluation import token_accuracy_fields
+    from oelm.training.predictions import collector_for, save_final_predictions
 
-    test_value = None
-    if data.test is not None:
+    test_value, test_eval = None, {}
+    if data.test is not None or (run_dir / BEST_CHECKPOINT).is_file():
         ckpt = verify_checkpoint(run_dir, result, _retrain_hint(run_dir))
         if not ckpt.is_file():
             raise OELMError(f"{run_dir}: the selected sweep run has no checkpoint/model.safetensors to evaluate the test split with")
@@ -359,18 +367,29 @@ def promote(config: ExperimentConfig, entry: MethodEntry, run: PlannedRun, data:
         model, _, _, _ = build_run_model(config, entry, run.seed, data)
         load_model(model, str(ckpt))
         training = config.training_for(entry)
-        _, _, test_loader = make_loaders(data, training, run.seed)
-        t0 = time.perf_counter()
-        test_value = evaluate(model, test_loader, data.metric, training.mixed_precision)["value"]
-        seconds = time.perf_counter() - t0
-        if is_main_process():
-            with (run_dir / "metrics.jsonl").open("a", encoding="utf-8") as fh:
-                fh.write(json.dumps({"type": "test", "step": result["performance"]["best_step"], data.metric: test_value}) + "\n")
-        result["timing"]["test_seconds"] = seconds
-        log(f"[{run_dir.name}] selected; test {data.metric} {test_value:.4f} (evaluated once, best checkpoint)")
+        _, val_loader, test_loader = make_loaders(data, training, run.seed)
+        test_rows = collector_for(test_loader, data.metric) if test_loader is not None else None
+        if test_loader is not None:
+            t0 = time.perf_counter()
+            test_eval = evaluate(model, test_loader, data.metric, training.mixed_precision, predictions=test_rows)
+            test_value = test_eval["value"]
+            seconds = time.perf_counter() - t0
+            if is_main_process():
+                with (run_dir / "metrics.jsonl").open("a", encoding="utf-8") as fh:
+                    fh.write(json.dumps({"type": "test", "step": result["performance"]["best_step"], data.metric: test_value,
+                                         **token_accuracy_fields(test_eval)}) + "\n")
+            result["timing"]["test_seconds"] = seconds
+            log(f"[{run_dir.name}] selected; test {data.metric} {test_value:.4f} (evaluated once, best checkpoint)")
+        save_final_predictions(model, {"validation": val_loader, "test": test_loader}, data.metric, training.mixed_precision,
+                               run_dir=run_dir, step=result["performance"]["best_step"], is_main=is_main_process(),
+                               evaluated={"test": test_rows})
     result = dict(result)
     result["performance"] = dict(result["performance"], test=test_value)
-    result.update(stage="final", selected=True, swept=True)
+    if "token_accuracy" in test_eval:
+        result["performance"]["token_accuracy"] = dict(result["performance"].get("token_accuracy") or {},
+                                                       test=test_eval["token_accuracy"])
+    result.update(stage="final", selected=True, swept=True,
+                  predictions=predictions_record(run_dir) if is_main_process() else None)
     _write_json(run_dir / "result.json", result)
     return result
 

@@ -21,6 +21,8 @@ from oelm.io import read_jsonl
 from oelm.matrix.store import RunRecord
 from oelm.metrics import get_metric
 from oelm.runs import DRIFT_WARNING_PERCENT, format_rates, grid_edge, grid_edge_note, read_sweep, run_name, superseded_final_runs
+from oelm.report.convergence import time_to_quality_comparison
+from oelm.report.uncertainty import uncertainty_comparison
 from oelm.report.stats import (
     CHANCE_MARGIN_POINTS,
     best_at_last_evaluation,
@@ -357,6 +359,10 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
         "execution": _execution(all_results),
         "host": platform.node(),
     }
+    # sections only where the runs recorded what they need (saved predictions; training seconds per
+    # validation): {} for results of older oelm versions, whose comparison stays as it was
+    comparison.update(uncertainty_comparison(comparison, results, out))
+    comparison.update(time_to_quality_comparison(comparison, results, records_of))
     comparison["warnings"] = _warnings(comparison)
     return comparison
 

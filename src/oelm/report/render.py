@@ -16,6 +16,8 @@ from typing import Any
 
 from oelm.matrix.store import RunRecord
 from oelm.report.compare import mfu_reference, run_records
+from oelm.report.convergence import convergence_blocks
+from oelm.report.uncertainty import uncertainty_blocks
 from oelm.runs import format_rates
 
 __all__ = ["Section", "comparison_rows", "build_sections", "render_markdown", "render_html", "curves_from_runs"]
@@ -289,6 +291,9 @@ def build_sections(comparison: dict[str, Any], out: Path | None, step_ms: dict[s
                          _num(x["seconds"]["mean"], 1) if x["reached"] else "not reached", per])
         s.table(["method", "reached", "mean steps", "mean seconds", "per seed"], rows)
         sections.append(s)
+
+    # present only when the runs saved predictions / training seconds per validation
+    sections += [Section(title, blocks) for title, blocks in uncertainty_blocks(c) + convergence_blocks(c)]
 
     groups = sorted({g for m in c["methods"].values() for g in ((m.get("parameters") or {}).get("groups") or {})})
     if groups:
