@@ -68,7 +68,7 @@ def comparable(result: dict) -> dict:
 
 def metrics_records(run_dir: Path) -> list[dict]:
     """metrics.jsonl without the wall-clock fields (which differ between runs)."""
-    return [{k: v for k, v in json.loads(l).items() if k not in ("elapsed_seconds", "step_ms")}
+    return [{k: v for k, v in json.loads(l).items() if k not in ("elapsed_seconds", "step_ms", "train_wall_seconds")}
             for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -112,7 +112,7 @@ def in_process_summary(result, model, run_dir: Path) -> dict:
         "performance": {"best_validation": result.best_validation, "best_step": result.best_step,
                         "final_validation": result.final_validation, "final_train_loss": result.final_train_loss,
                         "steps": result.steps, "test": result.test},
-        "history": [{k: v for k, v in r.items() if k not in ("elapsed_seconds", "step_ms")} for r in result.history],
+        "history": [{k: v for k, v in r.items() if k not in ("elapsed_seconds", "step_ms", "train_wall_seconds")} for r in result.history],
         "saved_weights": _train_driver.tensor_digests(load_file(str(run_dir / "checkpoint" / "model.safetensors"))),
         "model_weights": _train_driver.tensor_digests(model.state_dict()),
     }

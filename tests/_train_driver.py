@@ -88,7 +88,7 @@ def main(argv: list[str]) -> int:
         "performance": {"best_validation": result.best_validation, "best_step": result.best_step,
                         "final_validation": result.final_validation, "final_train_loss": result.final_train_loss,
                         "steps": result.steps, "test": result.test},
-        "history": [{k: v for k, v in r.items() if k != "elapsed_seconds" and k != "step_ms"} for r in result.history],
+        "history": [{k: v for k, v in r.items() if k not in ("elapsed_seconds", "step_ms", "train_wall_seconds")} for r in result.history],
         "saved_weights": tensor_digests(load_file(str(run_dir / "checkpoint" / "model.safetensors"))),
         "model_weights": tensor_digests(model.state_dict()),
         "timing": result.timing,

@@ -434,3 +434,19 @@ def test_more_threads_per_run_than_cores_is_refused_before_any_data(capsys, tmp_
     cores = cpu_cores()
     line = _run_refused(capsys, tmp_path, "--cpus-per-run", str(cores * 4))
     assert f"--cpus-per-run {cores * 4}" in line and f"use --cpus-per-run {cores} or less" in line
+
+
+# --- the research methods (issue 36) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model, methods, expected", [
+    ({"pretrained": "sentence-transformers/all-MiniLM-L6-v2"}, [{"name": "fixed_attention"}],
+     "method 'fixed_attention': fixed_attention replaces the attention scores inside oelm's own GPT"),
+    (TINY_GPT, [{"name": "reservoir", "reservoir_layers": [0, 3]}], "reservoir_layers [0, 3] names layer(s) [3]"),
+    (TINY_GPT, [{"name": "reservoir", "reservoir_layers": "every_other"}], "reservoir_layers"),
+    (TINY_GPT, [{"name": "m", "base": "oelm_freeze", "init": "mimetic", "targets": ["key"]}],
+     "init='mimetic' sets query and key together"),
+    (TINY_GPT, [{"name": "m", "base": "oelm_freeze", "init": "mimetc"}], "'orthogonalize_rescaled', 'random_orthogonal'"),
+])
+def test_research_method_misuse_is_refused_in_one_line(model, methods, expected):
+    assert expected in _refused(_config(model=model, methods=[{"name": "baseline"}, *methods]))

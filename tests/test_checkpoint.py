@@ -86,6 +86,14 @@ BUILDERS = {"bert": tiny_bert, "gpt": tiny_gpt}
         ("bert", "baseline", None),  # nothing frozen: the checkpoint is everything
         ("gpt", "oelm_freeze", None),
         ("gpt", "oelm_random_matched", 3),
+        # the research methods (issue 36): deterministic ones lean without a seed, random ones from theirs
+        ("bert", "oelm_pretrained_frozen", None),
+        ("bert", "oelm_rescaled", None),
+        ("bert", "oelm_mimetic", 5),
+        ("bert", "reservoir", 2),
+        ("gpt", "oelm_rescaled", None),
+        ("gpt", "fixed_attention", 3),
+        ("gpt", "reservoir", 4),
     ],
 )
 def test_round_trip_is_bit_identical(tmp_path, kind, method, seed):
@@ -153,6 +161,36 @@ def test_wrong_seed_is_refused_naming_the_tensor(tmp_path):
     assert len(err.value.mismatched) == 4  # Q and K weights of 2 layers; biases are untouched by init
 
 
+@pytest.mark.parametrize(
+    "kind, method, first",
+    [
+        ("bert", "oelm_mimetic", "bert.encoder.layer.0.attention.self.query.weight"),
+        ("bert", "reservoir", "bert.encoder.layer.1.attention.self.query.weight"),  # layer 1 of 2, redrawn whole
+        ("gpt", "fixed_attention", "transformer.h.0.attn.fixed_logits"),
+        ("gpt", "reservoir", "transformer.h.1.attn.q_proj.weight"),
+    ],
+)
+def test_every_random_research_method_is_regenerated_from_its_seed_and_checked(tmp_path, kind, method, first):
+    """The reservoir layers, the fixed map and the mimetic Q/K are not stored but drawn again from the
+    recorded seed; a checkpoint whose seed is changed fails the sha256 check naming the first tensor."""
+    model = BUILDERS[kind]()
+    apply_oelm(model, method, seed=7)
+    save_pretrained(model, tmp_path)
+    assert_bit_identical(model, load_oelm(tmp_path, base_model=BUILDERS[kind]()))
+    meta_path = tmp_path / METADATA_NAME
+    meta = json.loads(meta_path.read_text())
+    meta["oelm_config"]["seed"] = meta["seed"] = 8
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointMismatchError, match="seed=8") as err:
+        load_oelm(tmp_path, base_model=BUILDERS[kind]())
+    assert err.value.tensor == first
+    other = BUILDERS[kind]()
+    apply_oelm(other, method, seed=8)
+    frozen_8 = {n: p for n, p in other.named_parameters() if not p.requires_grad}
+    differ = {n for n, p in model.named_parameters() if not p.requires_grad and not torch.equal(p, frozen_8[n])}
+    assert set(err.value.mismatched) == differ  # every tensor the seed draws (not the unused Q/K, not norms reset to 1)
+
+
 def test_different_base_is_refused(tmp_path):
     model = tiny_bert(seed=0)
     apply_oelm(model, "oelm_freeze")
@@ -170,9 +208,10 @@ def test_different_base_is_refused(tmp_path):
     assert err.value.mismatched == ["bert.encoder.layer.1.attention.self.key.weight"]
 
 
-def test_seed_none_with_random_init_stores_frozen_tensors(tmp_path):
+@pytest.mark.parametrize("method", ["oelm_random", "oelm_mimetic", "reservoir"])
+def test_seed_none_with_random_init_stores_frozen_tensors(tmp_path, method):
     model = tiny_bert()
-    apply_oelm(model, "oelm_random")  # seed None: drawn from torch's global RNG
+    apply_oelm(model, method)  # seed None: drawn from torch's global RNG
     train_steps(model, random_batches("bert"))
     with pytest.warns(UserWarning, match="cannot be regenerated"):
         report = save_pretrained(model, tmp_path)

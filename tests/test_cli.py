@@ -324,3 +324,28 @@ def test_inspect_takes_a_shipped_config_by_name_as_run_does(tmp_path, monkeypatc
     assert main(["inspect", "quickstart", "--method", "oelm_freeze"]) == 0
     out = capsys.readouterr().out
     assert "== sentence-transformers/all-MiniLM-L6-v2 / oelm_freeze" in out and "query/key projections found" in out
+
+
+def test_inspect_shows_every_named_method_and_says_which_do_not_apply(capsys):
+    """`oelm inspect MODEL` runs every method of oelm.METHODS (the research methods included) and, for a
+    Hugging Face model, names fixed_attention as not applicable instead of failing."""
+    from oelm.method import METHODS
+
+    assert main(["inspect", "sentence-transformers/all-MiniLM-L6-v2", "--config-only"]) == 0
+    out = capsys.readouterr().out
+    for name in METHODS:
+        assert f"all-MiniLM-L6-v2 / {name}" in out, name
+    assert "/ fixed_attention: not applicable: fixed_attention replaces the attention scores inside oelm's own GPT" in out
+    section = out.split("/ reservoir\n")[1]  # layers 1, 3, 5 of 6 drawn and frozen whole
+    total, per_layer = 22_713_216, 4 * (384 * 384 + 384) + 2 * 384 * 1536 + 1536 + 384 + 2 * 2 * 384
+    assert f"trainable params: {total - 3 * per_layer:,} || all params: {total:,}" in section.splitlines()[-1]
+    assert "trainable params: 20,939,136" in out.split("/ oelm_rescaled\n")[1].split("== ")[0]
+
+
+def test_inspect_gpt_preset_with_the_gpt_only_method_and_a_refusal_by_name(capsys):
+    assert main(["inspect", "--gpt", "gpt-tiny", "--method", "fixed_attention", "--method", "oelm_mimetic"]) == 0
+    out = capsys.readouterr().out
+    assert "/ fixed_attention" in out and "attention_map" in out and "/ oelm_mimetic" in out
+    assert main(["inspect", "sentence-transformers/all-MiniLM-L6-v2", "--config-only", "--method", "fixed_attention"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("oelm: error:") and "oelm's own GPT" in err and len(err.strip().splitlines()) == 1

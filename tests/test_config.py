@@ -251,3 +251,38 @@ def test_an_error_names_the_override_that_caused_it_not_the_shipped_file(tmp_pat
     # a cross-key check blames the override whose key it names
     with pytest.raises(ConfigError, match=r"test_split is not.*\[command line: task.test_samples=5\]"):
         load_config(write(tmp_path, MINIMAL), ["task.test_samples=5"])
+
+
+def test_research_methods_from_yaml_reach_apply_oelm(tmp_path):
+    """`methods: - name: oelm_rescaled`, `init: mimetic` and reservoir layers are usable from a config."""
+    from oelm.method import apply_oelm
+    from oelm.models.gpt import build_gpt
+
+    text = MINIMAL.replace("{pretrained: sentence-transformers/all-MiniLM-L6-v2}", "{gpt: gpt-tiny}").replace(
+        "[{name: baseline}]", "[{name: baseline}, {name: oelm_rescaled}, {name: fixed_attention}, "
+        "{name: mim, base: oelm_freeze, init: mimetic}, {name: res, base: reservoir, reservoir_layers: [0]}]")
+    c = load_config(write(tmp_path, text))
+    configs = {m.name: m.oelm_config() for m in c.methods}
+    assert configs["oelm_rescaled"].init == "orthogonalize_rescaled" and configs["fixed_attention"].fixed_attention
+    assert configs["mim"].init == "mimetic" and configs["mim"].freeze and configs["res"].reservoir_layers == (0,)
+    model = build_gpt("gpt-tiny", "causal_lm", vocab_size=64, num_layers=2)
+    report = apply_oelm(model, configs["res"], seed=0)
+    assert not any(p.requires_grad for p in model.transformer.h[0].parameters())
+    assert all(p.requires_grad for p in model.transformer.h[1].parameters()) and report.frozen > 0
+
+
+def test_committed_matrices_keep_their_method_fingerprints():
+    """The fields added for the research methods are left out of OELMConfig.to_dict at their defaults, so a
+    matrix run before them (its experiment.json) still resumes and its records read as before."""
+    import json
+
+    from oelm.matrix.output import config_fingerprint
+
+    results = Path(__file__).resolve().parents[1] / "docs" / "results"
+    checked = 0
+    for experiment in sorted(results.glob("*/experiment.json")):
+        recorded = json.loads(experiment.read_text()).get("fingerprint")
+        if recorded:
+            assert config_fingerprint(load_config(experiment.with_name("config.yaml")))["methods"] == recorded["methods"], experiment
+            checked += 1
+    assert checked >= 5

@@ -17,10 +17,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 import oelm
+from oelm.predictions import read_predictions
 
 from _tiny_lm import tiny_lm_overrides
 
@@ -89,6 +91,13 @@ def test_two_process_oelm_run_equals_one_process_with_the_same_global_batch(tmp_
         steps = [json.loads(l)["step"] for l in (two / "runs" / name / "metrics.jsonl").read_text().splitlines()
                  if json.loads(l)["type"] == "train"]
         assert steps == sorted(set(steps))
+        # The final run's per-document predictions, gathered over the ranks (the repeated examples that even out
+        # the shards dropped): every document once, as one process saw them, reproducing the recorded perplexity.
+        pa, pb = (read_predictions(out / "runs" / name, r).split("validation") for out, r in ((one, a), (two, b)))
+        assert np.array_equal(pa["document"], pb["document"]) and np.array_equal(pa["tokens"], pb["tokens"])
+        assert np.allclose(pa["loss"], pb["loss"], rtol=2e-4)
+        ppl = math.exp(float(np.sum(pb["loss"] * pb["tokens"]) / pb["tokens"].sum()))
+        assert math.isclose(ppl, b["performance"]["best_validation"], rel_tol=1e-5)
     comparison = json.loads((two / "comparison.json").read_text())
     assert set(comparison["methods"]) == {"baseline", "oelm_freeze"}
 

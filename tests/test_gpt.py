@@ -535,3 +535,63 @@ def test_classifier_trains_and_grads_reach_qk():
             assert q_grad is not None and q_grad.abs().sum() > 0
         opt.step()
     assert loss.item() < 0.5 * first
+
+
+# ---------------------------------------------------------------------------------------------
+# a fixed attention map (the fixed_attention method: Synthesizer "Random", Tay et al. 2021)
+
+
+def _fixed_attention_model(seed: int = 0) -> GPTForCausalLM:
+    from oelm import apply_oelm
+
+    model = make(GPTForCausalLM)
+    apply_oelm(model, "fixed_attention", seed=seed)
+    return model
+
+
+def test_fixed_attention_map_does_not_depend_on_the_input_or_on_q_k():
+    model = _fixed_attention_model()
+    attn = model.transformer.h[0].attn
+    assert attn.fixed_logits.shape == (4, 32, 32) and not attn.fixed_logits.requires_grad
+    eye = torch.eye(32)
+    with torch.no_grad():  # values and output = identity, so the module returns P @ x per head
+        attn.v_proj.weight.copy_(eye), attn.v_proj.bias.zero_(), attn.o_proj.weight.copy_(eye), attn.o_proj.bias.zero_()
+        T = 12
+        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        probs = torch.softmax(attn.fixed_logits[:, :T, :T].masked_fill(~causal, float("-inf")), dim=-1)  # (nh, T, T)
+        for seed in (1, 2):  # two different inputs, one map
+            x = torch.randn(2, T, 32, generator=torch.Generator().manual_seed(seed))
+            heads = x.view(2, T, 4, 8).transpose(1, 2)  # (B, nh, T, hs)
+            expected = (probs @ heads).transpose(1, 2).reshape(2, T, 32)
+            torch.testing.assert_close(attn(x), expected, atol=1e-6, rtol=0)
+            torch.testing.assert_close(attn(x, torch.ones(2, T, dtype=torch.long)), expected, atol=1e-6, rtol=0)
+        y = attn(x)
+        attn.q_proj.weight.normal_(), attn.k_proj.weight.normal_()  # Q/K are not used any more
+        assert torch.equal(attn(x), y)
+
+
+def test_fixed_attention_keeps_causality_trains_around_the_map_and_is_seeded():
+    model = _fixed_attention_model()
+    ids = random_ids(2, 16)
+    changed = ids.clone()
+    changed[:, 8:] = (changed[:, 8:] + 1) % 97
+    with torch.no_grad():
+        a, b = model(ids).logits, model(changed).logits
+    torch.testing.assert_close(a[:, :8], b[:, :8], atol=1e-6, rtol=0)
+    model.train()
+    model(ids, labels=ids).loss.backward()
+    attn = model.transformer.h[1].attn
+    assert attn.fixed_logits.grad is None and attn.q_proj.weight.grad is None and attn.k_proj.weight.grad is None
+    assert attn.v_proj.weight.grad.abs().sum() > 0
+    other = _fixed_attention_model(seed=0)
+    assert torch.equal(other.transformer.h[1].attn.fixed_logits, attn.fixed_logits)
+    assert not torch.equal(_fixed_attention_model(seed=1).transformer.h[1].attn.fixed_logits, attn.fixed_logits)
+
+
+def test_fixed_attention_map_is_not_counted_as_matmul_parameters():
+    from oelm.flops import count_matmul_parameters
+
+    baseline, fixed = make(GPTForCausalLM), _fixed_attention_model()
+    assert count_matmul_parameters(fixed) == count_matmul_parameters(baseline)
+    assert fixed.num_parameters() == baseline.num_parameters() + 2 * 4 * 32 * 32  # the map is a (frozen) parameter
+    assert fixed.oelm_report.groups["attention_map"] == {"total": 2 * 4 * 32 * 32, "trainable": 0, "frozen": 2 * 4 * 32 * 32}

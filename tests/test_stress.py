@@ -52,7 +52,7 @@ def _fingerprint(out: Path) -> dict:
         if not (d / "result.json").is_file():
             continue
         result = json.loads((d / "result.json").read_text())
-        records = [{k: v for k, v in json.loads(l).items() if k not in ("elapsed_seconds", "step_ms")}
+        records = [{k: v for k, v in json.loads(l).items() if k not in ("elapsed_seconds", "step_ms", "train_wall_seconds")}
                    for l in (d / "metrics.jsonl").read_text().splitlines()]
         weights = hashlib.sha256((d / "checkpoint" / "model.safetensors").read_bytes()).hexdigest()
         runs[d.name] = {"status": result["status"], "performance": result["performance"], "records": records,

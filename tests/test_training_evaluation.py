@@ -160,8 +160,10 @@ def test_early_stopping_stops_patience_validations_after_the_best_and_tests_the_
     assert stops[0]["evals_without_improvement"] == stops[0]["patience"] == 3 and stops[0]["planned_steps"] == 12
     assert [r["step"] for r in records if r["type"] == "train"][-1] == 8  # the last steps' loss is logged, as at an end
     assert [r["step"] for r in records if r["type"] == "test"] == [2] and perf["test"] is not None
-    # The test split was evaluated once, with the weights of the best validation (step 2), not the last.
-    assert len(evaluated) == len(evals) + 1 and evaluated[-1] == evaluated[0] != evaluated[-2]
+    # The test split was evaluated once, with the weights of the best validation (step 2), not the last;
+    # then the validation split once more with the same weights, for the final run's predictions.npz.
+    assert len(evaluated) == len(evals) + 2 and evaluated[-2] == evaluated[0] != evaluated[-3]
+    assert evaluated[-1] == evaluated[0]
     assert "[baseline-seed0] early stop at step 8 of 12: no improvement in 3 validations (best accuracy" in (
         capsys.readouterr().out)
     report = (out / "report.md").read_text()
@@ -183,7 +185,7 @@ def test_without_patience_a_flat_run_takes_every_planned_step(tmp_path, data_dir
     assert perf == patient["performance"]
 
     def numbers(rs):
-        return [{k: v for k, v in r.items() if k not in ("elapsed_seconds", "step_ms")} for r in rs]
+        return [{k: v for k, v in r.items() if k not in ("elapsed_seconds", "step_ms", "train_wall_seconds")} for r in rs]
 
     assert numbers(records) == numbers(patient_records)
 

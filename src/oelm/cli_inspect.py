@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 
 from oelm.configs import resolve_config
-from oelm.errors import ConfigError, OELMError
+from oelm.errors import ConfigError, OELMError, UnsupportedModelError
 
 #: What a config file's name ends with.
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -109,7 +109,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             if method not in METHODS:
                 raise OELMError(f"unknown method {method!r}; named methods: {', '.join(METHODS)}")
             model = copy.deepcopy(base)
-            report = apply_oelm(model, METHODS[method], seed=0)
+            try:
+                report = apply_oelm(model, METHODS[method], seed=0)
+            except UnsupportedModelError as exc:
+                if args.method:  # asked for by name: the refusal is the answer
+                    raise
+                print(f"\n== {name} / {method}: not applicable: {exc}")  # e.g. fixed_attention (oelm's GPT only)
+                continue
             print(f"\n== {name} / {method}")
             if report.projections:
                 worst = max(p["max_orthogonality_error"] for p in report.projections)

@@ -36,6 +36,7 @@ from oelm.config_io import (
 )
 from oelm.config_io import merge as _merge
 from oelm.errors import ConfigError
+from oelm.init_names import InitName  # the init table's names, without torch
 
 if TYPE_CHECKING:
     from oelm.method import OELMConfig
@@ -226,12 +227,17 @@ class MethodEntry(_Strict):
         description="TrainingConfig fields overridden for this method only (e.g. a different budget); "
         "empty = the experiment's training settings, the same for every method.",
     )
-    init: Literal["none", "orthogonalize", "random_orthogonal", "global_orthogonal", "normal"] | None = None
+    init: InitName | None = Field(None, description="Q/K init kind, from the table oelm.init.INITS.")
     normal_std: Float | Literal["matched"] | None = None
     targets: list[Literal["query", "key"]] | None = None
     freeze: bool | None = None
     freeze_bias: bool | None = None
     extra_frozen_groups: list[str] | None = None
+    reservoir_layers: list[Annotated[Int, Field(ge=0)]] | Literal["alternate"] | None = Field(
+        None, description="OELMConfig.reservoir_layers: layers drawn at random and frozen whole (indices, or "
+        "'alternate' = 1, 3, 5, ...).")
+    fixed_attention: bool | None = Field(
+        None, description="OELMConfig.fixed_attention: a frozen random attention map per head (oelm GPT only).")
     split_fused: bool | None = Field(
         None,
         description="OELMConfig.split_fused: false keeps a fused Q/K/V module (GPT-2 c_attn, GPT-NeoX "
@@ -292,11 +298,14 @@ class MethodEntry(_Strict):
     def oelm_config(self) -> "OELMConfig":
         """The :class:`~oelm.method.OELMConfig` this entry describes."""
         from oelm.method import get_method  # torch: not needed to read a config (a typo fails before it loads)
+        from oelm.structural import ALTERNATE
 
         changes: dict[str, Any] = {"method": self.name}
-        for key in ("init", "normal_std", "freeze", "freeze_bias", "split_fused"):
+        for key in ("init", "normal_std", "freeze", "freeze_bias", "split_fused", "fixed_attention"):
             if getattr(self, key) is not None:
                 changes[key] = getattr(self, key)
+        if self.reservoir_layers is not None:
+            changes["reservoir_layers"] = self.reservoir_layers if self.reservoir_layers == ALTERNATE else tuple(self.reservoir_layers)
         if self.targets is not None:
             changes["targets"] = tuple(self.targets)
         if self.extra_frozen_groups is not None:
@@ -580,6 +589,34 @@ class ExperimentConfig(_Strict):
                 "a learning-rate sweep with a test split needs training.save_best_checkpoint: true "
                 "(the selected sweep run is tested once from its best checkpoint)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _methods_fit_the_model(self, info: ValidationInfo) -> "ExperimentConfig":
+        """Methods that need a kind of model: refused when the config is read, not when a run builds it
+        (in the full pass: the methods' configs need torch)."""
+        if _keys_only(info):
+            return self
+        from oelm.structural import reservoir_indices  # torch, as the methods' configs
+
+        num_layers = None
+        if self.model.gpt is not None:
+            from oelm.models.gpt import gpt_config  # already imported by ModelConfig's check of the preset
+
+            num_layers = gpt_config(self.model.gpt, **self.model.gpt_overrides).num_layers
+        for m in self.methods:
+            cfg = m.oelm_config()
+            if cfg.fixed_attention and self.model.gpt is None:
+                raise ValueError(
+                    f"method {m.name!r}: fixed_attention replaces the attention scores inside oelm's own GPT, but "
+                    f"model.pretrained {self.model.pretrained!r} keeps its library's attention code; use model.gpt "
+                    "(e.g. gpt-tiny) or drop this method"
+                )
+            if cfg.reservoir_layers and num_layers is not None:
+                try:
+                    reservoir_indices(cfg.reservoir_layers, range(num_layers))
+                except ConfigError as exc:
+                    raise ValueError(f"method {m.name!r}: {exc}") from None
         return self
 
     def learning_rate(self, method: MethodEntry) -> float:

@@ -66,7 +66,9 @@ def count_matmul_parameters(model: nn.Module, frozen: bool | None = None) -> int
     Every parameter counts except the weights of ``nn.Embedding`` modules (token, position,
     token-type tables: looked up, not multiplied), unless that weight is also the weight of an
     ``nn.Linear`` somewhere in the model: a tied output projection (``lm_head`` sharing the
-    token-embedding matrix) is a real ``[H, V]`` matmul per token and stays in.
+    token-embedding matrix) is a real ``[H, V]`` matmul per token and stays in. A fixed attention
+    map (``fixed_logits`` of oelm GPT's ``fixed_attention`` method) does not count either: it takes
+    the place of ``Q K^T``, and its softmax times ``V`` is the attention term of the formula.
 
     Args:
         model: any ``nn.Module`` (compiled / DDP wrappers are unwrapped).
@@ -81,6 +83,7 @@ def count_matmul_parameters(model: nn.Module, frozen: bool | None = None) -> int
     tables = {
         id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding) and id(m.weight) not in linear_weights
     }
+    tables |= {id(m.fixed_logits) for m in model.modules() if isinstance(getattr(m, "fixed_logits", None), nn.Parameter)}
     total = 0
     for p in model.parameters():  # yields a tied tensor once
         if id(p) in tables:

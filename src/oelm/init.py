@@ -16,21 +16,42 @@ normal draws with std 0.02 were its "random" ablation. Because orthonormal rows 
 while std-0.02 rows have norm ~0.02*sqrt(hidden_size), that ablation compared *scale*, not
 orthogonality; :func:`normal_` with ``std="matched"`` (1/sqrt(hidden_size)) gives rows of
 expected norm 1 so the comparison isolates orthogonality.
+
+Two more structured inits serve the controls: :func:`rescaled_head_wise_orthogonal_` (orthogonal
+rows at each head's own scale: the temperature control) and :func:`mimetic_` (Trockman & Kolter
+2023: the query-key product close to the identity).
+
+The init kinds a method can name (``OELMConfig.init``) live in ONE table, :data:`INITS` (name ->
+:class:`InitKind`: the function, whether it draws random numbers, its source). The method
+(:mod:`oelm.method`), the experiment-config schema (:mod:`oelm.config`, its allowed ``init:``
+values) and the lean-checkpoint regeneration (:mod:`oelm.checkpoint`, which kinds need a seed)
+all read it; a new kind is one row here.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal
+from dataclasses import dataclass
+from typing import Callable, Literal
 
 import torch
 
+from oelm.errors import UnsupportedModelError
+from oelm.init_names import INIT_NAMES, InitName  # re-exported: the table's names, without torch
+
 __all__ = [
     "head_wise_orthogonal_",
+    "rescaled_head_wise_orthogonal_",
     "global_orthogonal_",
     "normal_",
+    "mimetic_",
     "matched_std",
     "max_orthogonality_error",
+    "InitKind",
+    "INITS",
+    "INIT_NAMES",
+    "InitName",
+    "RANDOM_INITS",
 ]
 
 
@@ -98,11 +119,46 @@ def head_wise_orthogonal_(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
             ``head_dim > hidden_size``.
     """
     head_dim = _check_weight(weight, num_heads)
-    w = weight.detach().to(torch.float64)
-    blocks = w.view(num_heads, head_dim, -1)  # (nh, hd, hidden)
+    out = _head_wise_q(weight.detach().to(torch.float64).view(num_heads, head_dim, -1))
+    weight.copy_(out.view_as(weight).to(weight.dtype))
+    return weight
+
+
+def _head_wise_q(blocks: torch.Tensor) -> torch.Tensor:
+    """Orthonormal rows per head: ``blocks`` (nh, hd, hidden) float64 -> the sign-fixed Q^T of each."""
     out = torch.empty_like(blocks)
-    for h in range(num_heads):
+    for h in range(blocks.shape[0]):
         out[h] = _sign_fixed_q(blocks[h].T).T  # (hidden, hd) -> Q (hidden, hd) -> rows (hd, hidden)
+    return out
+
+
+@torch.no_grad()
+def rescaled_head_wise_orthogonal_(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """:func:`head_wise_orthogonal_`, then each head's block rescaled to its Frobenius norm before (in place).
+
+    For head ``h`` with block ``W_h`` ([head_dim, hidden_size]) the result is
+    ``(||W_h||_F / sqrt(head_dim)) * Q_h^T``: the rows stay mutually orthogonal (all of norm
+    ``||W_h||_F / sqrt(head_dim)``), the row space is that of ``W_h`` as in
+    :func:`head_wise_orthogonal_`, and ``||result_h||_F == ||W_h||_F``. Applied to a pretrained
+    weight it keeps each head's pretrained scale, so the attention logits keep their temperature
+    (orthonormal rows have Frobenius norm ``sqrt(head_dim)`` whatever the pretrained scale); applied
+    to a fresh model it keeps the scale of the default initialization. oelm's ``oelm_rescaled``
+    method, the temperature control of ``oelm_freeze``.
+
+    Args:
+        weight: [num_heads * head_dim, hidden_size], any floating dtype, any device.
+        num_heads: number of heads (``num_kv_heads`` for a grouped-query key projection).
+
+    Returns:
+        ``weight``, modified in place.
+
+    Raises:
+        ValueError: as :func:`head_wise_orthogonal_`.
+    """
+    head_dim = _check_weight(weight, num_heads)
+    blocks = weight.detach().to(torch.float64).view(num_heads, head_dim, -1)  # (nh, hd, hidden)
+    norms = torch.linalg.matrix_norm(blocks)  # (nh,) Frobenius norms
+    out = _head_wise_q(blocks) * (norms / math.sqrt(head_dim)).view(num_heads, 1, 1)
     weight.copy_(out.view_as(weight).to(weight.dtype))
     return weight
 
@@ -197,3 +253,160 @@ def max_orthogonality_error(weight: torch.Tensor, num_heads: int) -> float:
     gram = blocks @ blocks.transpose(1, 2)  # (nh, hd, hd)
     eye = torch.eye(head_dim, dtype=torch.float64, device=weight.device)
     return float((gram - eye).abs().max())
+
+
+#: Mimetic initialization's constants for query/key (Trockman & Kolter 2023): the product
+#: ``W_q^T W_k`` of each head is the best rank-``head_dim`` approximation of
+#: ``MIMETIC_NOISE * Z + MIMETIC_IDENTITY * I`` with ``Z_ij ~ N(0, 1/hidden_size)``. 0.7 / 0.7 are the
+#: values the paper gives for its vision transformers (alpha_1 = beta_1 = 0.7 for Q/K; alpha_2 =
+#: beta_2 = 0.4 for V/O), as recalled from the paper, not re-derived or tuned for language here.
+MIMETIC_NOISE = 0.7
+MIMETIC_IDENTITY = 0.7
+
+
+def _sign_fixed_svd(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``U, S, V^T`` of ``matrix`` (float64) with each singular pair's sign fixed: the largest-magnitude
+    entry of every column of ``U`` is positive (``V^T``'s row flipped with it, so ``U S V^T`` is
+    unchanged). The SVD is unique only up to these signs; fixing them makes the factors, not just
+    their product, a function of the input."""
+    u, s, vh = torch.linalg.svd(matrix)
+    rows = u.abs().argmax(dim=0)  # (n,) where each column peaks
+    signs = torch.sign(u[rows, torch.arange(u.shape[1])])
+    signs[signs == 0] = 1.0
+    return u * signs, s, vh * signs.unsqueeze(1)
+
+
+@torch.no_grad()
+def mimetic_(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    num_heads: int,
+    *,
+    noise: float = MIMETIC_NOISE,
+    identity: float = MIMETIC_IDENTITY,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mimetic initialization of a query/key pair (in place): ``W_q,h^T W_k,h ≈ identity * I + noise * Z_h``.
+
+    Trockman & Kolter, "Mimetic Initialization of Self-Attention Layers", ICML 2023 (arXiv
+    2305.09828): pretrained self-attention layers have a query-key product close to a multiple of
+    the identity (each token attends to tokens like itself), and initializing it that way trains
+    small transformers faster. For each head ``h`` a fresh ``Z_h`` ([hidden, hidden], entries
+    N(0, 1/hidden)) is drawn and the target ``M_h = noise * Z_h + identity * I`` is factored by a
+    (sign-fixed) SVD ``M_h = U S V^T``; the head's rows become::
+
+        W_q,h = sqrt(S_k) U_k^T      W_k,h = sqrt(S_k) V_k^T        # [head_dim, hidden] each
+
+    with ``k = head_dim`` (the top singular triplets), so ``W_q,h^T W_k,h = U_k S_k V_k^T``, the best
+    rank-``head_dim`` approximation of ``M_h``; with ``head_dim == hidden`` it is ``M_h`` itself.
+    In ``nn.Linear`` layout the attention logit of tokens ``x_i, x_j`` in head ``h`` is
+    ``x_i W_q,h^T W_k,h x_j^T / sqrt(head_dim)``. Value/output projections are left as they are (the
+    paper's ``W_v W_o ≈ -I`` half is not implemented). Draws are made on the CPU in float32 from
+    ``generator`` (as :func:`normal_`), the SVD in float64.
+
+    Args:
+        query / key: [num_heads * head_dim, hidden_size] each (same shape: grouped-query attention,
+            where the key has fewer heads, is not supported).
+        num_heads: number of heads.
+        noise / identity: the constants (defaults :data:`MIMETIC_NOISE`, :data:`MIMETIC_IDENTITY`).
+        generator: optional CPU ``torch.Generator``.
+
+    Returns:
+        ``(query, key)``, modified in place.
+
+    Raises:
+        ValueError: different shapes, or as :func:`head_wise_orthogonal_`.
+    """
+    if query.shape != key.shape:
+        raise ValueError(
+            f"mimetic initialization pairs each query head with one key head; query {tuple(query.shape)} and key "
+            f"{tuple(key.shape)} differ (grouped-query attention is not supported)"
+        )
+    head_dim = _check_weight(query, num_heads)
+    hidden = query.shape[1]
+    eye = torch.eye(hidden, dtype=torch.float64)
+    q_out = torch.empty(num_heads, head_dim, hidden, dtype=torch.float64)
+    k_out = torch.empty_like(q_out)
+    for h in range(num_heads):
+        z = torch.randn(hidden, hidden, generator=generator, dtype=torch.float32).to(torch.float64) / math.sqrt(hidden)
+        u, s, vh = _sign_fixed_svd(noise * z + identity * eye)
+        root = s[:head_dim].sqrt()  # (hd,)
+        q_out[h] = u[:, :head_dim].T * root.unsqueeze(1)  # (hd, hidden)
+        k_out[h] = vh[:head_dim] * root.unsqueeze(1)  # (hd, hidden)
+    query.copy_(q_out.view_as(query).to(device=query.device, dtype=query.dtype))
+    key.copy_(k_out.view_as(key).to(device=key.device, dtype=key.dtype))
+    return query, key
+
+
+# --------------------------------------------------------------------------------------------
+# The init kinds: one table that the method (oelm.method), the config schema (oelm.config) and the
+# lean-checkpoint regeneration (oelm.checkpoint) read
+# --------------------------------------------------------------------------------------------
+
+WeightInit = Callable[[torch.Tensor, int, "torch.Generator | None", "float | str"], object]
+PairInit = Callable[[torch.Tensor, torch.Tensor, int, int, "torch.Generator | None"], object]
+
+
+@dataclass(frozen=True)
+class InitKind:
+    """One value of ``OELMConfig.init``: how the query/key projections are initialized.
+
+    Attributes:
+        name: the value in configs and checkpoints.
+        summary: one line for docs and errors.
+        source: where the method comes from (paper, or "oelm").
+        draws_random: True when it draws from ``OELMConfig.seed`` (a lean checkpoint then needs the
+            seed to regenerate it; without one the frozen tensors are stored).
+        weight: ``f(weight, num_heads, generator, normal_std)``, applied to each target projection
+            in place (the key with its own head count), or None.
+        pair: ``f(query, key, num_heads, num_kv_heads, generator)``, applied once per attention
+            module to both projections (needs both targets), or None. Neither: weights kept.
+    """
+
+    name: str
+    summary: str
+    source: str
+    draws_random: bool = False
+    weight: WeightInit | None = None
+    pair: PairInit | None = None
+
+
+def _random_orthogonal(weight: torch.Tensor, heads: int, generator: torch.Generator | None, std: float | str) -> None:
+    normal_(weight, std=1.0, generator=generator)
+    head_wise_orthogonal_(weight, heads)
+
+
+def _mimetic_pair(query: torch.Tensor, key: torch.Tensor, heads: int, kv_heads: int, generator: torch.Generator | None) -> None:
+    if kv_heads != heads:
+        raise UnsupportedModelError(
+            f"init='mimetic' pairs every query head with its own key head, but this attention has {heads} query and "
+            f"{kv_heads} key/value heads (grouped-query attention); use another init for this model"
+        )
+    mimetic_(query, key, heads, generator=generator)
+
+
+#: Every init kind, by name, in the order docs list them.
+INITS: dict[str, InitKind] = {
+    kind.name: kind
+    for kind in (
+        InitKind("none", "keep the current weights (pretrained, or the model's own init)", "oelm"),
+        InitKind("orthogonalize", "QR per head of the current weights: orthonormal rows, same row space",
+                 "the original OELM project", weight=lambda w, h, g, std: head_wise_orthogonal_(w, h)),
+        InitKind("orthogonalize_rescaled", "as orthogonalize, each head rescaled to its Frobenius norm before",
+                 "oelm (temperature control)", weight=lambda w, h, g, std: rescaled_head_wise_orthogonal_(w, h)),
+        InitKind("random_orthogonal", "a fresh N(0, 1) draw, then QR per head: a random (Haar) orthonormal frame",
+                 "Mezzadri 2007 (Haar draw)", draws_random=True, weight=_random_orthogonal),
+        InitKind("global_orthogonal", "one QR over the whole matrix, not per head", "the original OELM project",
+                 weight=lambda w, h, g, std: global_orthogonal_(w)),
+        InitKind("normal", "N(0, normal_std^2) draws (0.02, or 'matched' = 1/sqrt(hidden_size))",
+                 "the original OELM project (std 0.02)", draws_random=True,
+                 weight=lambda w, h, g, std: normal_(w, std=std, generator=g)),
+        InitKind("mimetic", "W_q,h^T W_k,h ~ 0.7 I + 0.7 Z per head (rank-head_dim SVD factors)",
+                 "Trockman & Kolter, ICML 2023", draws_random=True, pair=_mimetic_pair),
+    )
+}
+if tuple(INITS) != INIT_NAMES:  # the names a config is checked against before torch loads (oelm.init_names)
+    raise ImportError(f"oelm.init.INITS defines {tuple(INITS)} but oelm.init_names.INIT_NAMES lists {INIT_NAMES}; "
+                      "name every kind there, in the table's order")
+#: Names of the kinds that draw random numbers.
+RANDOM_INITS: frozenset[str] = frozenset(name for name, kind in INITS.items() if kind.draws_random)

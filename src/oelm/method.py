@@ -26,7 +26,19 @@ Named methods (:data:`METHODS`):
 ``oelm_global``           one QR over the whole Q/K matrix (not per head), frozen
 ``oelm_qk_ffn``           ``oelm_freeze`` plus the feed-forward weights frozen
 ``oelm_ffn_only``         only the feed-forward weights frozen (Q/K train)
+``oelm_pretrained_frozen`` Q/K frozen as they are (no QR): the control for ``oelm_freeze``
+``oelm_rescaled``         ``oelm_freeze`` with each head rescaled to its pretrained (or default-init)
+                          Frobenius norm: the temperature control
+``oelm_mimetic``          mimetic Q/K (Trockman & Kolter 2023: ``W_q^T W_k ≈ 0.7 I + 0.7 Z``), frozen
+``mimetic_trained``       mimetic Q/K as the initialization, trained
+``fixed_attention``       a frozen random attention map per head (Synthesizer "Random", Tay et al.
+                          2021), oelm's GPT only; its unused Q/K frozen
+``reservoir``             every other layer (1, 3, ...) drawn at random and frozen whole (Reservoir
+                          Transformers, Shen et al. 2021)
 ========================  =====================================================================
+
+The Q/K init kinds are the table :data:`oelm.init.INITS`; reservoir layers and the fixed map are
+in :mod:`oelm.structural`.
 
 The way back out is :func:`merge_and_unload` (PEFT's name): it fuses split Q/K/V modules back
 into the architecture's own module with the trained values and removes everything
@@ -42,8 +54,6 @@ import dataclasses
 import difflib
 import functools
 import math
-import os
-import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -63,14 +73,16 @@ from oelm.architectures import (
     architecture_of,
     attach_architecture,
     find_attention_projections,
-    fuse_split_projections,
     load_architecture,
     register_architecture,
     split_fused_projections,
 )
 from oelm.errors import ConfigError, OELMError, UnsupportedModelError
-from oelm.init import global_orthogonal_, head_wise_orthogonal_, max_orthogonality_error, normal_
-from oelm.recipe import CHECKPOINT_ATTRIBUTES, attach_checkpoint_hooks, detach_checkpoint_hooks
+from oelm.init import INIT_NAMES, INITS, InitName, max_orthogonality_error
+from oelm.merge import OELM_ATTRIBUTES, merge_and_unload
+from oelm.parameters import ParameterReport, group_of, parameter_report, print_trainable_parameters, require_module
+from oelm.recipe import attach_checkpoint_hooks
+from oelm.structural import ALTERNATE, find_layers, fixed_attention_, fixed_attention_modules, reservoir_, reservoir_indices
 
 __all__ = [
     "OELMConfig",
@@ -97,7 +109,9 @@ __all__ = [
     "OELM_ATTRIBUTES",
 ]
 
-InitName = Literal["none", "orthogonalize", "random_orthogonal", "global_orthogonal", "normal"]
+#: Fields added after checkpoints and run records existed: :meth:`OELMConfig.to_dict` leaves them out
+#: while they hold these defaults, so earlier methods keep their recorded form (and fingerprints).
+_LATER_FIELDS = {"reservoir_layers": (), "fixed_attention": False}
 
 
 @dataclass(frozen=True)
@@ -107,11 +121,8 @@ class OELMConfig:
     method: str = field(default="oelm_freeze", metadata={"help": "Name used in reports and run directories."})
     init: InitName = field(
         default="orthogonalize",
-        metadata={
-            "help": "Q/K initialization: 'orthogonalize' (QR per head of the current weight), "
-            "'random_orthogonal' (fresh Gaussian draw, then QR per head), 'global_orthogonal' "
-            "(one QR over the whole matrix), 'normal' (Gaussian with normal_std), 'none' (keep)."
-        },
+        metadata={"help": "Q/K initialization, a kind of oelm.init.INITS: " + "; ".join(
+            f"'{k.name}' ({k.summary})" for k in INITS.values())},
     )
     normal_std: float | Literal["matched"] = field(
         default=0.02,
@@ -126,7 +137,18 @@ class OELMConfig:
         default=(), metadata={"help": f"Parameter groups frozen in addition, from {PARAMETER_GROUPS}."}
     )
     seed: int | None = field(
-        default=None, metadata={"help": "Seed of random draws (random_orthogonal, normal); None: torch's global RNG."}
+        default=None, metadata={"help": "Seed of random draws (random inits, reservoir layers, the fixed map); "
+                                "None: torch's global RNG."}
+    )
+    reservoir_layers: tuple[int, ...] | str = field(
+        default=(),
+        metadata={"help": "Layers drawn at random and frozen whole (Reservoir Transformers): indices within each "
+                  f"stack, or '{ALTERNATE}' (1, 3, 5, ...); () = none."},
+    )
+    fixed_attention: bool = field(
+        default=False,
+        metadata={"help": "Replace each head's attention scores by a frozen random map (Synthesizer Random); "
+                  "oelm's GPT only."},
     )
     split_fused: bool = field(
         default=True,
@@ -151,12 +173,15 @@ class OELMConfig:
                 raise ConfigError(f"OELMConfig.{name} must be True or False, got {getattr(self, name)!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63):
             raise ConfigError(f"OELMConfig.seed must be None or an int in [0, 2**63), got {self.seed!r}")
-        valid_inits = ("none", "orthogonalize", "random_orthogonal", "global_orthogonal", "normal")
-        if self.init not in valid_inits:
-            raise ConfigError(f"OELMConfig.init={self.init!r} is not one of {valid_inits}")
+        if self.init not in INITS:
+            raise ConfigError(f"OELMConfig.init={self.init!r} is not one of {INIT_NAMES}")
         bad = [t for t in self.targets if t not in ("query", "key")]
         if bad:
             raise ConfigError(f"OELMConfig.targets has {bad}; allowed: 'query', 'key'")
+        if INITS[self.init].pair is not None and set(self.targets) != {"query", "key"}:
+            raise ConfigError(f"OELMConfig.init={self.init!r} sets query and key together; targets must be "
+                              f"('query', 'key'), got {tuple(self.targets)}")
+        self._check_structural()
         bad = [g for g in self.extra_frozen_groups if g not in PARAMETER_GROUPS]
         if bad:
             raise ConfigError(f"OELMConfig.extra_frozen_groups has {bad}; allowed: {PARAMETER_GROUPS}")
@@ -167,6 +192,23 @@ class OELMConfig:
             and math.isfinite(self.normal_std) and self.normal_std > 0
         ):
             raise ConfigError(f"OELMConfig.normal_std must be a positive number or 'matched', got {self.normal_std!r}")
+
+    def _check_structural(self) -> None:
+        layers = self.reservoir_layers
+        if isinstance(layers, list):
+            object.__setattr__(self, "reservoir_layers", layers := tuple(layers))
+        if not (layers == ALTERNATE or isinstance(layers, tuple) and all(
+                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers) and len(set(layers)) == len(layers)):
+            raise ConfigError(f"OELMConfig.reservoir_layers must be distinct layer indices >= 0 (e.g. (1, 3)) or "
+                              f"'{ALTERNATE}', got {layers!r}")
+        if not isinstance(self.fixed_attention, bool):
+            raise ConfigError(f"OELMConfig.fixed_attention must be true or false, got {self.fixed_attention!r}")
+
+    @property
+    def draws_random(self) -> bool:
+        """True when applying this config draws random numbers (from ``seed``): a random init kind,
+        reservoir layers or a fixed attention map. A lean checkpoint regenerates them from the seed."""
+        return INITS[self.init].draws_random or bool(self.reservoir_layers) or self.fixed_attention
 
     def replace(self, **changes: Any) -> "OELMConfig":
         """A copy with ``changes`` applied (unknown field -> :class:`ConfigError`)."""
@@ -180,6 +222,11 @@ class OELMConfig:
         d = dataclasses.asdict(self)
         d["targets"] = list(self.targets)
         d["extra_frozen_groups"] = list(self.extra_frozen_groups)
+        if isinstance(self.reservoir_layers, tuple):
+            d["reservoir_layers"] = list(self.reservoir_layers)
+        for name, default in _LATER_FIELDS.items():
+            if getattr(self, name) == default:
+                del d[name]
         return d
 
 
@@ -193,6 +240,12 @@ METHODS: dict[str, OELMConfig] = {
     "oelm_ffn_only": OELMConfig(
         method="oelm_ffn_only", init="none", targets=(), freeze=False, extra_frozen_groups=("ffn",)
     ),
+    "oelm_pretrained_frozen": OELMConfig(method="oelm_pretrained_frozen", init="none"),
+    "oelm_rescaled": OELMConfig(method="oelm_rescaled", init="orthogonalize_rescaled"),
+    "oelm_mimetic": OELMConfig(method="oelm_mimetic", init="mimetic"),
+    "mimetic_trained": OELMConfig(method="mimetic_trained", init="mimetic", freeze=False),
+    "fixed_attention": OELMConfig(method="fixed_attention", init="none", fixed_attention=True),
+    "reservoir": OELMConfig(method="reservoir", init="none", targets=(), freeze=False, reservoir_layers=ALTERNATE),
 }
 
 
@@ -211,17 +264,6 @@ def get_method(name: str) -> OELMConfig:
         close = difflib.get_close_matches(name, list(METHODS), n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise ConfigError(f"unknown method {name!r}; {hint}named methods are: {', '.join(METHODS)}") from None
-
-
-def _require_module(model: Any, func: str) -> None:
-    """Refuse anything but an ``nn.Module`` as the model argument of ``func``, with one line."""
-    if isinstance(model, nn.Module):
-        return
-    hint = ""
-    if isinstance(model, (str, os.PathLike)):
-        hint = (f"; load the model first, e.g. model = AutoModelForCausalLM.from_pretrained({str(model)!r}, "
-                "trust_remote_code=False), then oelm." + func + "(model, ...)")
-    raise TypeError(f"oelm.{func} expects a torch.nn.Module (a transformers or oelm model), got {type(model).__name__}{hint}")
 
 
 def _resolve_config(config: Any, seed: Any, func: str) -> OELMConfig:
@@ -245,120 +287,8 @@ def _resolve_config(config: Any, seed: Any, func: str) -> OELMConfig:
 
 
 # --------------------------------------------------------------------------------------------
-# Parameter report
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class ParameterReport:
-    """Trainable/frozen parameter counts of a model, overall and per group.
-
-    Counts are numbers of scalar parameters; tied weights are counted once. ``groups`` maps a
-    group name (embeddings, attention_query/key/value/output, ffn, norm, head, other) to
-    ``{"total", "trainable", "frozen"}``. ``projections`` lists where Q/K were found (empty for a
-    report made without ``apply_oelm``).
-    """
-
-    method: str
-    total: int
-    trainable: int
-    frozen: int
-    groups: dict[str, dict[str, int]]
-    projections: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def trainable_percent(self) -> float:
-        """Trainable share of all parameters, in %."""
-        return 100.0 * self.trainable / self.total if self.total else 0.0
-
-    def __str__(self) -> str:
-        return (
-            f"trainable params: {self.trainable:,} || all params: {self.total:,} "
-            f"|| trainable%: {self.trainable_percent:.4f}"
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "method": self.method,
-            "total": self.total,
-            "trainable": self.trainable,
-            "frozen": self.frozen,
-            "trainable_percent": self.trainable_percent,
-            "groups": self.groups,
-            "projections": self.projections,
-        }
-
-    def table(self) -> str:
-        """The per-group table as aligned plain text."""
-        lines = [f"{'group':<18}{'total':>14}{'trainable':>14}{'frozen':>14}"]
-        for g, c in self.groups.items():
-            lines.append(f"{g:<18}{c['total']:>14,}{c['trainable']:>14,}{c['frozen']:>14,}")
-        lines.append(f"{'all':<18}{self.total:>14,}{self.trainable:>14,}{self.frozen:>14,}")
-        return "\n".join(lines)
-
-
-def _group_of(name: str, patterns: tuple[tuple[str, str], ...]) -> str:
-    for group, regex in patterns:
-        if re.search(regex, name):
-            return group
-    return "other"
-
-
-def parameter_report(model: nn.Module, method: str = "") -> ParameterReport:
-    """Count total/trainable/frozen parameters of ``model``, overall and per group.
-
-    Groups come from the model's registry entry: the query/key projections found by
-    :func:`find_attention_projections` (split ones, and SplitQKV's value) are
-    ``attention_query``/``attention_key``/``attention_value`` whatever the patterns say; every
-    other parameter gets the first matching ``group_patterns`` regex. A model of unknown type
-    gets only ``"other"``.
-
-    Raises:
-        TypeError: ``model`` is not an ``nn.Module``.
-    """
-    _require_module(model, "parameter_report")
-    try:
-        patterns = architecture_of(model).group_patterns
-        sites = find_attention_projections(model)
-    except UnsupportedModelError:
-        patterns, sites = (), []
-    by_id: dict[int, str] = {}
-    for site in sites:
-        if site.is_split:
-            for module, group in ((site.query, "attention_query"), (site.key, "attention_key")):
-                by_id.update({id(p): group for p in module.parameters()})
-    by_id.update({id(p): "attention_value" for m in model.modules() if isinstance(m, SplitQKV) for p in m.value.parameters()})
-    groups = {g: {"total": 0, "trainable": 0, "frozen": 0} for g in PARAMETER_GROUPS}
-    for name, p in model.named_parameters():  # named_parameters() yields tied weights once
-        g = groups[by_id.get(id(p)) or _group_of(name, patterns)]
-        g["total"] += p.numel()
-        g["trainable" if p.requires_grad else "frozen"] += p.numel()
-    groups = {k: v for k, v in groups.items() if v["total"]}
-    total = sum(v["total"] for v in groups.values())
-    trainable = sum(v["trainable"] for v in groups.values())
-    return ParameterReport(method=method, total=total, trainable=trainable, frozen=total - trainable, groups=groups)
-
-
-def print_trainable_parameters(model: nn.Module) -> None:
-    """Print the PEFT-style line ``trainable params: … || all params: … || trainable%: …``."""
-    print(parameter_report(model))
-
-
-# --------------------------------------------------------------------------------------------
 # apply_oelm
 # --------------------------------------------------------------------------------------------
-
-
-def _init_projection(weight: torch.Tensor, heads: int, config: OELMConfig, generator: torch.Generator | None) -> None:
-    if config.init == "orthogonalize":
-        head_wise_orthogonal_(weight, heads)
-    elif config.init == "random_orthogonal":
-        normal_(weight, std=1.0, generator=generator)
-        head_wise_orthogonal_(weight, heads)
-    elif config.init == "global_orthogonal":
-        global_orthogonal_(weight)
-    elif config.init == "normal":
-        normal_(weight, std=config.normal_std, generator=generator)
 
 
 def _split_if_fused_family(model: nn.Module) -> None:
@@ -376,15 +306,68 @@ def _split_if_fused_family(model: nn.Module) -> None:
         split_fused_projections(model)
 
 
-#: Instance attributes :func:`apply_oelm` sets on the model (and :func:`merge_and_unload` removes):
-#: the report, the config, a PEFT-style ``print_trainable_parameters``, the checkpoint hooks of
-#: :mod:`oelm.recipe` (``save_pretrained`` in the stock layout, the load hook's handle), and the
-#: spec ``target_modules`` gave.
-OELM_ATTRIBUTES = ("oelm_report", "oelm_config", "print_trainable_parameters", *CHECKPOINT_ATTRIBUTES, ARCHITECTURE_ATTRIBUTE)
+def _refuse_before_changes(model: nn.Module, config: OELMConfig, target_modules: dict[str, Any] | None,
+                           num_heads: int | None) -> None:
+    """Every refusal that does not need the model changed first, so a refused model is untouched
+    (the spec ``target_modules`` gives is kept on the model only once the checks that read it pass)."""
+    if (config.targets or config.reservoir_layers or config.fixed_attention) and any(p.is_meta for p in model.parameters()):
+        raise OELMError(
+            f"{type(model).__name__} has parameters on the meta device (shapes without values), so its query/key "
+            "weights cannot be initialized; materialize the model first (load it without device_map='meta' / "
+            "init_empty_weights, or model.to_empty(device=...) and load its weights)"
+        )
+    previous = getattr(model, "oelm_config", None)
+    if previous is not None:
+        raise OELMError(
+            f"{type(model).__name__} already went through apply_oelm ({getattr(previous, 'method', previous)!r}); "
+            f"applying {config.method!r} on top would mix two methods' initialization and freezing. Fix: start from a "
+            "fresh model, or call model = oelm.merge_and_unload(model) first to make it a plain model again"
+        )
+    if target_modules is not None:
+        attach_architecture(model, target_modules, num_heads=num_heads)  # refused here if nothing fits
+    try:
+        if config.fixed_attention:
+            fixed_attention_modules(model)  # a model without oelm's attention (a Hugging Face one): one line
+        if config.reservoir_layers:  # an index the model lacks (its layers found through the spec above)
+            reservoir_indices(config.reservoir_layers, set(find_layers(model).values()))
+    except Exception:
+        if target_modules is not None:
+            vars(model).pop(ARCHITECTURE_ATTRIBUTE, None)
+        raise
 
 
-def _is_bound(value: Any, func: Any) -> bool:
-    return isinstance(value, functools.partial) and value.func is func
+def _init_and_freeze(sites: list[ProjectionSite], config: OELMConfig, generator: torch.Generator | None) -> list[dict[str, Any]]:
+    """Initialize (``INITS[config.init]``) and freeze the target projections of every site; one
+    row per (site, target) for ``ParameterReport.projections``."""
+    kind = INITS[config.init]
+    projections = []
+    for site in sites:
+        if kind.pair is not None:
+            kind.pair(site.module("query").weight, site.module("key").weight, site.num_heads, site.num_kv_heads, generator)
+        for target in config.targets:
+            linear, heads = site.module(target), site.heads(target)
+            if kind.weight is not None:
+                kind.weight(linear.weight, heads, generator, config.normal_std)
+            if config.freeze:
+                linear.weight.requires_grad_(False)
+                if linear.bias is not None and config.freeze_bias:
+                    linear.bias.requires_grad_(False)
+            projections.append(
+                {
+                    "layer": site.layer,
+                    "kind": site.kind,
+                    "target": target,
+                    "module": site.query_name if target == "query" else site.key_name,
+                    "shape": list(linear.weight.shape),
+                    "num_heads": heads,
+                    "head_dim": site.head_dim,
+                    "fused": site.fused,
+                    "bias": linear.bias is not None,
+                    "frozen": not linear.weight.requires_grad,
+                    "max_orthogonality_error": max_orthogonality_error(linear.weight, heads),
+                }
+            )
+    return projections
 
 
 def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, seed: int | None = None,
@@ -398,7 +381,9 @@ def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, se
     initialize the ``config.targets`` weights per ``config.init``, head-wise with the
     projection's own head count (``num_kv_heads`` for K under grouped-query attention; biases are
     kept); set ``requires_grad=False`` on them (and their biases if ``config.freeze_bias``) and on
-    every parameter of ``config.extra_frozen_groups``. With ``config.split_fused`` (the default)
+    every parameter of ``config.extra_frozen_groups``. Before the Q/K init, ``config.reservoir_layers``
+    are drawn at random and frozen whole and ``config.fixed_attention`` gives oelm's GPT a frozen
+    random attention map (:mod:`oelm.structural`). With ``config.split_fused`` (the default)
     methods without Q/K targets (``baseline``, ``oelm_ffn_only``) split fused modules too, so
     every method of a comparison runs the same kernels; ``baseline`` otherwise changes nothing
     (with ``split_fused=False`` fused modules stay fused). Models of unknown type are left as
@@ -441,25 +426,13 @@ def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, se
         ConfigError: unknown method name.
         OELMError: the model already carries an OELM application (``model.oelm_config``).
         UnsupportedModelError: the model's query/key projections cannot be found; the message
-            lists supported model types and how to register one.
+            lists supported model types and how to register one. ``fixed_attention`` on a model
+            that is not oelm's GPT.
+        ConfigError: ``reservoir_layers`` names a layer the model does not have.
     """
-    _require_module(model, "apply_oelm")
+    require_module(model, "apply_oelm")
     config = _resolve_config(config, seed, "apply_oelm")
-    if config.targets and any(p.is_meta for p in model.parameters()):
-        raise OELMError(
-            f"{type(model).__name__} has parameters on the meta device (shapes without values), so its query/key "
-            "weights cannot be initialized; materialize the model first (load it without device_map='meta' / "
-            "init_empty_weights, or model.to_empty(device=...) and load its weights)"
-        )
-    previous = getattr(model, "oelm_config", None)
-    if previous is not None:
-        raise OELMError(
-            f"{type(model).__name__} already went through apply_oelm ({getattr(previous, 'method', previous)!r}); "
-            f"applying {config.method!r} on top would mix two methods' initialization and freezing. Fix: start from a "
-            "fresh model, or call model = oelm.merge_and_unload(model) first to make it a plain model again"
-        )
-    if target_modules is not None:
-        attach_architecture(model, target_modules, num_heads=num_heads)  # refused here if nothing fits
+    _refuse_before_changes(model, config, target_modules, num_heads)
     if config.targets:
         split_fused_projections(model)
         sites = find_attention_projections(model)
@@ -470,37 +443,17 @@ def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, se
         if config.split_fused:
             _split_if_fused_family(model)
     generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
-
-    projections = []
-    for site in sites:
-        for target in config.targets:
-            linear, heads = site.module(target), site.heads(target)
-            if config.init != "none":
-                _init_projection(linear.weight, heads, config, generator)
-            if config.freeze:
-                linear.weight.requires_grad_(False)
-                if linear.bias is not None and config.freeze_bias:
-                    linear.bias.requires_grad_(False)
-            projections.append(
-                {
-                    "layer": site.layer,
-                    "kind": site.kind,
-                    "target": target,
-                    "module": site.query_name if target == "query" else site.key_name,
-                    "shape": list(linear.weight.shape),
-                    "num_heads": heads,
-                    "head_dim": site.head_dim,
-                    "fused": site.fused,
-                    "bias": linear.bias is not None,
-                    "frozen": not linear.weight.requires_grad,
-                    "max_orthogonality_error": max_orthogonality_error(linear.weight, heads),
-                }
-            )
+    # Draw order (a lean checkpoint repeats it): reservoir layers, the fixed map, then Q/K per site.
+    if config.reservoir_layers:
+        reservoir_(model, config.reservoir_layers, generator)
+    if config.fixed_attention:
+        fixed_attention_(model, generator)
+    projections = _init_and_freeze(sites, config, generator)
 
     if config.extra_frozen_groups:
         patterns = architecture_of(model).group_patterns
         for name, p in model.named_parameters():
-            if _group_of(name, patterns) in config.extra_frozen_groups:
+            if group_of(name, patterns) in config.extra_frozen_groups:
                 p.requires_grad_(False)
 
     report = parameter_report(model, method=config.method)
@@ -526,59 +479,6 @@ def get_oelm_model(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *
     Raises:
         ConfigError, OELMError, UnsupportedModelError: as :func:`apply_oelm`.
     """
-    _require_module(model, "get_oelm_model")
+    require_module(model, "get_oelm_model")
     apply_oelm(model, config, seed=seed, **targets)
-    return model
-
-
-def merge_and_unload(model: nn.Module) -> nn.Module:
-    """Turn an OELM model back into a plain model of its architecture, in place, and return it.
-
-    PEFT's name for the way out. Every :class:`SplitQKV` is fused back into the architecture's
-    own module and layout with the trained values (GPT-2 ``c_attn``: a ``Conv1D`` with weight
-    ``[hidden, 3*hidden]``; GPT-NeoX ``query_key_value``: an ``nn.Linear`` with rows
-    ``[num_heads, 3, head_dim]``; see :meth:`SplitQKV.fuse`), so the state dict has the stock
-    parameter names and ``model.save_pretrained(dir)`` writes a checkpoint that a stock
-    ``from_pretrained(dir)`` loads with no missing or unexpected keys. Outputs are unchanged up to
-    floating-point summation order. Then every attribute in :data:`OELM_ATTRIBUTES` is removed
-    (the report, the config, ``print_trainable_parameters``, oelm's ``save_pretrained``, so the
-    class's own is back, and the load hook; a recipe that a stock ``from_pretrained`` put on
-    ``model.config`` goes too), and ``apply_oelm`` may be applied again.
-
-    Freezing is unloaded too: every parameter gets ``requires_grad=True``, as in a model that
-    ``from_pretrained`` returns, since nothing marks the model as OELM any more (extra groups
-    and parameters frozen by hand included). To train on with Q/K frozen, do not merge yet, or
-    apply ``oelm_freeze`` again with ``init="none"`` (it keeps the values and freezes them).
-
-    A model without split modules and without OELM attributes (never touched by ``apply_oelm``)
-    is returned unchanged (``requires_grad`` flags included). A model with OELM attributes but
-    nothing split (BERT, Llama, ...: separate Q/K already) keeps its modules and parameter names;
-    its attributes are removed and its parameters made trainable.
-
-    Args:
-        model: the model ``apply_oelm`` ran on (not a DistributedDataParallel / ``torch.compile``
-            wrapper: unwrap it first); any device and dtype, kept.
-
-    Returns:
-        ``model`` itself.
-
-    Raises:
-        TypeError: ``model`` is not an ``nn.Module``.
-        ValueError: a :class:`SplitQKV` whose query/key/value disagree on bias or input size
-            (not one that ``apply_oelm`` made).
-    """
-    _require_module(model, "merge_and_unload")
-    fused = fuse_split_projections(model)
-    detached = detach_checkpoint_hooks(model)
-    attributes = vars(model)
-    # a method of that name the user set on the instance is theirs: only oelm's partial goes
-    ours = [n for n in ("oelm_report", "oelm_config", ARCHITECTURE_ATTRIBUTE) if n in attributes]
-    if _is_bound(attributes.get("print_trainable_parameters"), print_trainable_parameters):
-        ours.append("print_trainable_parameters")
-    if not fused and not ours and not detached:
-        return model
-    for name in ours:
-        delattr(model, name)
-    for p in model.parameters():
-        p.requires_grad_(True)
     return model

@@ -282,6 +282,7 @@ register_architecture(
             ("attention_key", r"attn\.k_proj\."),
             ("attention_value", r"attn\.v_proj\."),
             ("attention_output", r"attn\.o_proj\."),
+            ("attention_map", r"attn\.fixed_logits$"),
             ("ffn", r"mlp\."),
             ("head", r"(^|\.)(lm_head|score)\."),
         ),

@@ -36,6 +36,7 @@ PARAMETER_GROUPS = (
     "attention_value",
     "attention_qkv",  # a fused Q/K/V projection that has not been split
     "attention_output",
+    "attention_map",  # a fixed attention map (oelm GPT's fixed_attention method)
     "ffn",
     "norm",
     "head",

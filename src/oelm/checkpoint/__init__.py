@@ -32,7 +32,10 @@ unexpected name, shape or dtype -> :class:`CheckpointError`). Since ``apply_oelm
 fresh base before any tensor is restored, a method that restructures modules (e.g. splits a
 fused QKV projection into separate q/k/v linears) is reproduced first, and the names match.
 
-Seed ``None`` with a random initialization (``init`` in :data:`RANDOM_INITS`): the draw came
+Seed ``None`` with a random draw (``OELMConfig.draws_random``: an init kind of
+:data:`RANDOM_INITS`, read from the init table :data:`oelm.init.INITS`, or reservoir layers, or a
+fixed attention map, which are drawn from the seed as well and so regenerated and checked the same
+way): the draw came
 from torch's global random state and cannot be regenerated, so :func:`save_pretrained` stores the
 frozen tensors too (with a :class:`UserWarning`), records ``"frozen_tensors_stored": true``, and
 the checkpoint is then about as large as a full one. Pass a seed to ``apply_oelm`` to stay lean.

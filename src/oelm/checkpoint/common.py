@@ -14,6 +14,7 @@ from torch import nn
 
 from oelm.architectures import architecture_from_dict, set_architecture
 from oelm.errors import CheckpointError, CheckpointMismatchError, ConfigError, UnsupportedModelError
+from oelm.init import RANDOM_INITS  # noqa: F401 - re-exported: the init kinds that draw from the seed
 from oelm.method import OELMConfig, apply_oelm
 from oelm.recipe import tensor_sha256
 
@@ -27,8 +28,6 @@ CHECKPOINT_FORMAT = "oelm-lean-checkpoint"
 FORMAT_VERSION = 1
 WEIGHTS_NAME = "oelm_model.safetensors"
 METADATA_NAME = "oelm_checkpoint.json"
-#: ``OELMConfig.init`` values that draw random numbers (from ``OELMConfig.seed``).
-RANDOM_INITS = frozenset({"random_orthogonal", "normal"})
 
 
 _ST_DTYPES = {
@@ -218,7 +217,7 @@ def mismatch_causes(source: str | None, config: Any, saved_torch: str | None) ->
         causes.append(f"the base model was not built from the recorded source {source!r}")
     else:
         causes.append("the base model was not built the same way (same config and torch.manual_seed) as the original")
-    if config.init in RANDOM_INITS:
+    if config.draws_random:
         causes.append(f"a different seed (the checkpoint records seed={config.seed})")
     if saved_torch != torch.__version__:
         causes.append(f"a different torch version (saved with {saved_torch}, now {torch.__version__})")

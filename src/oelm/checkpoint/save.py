@@ -20,7 +20,6 @@ from oelm.checkpoint.common import (
     CheckpointError,
     FORMAT_VERSION,
     METADATA_NAME,
-    RANDOM_INITS,
     WEIGHTS_NAME,
     _config_dict,
     _mb,
@@ -141,7 +140,7 @@ def _checked_arguments(model: Any, directory: Any) -> tuple[nn.Module, Any, Path
 
 def _frozen_must_be_stored(config: Any, any_frozen: bool) -> bool:
     """True (with a warning) when the frozen tensors came from an unseeded random draw."""
-    stored = config.seed is None and config.init in RANDOM_INITS and any_frozen
+    stored = config.seed is None and config.draws_random and any_frozen
     if stored:
         warnings.warn(
             f"oelm.save_pretrained: method {config.method!r} drew its frozen Q/K (init={config.init!r}) from torch's "

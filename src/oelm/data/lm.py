@@ -331,13 +331,16 @@ def pack_documents(
 
 class LMBlockDataset(torch.utils.data.Dataset):
     """Packed blocks for causal LM training: item i is ``{"input_ids": LongTensor[block_size],
-    "labels": the same tensor}`` (the model shifts labels internally)."""
+    "labels": the same tensor}`` (the model shifts labels internally). ``eos_token_id``: the
+    end-of-text id :func:`pack_documents` put after each document (None: unknown), by which the
+    final runs' per-document predictions tell documents apart."""
 
-    def __init__(self, blocks: torch.Tensor):
+    def __init__(self, blocks: torch.Tensor, eos_token_id: int | None = None):
         if blocks.dim() != 2 or blocks.dtype != torch.long:
             got = f"{blocks.dtype} {tuple(blocks.shape)}"
             raise DataFormatError(f"LMBlockDataset needs a LongTensor [num_blocks, block_size], got {got}")
         self.blocks = blocks
+        self.eos_token_id = eos_token_id
 
     @property
     def block_size(self) -> int:

@@ -25,6 +25,7 @@ from oelm.environment import capture_environment, probe_drift_percent
 from oelm.errors import OELMError, RecordedFileMissingError, RunFaultError, RunInterruptedError
 from oelm.lock import pid_alive
 from oelm.metrics import get_metric
+from oelm.predictions import predictions_record
 from oelm.records import (
     MatrixFolder, PlannedRun, RunFolder, RunRecord, budget_record, failed_result, finished_result, read_record,
     read_status, run_identity, write_record,
@@ -32,6 +33,8 @@ from oelm.records import (
 from oelm.records import write_status as _write_status_file
 from oelm.trackers import TrackedRun
 from oelm.training import evaluate, optimizer_steps_per_epoch, planned_total_steps, train
+from oelm.training.evaluation import token_accuracy_fields
+from oelm.training.predictions import collector_for, save_final_predictions
 
 from oelm.matrix.assemble import build_run_model
 from oelm.matrix.output import prepare_matrix_data
@@ -104,6 +107,7 @@ def _train(ctx: RunContext, run: PlannedRun, folder: RunFolder, *, evaluate_test
         model, train_loader, val_loader, metric=data.metric, config=training, learning_rate=run.learning_rate,
         run_dir=folder.path, test_loader=test_loader if evaluate_test else None, description=folder.name,
         tracked=TrackedRun(config.name, {**config.model_dump(mode="json"), "run": _identity(config, run)}, ctx.out),
+        predictions=run.stage == "final",  # a final run: per-example predictions of its best weights (predictions.npz)
     )
     if result.early_stopped:
         metric = get_metric(result.metric)
@@ -124,6 +128,8 @@ def _train(ctx: RunContext, run: PlannedRun, folder: RunFolder, *, evaluate_test
         train=result,
         # path, sha256 and size of the best weights train() wrote (rank 0): checked on every reuse
         checkpoint=folder.checkpoint_record() if training.save_best_checkpoint and is_main_process() else None,
+        # path, sha256 and size of the final run's per-example predictions (oelm.predictions); None for a sweep run
+        predictions=predictions_record(folder.path) if is_main_process() else None,
     )
 
 
@@ -315,17 +321,18 @@ def _train_fresh(ctx: RunContext, run: PlannedRun, folder: RunFolder, evaluate_t
 def promote(config: ExperimentConfig, entry: MethodEntry, run: PlannedRun, data: PreparedData, run_dir: Path,
             result: RunRecord, log: Callable[[str], None]) -> RunRecord:
     """Make the finished sweep run at the selected learning rate a final run: evaluate the test
-    split once, from its best-on-validation checkpoint, and mark it ``stage: final``,
-    ``selected: true``. The run is not retrained (same seed, data order and budget as a fresh
-    final run would have).
+    split once, from its best-on-validation checkpoint, save its predictions (validation and test:
+    :func:`~oelm.training.predictions.save_final_predictions`; none without best weights) and mark
+    it ``stage: final``, ``selected: true``. The run is not retrained (same seed, data order and
+    budget as a fresh final run would have).
 
     Raises:
         ChecksumError: its best weights do not match the sha256 its result records
             (:class:`~oelm.errors.RecordedFileMissingError` when they are missing).
     """
     folder = RunFolder(run_dir)
-    test_value, seconds = None, None
-    if data.test is not None:
+    test_value, seconds, test_eval = None, None, {}
+    if data.test is not None or folder.best_weights.is_file():
         ckpt = folder.verify_weights(result, _retrain_hint(folder.path))
         if not ckpt.is_file():
             raise OELMError(f"{folder.path}: the selected sweep run has no checkpoint/model.safetensors to evaluate the "
@@ -335,15 +342,23 @@ def promote(config: ExperimentConfig, entry: MethodEntry, run: PlannedRun, data:
         model, _, _, _ = build_run_model(config, entry, run.seed, data)
         load_model(model, str(ckpt))
         training = config.training_for(entry)
-        _, _, test_loader = make_loaders(data, training, run.seed)
-        t0 = time.perf_counter()
-        test_value = evaluate(model, test_loader, data.metric, training.mixed_precision)["value"]
-        seconds = time.perf_counter() - t0
-        if is_main_process():
-            with folder.metrics.open("a", encoding="utf-8") as fh:
-                fh.write(json.dumps({"type": "test", "step": result.best_step, data.metric: test_value}) + "\n")
-        log(f"[{folder.name}] selected; test {data.metric} {test_value:.4f} (evaluated once, best checkpoint)")
-    promoted = result.promoted(test_value, seconds)
+        _, val_loader, test_loader = make_loaders(data, training, run.seed)
+        test_rows = collector_for(test_loader, data.metric) if test_loader is not None else None
+        if test_loader is not None:
+            t0 = time.perf_counter()
+            test_eval = evaluate(model, test_loader, data.metric, training.mixed_precision, predictions=test_rows)
+            test_value = test_eval["value"]
+            seconds = time.perf_counter() - t0
+            if is_main_process():
+                with folder.metrics.open("a", encoding="utf-8") as fh:
+                    fh.write(json.dumps({"type": "test", "step": result.best_step, data.metric: test_value,
+                                         **token_accuracy_fields(test_eval)}) + "\n")
+            log(f"[{folder.name}] selected; test {data.metric} {test_value:.4f} (evaluated once, best checkpoint)")
+        save_final_predictions(model, {"validation": val_loader, "test": test_loader}, data.metric, training.mixed_precision,
+                               run_dir=folder.path, step=result.best_step, is_main=is_main_process(),
+                               evaluated={"test": test_rows})
+    promoted = result.promoted(test_value, seconds, token_accuracy_test=test_eval.get("token_accuracy"),
+                               predictions=predictions_record(folder.path) if is_main_process() else None)
     _write_record(folder.result, promoted)
     return promoted
 

@@ -90,6 +90,10 @@ class CausalSelfAttention(nn.Module):
 
     Input ``x`` is ``[B, T, C]``; optional ``attention_mask`` ``[B, T]`` (1 token, 0 pad).
     Output is ``[B, T, C]``.
+
+    With a fixed attention map (:meth:`set_fixed_attention`, the ``fixed_attention`` method) the
+    scores are ``fixed_logits[h, :T, :T]`` instead of ``Q_h K_h^T / sqrt(hs)``:
+    ``y = softmax(R_h + M) V`` with the same causal/padding mask; ``q_proj``/``k_proj`` are not used.
     """
 
     def __init__(self, config: GPTConfig):
@@ -97,20 +101,53 @@ class CausalSelfAttention(nn.Module):
         C = config.hidden_size
         self.num_heads = config.num_heads
         self.head_dim = config.head_dim
+        self.context_length = config.context_length
         self.dropout = config.dropout
         self.q_proj = nn.Linear(C, C, bias=config.bias)
         self.k_proj = nn.Linear(C, C, bias=config.bias)
         self.v_proj = nn.Linear(C, C, bias=config.bias)
         self.o_proj = nn.Linear(C, C, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
+        self.register_parameter("fixed_logits", None)  # (nh, context_length, context_length) once set
+
+    @torch.no_grad()
+    def set_fixed_attention(self, generator: torch.Generator | None = None, std: float = 1.0) -> None:
+        """Use a frozen, input-independent random attention map from now on (Synthesizer "Random",
+        Tay et al., ICML 2021, with the map fixed).
+
+        Adds the parameter ``fixed_logits`` ([num_heads, context_length, context_length], N(0, std^2)
+        drawn on the CPU in float32 from ``generator``, ``requires_grad=False``) on the device and in
+        the dtype of ``v_proj.weight``. Its rows are the attention scores of each query position over
+        the key positions (sequence positions, not token positions); the causal and padding masks
+        still apply, so the map's upper triangle is never used.
+        """
+        nh, L = self.num_heads, self.context_length
+        draw = torch.randn(nh, L, L, generator=generator, dtype=torch.float32) * float(std)
+        weight = self.v_proj.weight
+        self.fixed_logits = nn.Parameter(draw.to(device=weight.device, dtype=weight.dtype), requires_grad=False)
+
+    def _fixed_attention(self, v: torch.Tensor, attention_mask: torch.Tensor | None, dropout_p: float) -> torch.Tensor:
+        """``softmax(R + M) V`` per head: v ``(B, nh, T, hs)`` -> ``(B, nh, T, hs)``."""
+        T = v.shape[2]
+        if attention_mask is None:
+            mask = torch.ones(T, T, dtype=torch.bool, device=v.device).tril()  # (T, T), broadcast
+        else:
+            mask = _attention_mask_4d(attention_mask, T)  # (B, 1, T, T)
+        scores = self.fixed_logits[:, :T, :T].to(v.dtype).masked_fill(~mask, float("-inf"))  # (B|1, nh, T, T)
+        probs = F.dropout(torch.softmax(scores, dim=-1), p=dropout_p, training=dropout_p > 0)
+        return probs @ v  # (B, nh, T, hs)
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T, C = x.shape
         nh, hs = self.num_heads, self.head_dim
+        dropout_p = self.dropout if self.training else 0.0
+        if self.fixed_logits is not None:
+            v = self.v_proj(x).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+            y = self._fixed_attention(v, attention_mask, dropout_p).transpose(1, 2).contiguous().view(B, T, C)
+            return self.resid_dropout(self.o_proj(y))
         q = self.q_proj(x).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = self.k_proj(x).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
         v = self.v_proj(x).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
-        dropout_p = self.dropout if self.training else 0.0
         if attention_mask is None:
             # Fast path: SDPA builds the causal mask itself (and can pick a fused kernel).
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)

@@ -4,8 +4,9 @@ goes through. One module per file on disk:
 
 - :mod:`~oelm.records.folder`: :class:`MatrixFolder` / :class:`RunFolder` (every path of a matrix
   and of a run, the listings of runs), :func:`run_name`, :class:`PlannedRun`;
-- :mod:`~oelm.records.result`: ``result.json``: the schema, the typed :class:`RunRecord`, the
-  validated read and the writer's constructors (:func:`finished_result`, :func:`failed_result`);
+- :mod:`~oelm.records.result`: ``result.json``: the typed :class:`RunRecord`, the validated read
+  and the writer's constructors (:func:`finished_result`, :func:`failed_result`);
+  :mod:`~oelm.records.schema`: its schema (:class:`RunResult`), every field declared;
 - :mod:`~oelm.records.status`: ``status.json``;
 - :mod:`~oelm.records.sweep`: ``sweep.json``, the learning-rate grid, and :func:`final_runs`.
 
@@ -13,7 +14,7 @@ It imports nothing of oelm but :mod:`oelm.errors` and :mod:`oelm.io` (and no tor
 until a file is read), so every layer may import it.
 """
 
-from oelm.records.folder import BEST_CHECKPOINT, MatrixFolder, PlannedRun, RunFolder, run_name
+from oelm.records.folder import BEST_CHECKPOINT, PREDICTIONS_FILE, MatrixFolder, PlannedRun, RunFolder, run_name
 from oelm.records.result import (
     DAMAGED_RESULT_FIX, RunRecord, RunResult, budget_record, failed_result, finished_result, read_record, run_identity,
     write_record,
@@ -25,7 +26,7 @@ from oelm.records.sweep import (
 )
 
 __all__ = [
-    "BEST_CHECKPOINT", "MatrixFolder", "PlannedRun", "RunFolder", "run_name",
+    "BEST_CHECKPOINT", "PREDICTIONS_FILE", "MatrixFolder", "PlannedRun", "RunFolder", "run_name",
     "DAMAGED_RESULT_FIX", "RunRecord", "RunResult", "budget_record", "failed_result", "finished_result", "read_record",
     "run_identity", "write_record",
     "read_status", "utc_now", "write_status",

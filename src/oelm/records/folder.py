@@ -20,6 +20,7 @@ and a run's folder::
       metrics.jsonl   train / eval / test records (written by :mod:`oelm.training`)
       train.log       the console output while it trained (or was promoted), whichever process ran it
       checkpoint/model.safetensors   the best-on-validation weights; checkpoints/step-<N>/ while it trains
+      predictions.npz per-example predictions of a final run (validation, test)
 
 Only the driver (``oelm run``, ``oelm plan``, ``--collect``) writes the files of ``<out>``; a run
 writes only its own ``runs/<run name>/``, whichever executor or machine trains it. That is what
@@ -41,10 +42,12 @@ from oelm.io import sha256_file
 
 from oelm.records.result import DAMAGED_RESULT_FIX, RunRecord, read_record
 
-__all__ = ["MatrixFolder", "RunFolder", "PlannedRun", "run_name", "BEST_CHECKPOINT"]
+__all__ = ["MatrixFolder", "RunFolder", "PlannedRun", "run_name", "BEST_CHECKPOINT", "PREDICTIONS_FILE"]
 
 #: The best-on-validation weights of a finished run, relative to its run folder.
 BEST_CHECKPOINT = "checkpoint/model.safetensors"
+#: A final run's per-example predictions (:mod:`oelm.predictions`), relative to its run folder.
+PREDICTIONS_FILE = "predictions.npz"
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -115,6 +118,11 @@ class RunFolder:
     def best_weights(self) -> Path:
         """``checkpoint/model.safetensors``: the best-on-validation weights (sha256 in result.json)."""
         return self.path / BEST_CHECKPOINT
+
+    @property
+    def predictions(self) -> Path:
+        """``predictions.npz``: a final run's per-example predictions (sha256 in result.json; :mod:`oelm.predictions`)."""
+        return self.path / PREDICTIONS_FILE
 
     @property
     def checkpoints(self) -> Path:

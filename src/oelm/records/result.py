@@ -1,6 +1,6 @@
-"""The run record: the schema of ``runs/<name>/result.json``, the typed :class:`RunRecord` every
-reader uses, the validated read, and the writer's one constructor of a finished (or failed)
-result, checked by the same schema before the atomic write.
+"""The run record: the typed :class:`RunRecord` every reader of ``runs/<name>/result.json``
+uses, the validated read (against :class:`~oelm.records.schema.RunResult`), and the writer's one
+constructor of a finished (or failed) result, checked by the same schema before the atomic write.
 
 Result keys are spelled here (and in the JSON / HTML writers) only: readers ask the record's
 properties (``record.best_validation``, ``record.total_seconds``, ...), never string keys.
@@ -11,163 +11,24 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
-
-from typing_extensions import TypedDict  # pydantic validates it (typing.TypedDict only from Python 3.12)
+from typing import TYPE_CHECKING, Any
 
 from oelm.errors import DamagedFileError
 from oelm.io import json_value, read_json_object, write_json_atomic
 
+from oelm.records.schema import (  # re-exported: the schema lives beside the record
+    Data, Environment, EvalRecord, Executor, Mfu, Parameters, Performance, Predictions, RunResult, Timing, TokenAccuracy,
+)
+
 if TYPE_CHECKING:
     from oelm.records.folder import PlannedRun
 
-__all__ = ["RunResult", "Performance", "RunRecord", "read_record", "write_record", "validate_result", "budget_record",
+__all__ = ["RunResult", "Performance", "TokenAccuracy", "Predictions", "EvalRecord", "RunRecord", "read_record", "write_record", "validate_result", "budget_record",
            "finished_result", "failed_result", "run_identity", "DAMAGED_RESULT_FIX"]
 
 #: What to do about a damaged ``result.json`` (ends the error of ``oelm report`` and readers).
 DAMAGED_RESULT_FIX = ("restore it from a copy, or rerun `oelm run` with the same --output-dir: it moves the run's "
                       "folder to runs/.damaged/ and trains that run again")
-
-
-class Performance(TypedDict, total=False):
-    """``result["performance"]``: metric values in the metric's unit (accuracy %, perplexity);
-    None where a value was not finite (JSON has no NaN)."""
-
-    metric: str
-    best_validation: float | None
-    best_step: int | None
-    final_validation: float | None
-    final_train_loss: float | None
-    test: float | None
-    steps: int | None  # optimizer steps taken
-    early_stopped: bool  # training.early_stopping_patience ended it before budget.planned_steps (absent in older results)
-
-
-class Mfu(TypedDict, total=False):
-    """``result["timing"]["mfu"]`` (:func:`oelm.environment.mfu_record`): model FLOPs utilization
-    (a fraction) and the peak (FLOP/s) it divides by; with a measured peak also when that peak was
-    taken (UTC, its age in s) and the machine's 1-minute load average then and at the run's end
-    (absent in older results)."""
-
-    mfu: float | None
-    flops_per_token: float | None
-    tokens_per_second: float | None
-    peak_flops: float | None
-    peak_source: str | None  # "datasheet:<GPU>", "measured-probe", "measured-interleaved"
-    peak_precision: str | None
-    precision: str | None
-    peak_measured_utc: str | None
-    peak_age_s: float | None
-    peak_load_1min: float | None
-    load_1min: float | None
-
-
-class Timing(TypedDict, total=False):
-    """The parts of ``result["timing"]`` the readers use (seconds, ms, tokens/s; the rest is free)."""
-
-    device: str | None
-    mixed_precision: str | None
-    total_seconds: float | None
-    train_seconds: float | None
-    tokens_per_second: float | None
-    compile_seconds: float | None
-    timing_warmup_steps_excluded: int | None
-    per_step_ms: dict[str, Any] | None  # median, mean, p10, p90 (ms), n
-    step_ms: list[float | None] | None  # every measured step
-    mfu: Mfu | None
-    gpu_telemetry: dict[str, Any] | None
-
-
-class Environment(TypedDict, total=False):
-    """The parts of ``result["environment"]`` the readers use."""
-
-    hostname: str | None
-    device: str | None
-    cpu_model: str | None
-    python: str | None
-    platform: str | None
-    torch_num_threads: int | None
-    packages: dict[str, Any] | None
-    cuda: dict[str, Any] | None
-    matmul_probe: dict[str, Any] | None  # gflops (GFLOP/s) before the run
-    matmul_probe_after: dict[str, Any] | None
-    matmul_probe_drift_percent: float | None
-
-
-class Parameters(TypedDict, total=False):
-    """``result["parameters"]``: counts of the model's parameters."""
-
-    total: int | None
-    trainable: int | None
-    frozen: int | None
-    trainable_percent: float | None
-    groups: dict[str, Any] | None
-
-
-class Data(TypedDict, total=False):
-    """The parts of ``result["data"]`` the readers use: per split sizes and label counts."""
-
-    num_labels: int | None
-    train: dict[str, Any] | None
-    validation: dict[str, Any] | None
-    test: dict[str, Any] | None
-
-
-class Executor(TypedDict, total=False):
-    """The parts of ``result["executor"]`` the readers use: where and how a run trained (the rest,
-    lanes, times, pids, is free)."""
-
-    name: str
-    node: str | None
-    threads: int | None  # torch intra-op threads the run trained with (absent in older results)
-    shared_node: bool
-    overlapped: list[dict[str, Any]]
-
-
-class RunResult(TypedDict, total=False):
-    """The schema of ``runs/<name>/result.json`` (a plain JSON object on disk).
-
-    Identity: ``method``, ``seed``, ``run_name``, ``learning_rate``, ``stage`` ("sweep" |
-    "final"), ``selected``, ``task``, ``model``. ``status`` is "finished" or "failed"; a failed
-    run has ``failure`` {kind, message, step} and no numbers. A finished run has ``config``,
-    ``method_config``, ``init_from``, ``tokenizer`` ({spec, vocab_size, sha256}:
-    :func:`oelm.data.lm.tokenizer_record`; absent in older results), ``data`` (per split sizes,
-    label counts), ``budget``
-    (steps and steps_run: taken, planned_steps; samples, tokens, batch sizes, accumulation, world
-    size), ``environment``,
-    ``parameters`` (total / trainable / frozen, per group), ``projections``, ``performance``
-    (:class:`Performance`), ``timing`` (see :func:`oelm.training.train`) and ``stop_signal``,
-    and (with ``training.save_best_checkpoint``) ``checkpoint`` {path (relative to the run
-    folder), sha256 (hex), bytes} of its best weights (:meth:`RunFolder.checkpoint_record
-    <oelm.records.folder.RunFolder.checkpoint_record>`), checked by
-    :meth:`~oelm.records.folder.RunFolder.verify_weights` whenever those weights are reused.
-    """
-
-    method: str
-    seed: int
-    run_name: str
-    learning_rate: float
-    stage: Literal["sweep", "final"] | None
-    selected: bool
-    swept: bool
-    task: str
-    model: str
-    status: Literal["finished", "failed"]
-    failure: dict[str, Any]
-    config: dict[str, Any]
-    method_config: dict[str, Any]
-    init_from: dict[str, Any] | None
-    tokenizer: dict[str, Any] | None
-    data: Data
-    budget: dict[str, Any]
-    environment: Environment
-    parameters: Parameters
-    projections: list[dict[str, Any]]
-    performance: Performance
-    timing: Timing
-    stop_signal: str | None
-    checkpoint: dict[str, Any] | None
-    executor: Executor  # where it trained: name, node, threads (torch's), shared_node, overlapped
 
 
 @functools.lru_cache(maxsize=1)
@@ -245,7 +106,7 @@ def run_identity(run: "PlannedRun", task: str, model: str) -> dict[str, Any]:
 def finished_result(identity: dict[str, Any], *, config: dict[str, Any], method_config: dict[str, Any],
                     init_from: dict[str, Any] | None, tokenizer: dict[str, Any] | None, data: dict[str, Any],
                     budget: dict[str, Any], environment: dict[str, Any], report: Any, train: Any,
-                    checkpoint: dict[str, Any] | None) -> "RunRecord":
+                    checkpoint: dict[str, Any] | None, predictions: dict[str, Any] | None = None) -> "RunRecord":
     """The record of a finished run: the writer's one constructor.
 
     Args:
@@ -261,9 +122,12 @@ def finished_result(identity: dict[str, Any], *, config: dict[str, Any], method_
         report: the method's :class:`~oelm.method.ParameterReport` (total / trainable / frozen
             counts, trainable %, groups, projections).
         train: the :class:`~oelm.training.TrainResult` (metric values in the metric's unit,
-            steps, early stop, ``timing``, ``stop_signal``: a SIGTERM/SIGINT that arrived during
-            the final evaluation: the run is complete and kept, the matrix stops after it).
+            steps, early stop, a language model's token accuracy (%), ``timing``,
+            ``stop_signal``: a SIGTERM/SIGINT that arrived during the final evaluation: the run
+            is complete and kept, the matrix stops after it).
         checkpoint: ``{path, sha256, bytes}`` of the best weights, or None.
+        predictions: ``{path, sha256, bytes, format}`` of a final run's per-example predictions
+            (:func:`oelm.predictions.predictions_record`), or None.
 
     Returns:
         The :class:`RunRecord` (``status`` "finished"); :func:`write_record` checks it against
@@ -296,10 +160,12 @@ def finished_result(identity: dict[str, Any], *, config: dict[str, Any], method_
             "test": train.test,
             "steps": train.steps,
             "early_stopped": train.early_stopped,
+            "token_accuracy": train.token_accuracy,
         },
         "timing": train.timing,
         "stop_signal": train.stop_signal,
         "checkpoint": checkpoint,
+        "predictions": predictions,
     })
 
 
@@ -333,6 +199,10 @@ def budget_record(*, steps: int, planned_steps: int, samples: Any, tokens: Any, 
         "epochs": epochs,
         "max_steps": max_steps,
     }
+
+
+#: ``RunRecord.promoted``'s default for ``predictions``: keep what the record has.
+_KEEP = object()
 
 
 def _get(section: str, key: str, doc: str | None = None) -> property:
@@ -381,6 +251,14 @@ class RunRecord:
     checkpoint = property(lambda self: self.raw.get("checkpoint"),
                           doc="``{path, sha256, bytes}`` of the best weights (None when not recorded).")
     tokenizer = property(lambda self: self.raw.get("tokenizer"), doc="``{spec, vocab_size, sha256}`` or None.")
+    vocab_size = property(lambda self: (self.tokenizer or {}).get("vocab_size"),
+                          doc="The oelm GPT tokenizer's ids (None for a pretrained model's, or in older results).")
+    predictions = property(lambda self: self.raw.get("predictions"),
+                           doc="``{path, sha256, bytes, format}`` of a final run's predictions.npz (None when not saved).")
+    token_accuracy = property(lambda self: self.performance.get("token_accuracy") or {},
+                              doc="A language model's token accuracy (%): best_validation, test ({} for classification).")
+    token_accuracy_best_validation = property(lambda self: self.token_accuracy.get("best_validation"))
+    token_accuracy_test = property(lambda self: self.token_accuracy.get("test"))
     task = property(lambda self: self.raw.get("task"), doc="The dataset's name (None in older results).")
     config = property(lambda self: self.raw.get("config") or {}, doc="The resolved experiment config, as a dict.")
     method_config = property(lambda self: self.raw.get("method_config") or {}, doc="The method's config, as a dict.")
@@ -455,12 +333,18 @@ class RunRecord:
         """This record with its ``executor`` block (where and when it trained, the runs beside it)."""
         return RunRecord(self.raw | {"executor": executor})
 
-    def promoted(self, test: float | None, test_seconds: float | None) -> "RunRecord":
+    def promoted(self, test: float | None, test_seconds: float | None, *, token_accuracy_test: float | None = None,
+                 predictions: Any = _KEEP) -> "RunRecord":
         """This finished sweep run promoted to its seed's final run: ``test`` (evaluated once from
         the best checkpoint, the metric's unit; None without a test split) and
-        ``timing.test_seconds``; stage final, selected, swept."""
+        ``timing.test_seconds``; a language model's test token accuracy (%) when given;
+        ``predictions`` (its predictions.npz record) when given; stage final, selected, swept."""
         timing = {} if test_seconds is None else {"timing": self.timing | {"test_seconds": test_seconds}}
-        return RunRecord(self.raw | {"performance": self.performance | {"test": test}} | timing
+        performance = self.performance | {"test": test}
+        if token_accuracy_test is not None:
+            performance["token_accuracy"] = self.token_accuracy | {"test": token_accuracy_test}
+        saved = {} if predictions is _KEEP else {"predictions": predictions}
+        return RunRecord(self.raw | {"performance": performance} | timing | saved
                          | {"stage": "final", "selected": True, "swept": True})
 
     def retrained_without_weights(self, sweep: "RunRecord", sweep_result: str) -> "RunRecord":

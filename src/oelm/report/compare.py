@@ -19,6 +19,8 @@ from oelm.io import read_jsonl
 from oelm.metrics import get_metric
 from oelm.records import MatrixFolder, RunRecord, grid_edge, read_sweep, superseded_final_runs
 from oelm.report.caveats import warnings_of
+from oelm.report.convergence import time_to_quality_comparison
+from oelm.report.uncertainty import uncertainty_comparison
 from oelm.report.stats import (
     CHANCE_MARGIN_POINTS,
     best_at_last_evaluation,
@@ -219,6 +221,10 @@ def compare_results(config, results: dict[str, list[RunRecord]], out: str | Path
         "execution": _execution(all_results),
         "host": platform.node(),
     }
+    # sections only where the runs recorded what they need (saved predictions; training seconds per
+    # validation): {} for results of older oelm versions, whose comparison stays as it was
+    comparison.update(uncertainty_comparison(comparison, results, out))
+    comparison.update(time_to_quality_comparison(comparison, results, records_of))
     comparison["warnings"] = warnings_of(comparison)
     return comparison
 

@@ -17,12 +17,14 @@ from oelm.metrics import Metric, get_metric
 from oelm.training.faults import is_oom, oom_error
 from oelm.training.metrics_log import log_train
 from oelm.training.precision import Precision
+from oelm.training.timing import training_progress
 
 if TYPE_CHECKING:
     from oelm.training.engine import Engine
+    from oelm.training.predictions import PredictionCollector
     from oelm.training.state import TrainState
 
-__all__ = ["early_stop_due", "evaluate", "evaluate_test", "stop_early", "validate"]
+__all__ = ["early_stop_due", "evaluate", "evaluate_test", "stop_early", "token_accuracy_fields", "token_accuracy_of", "validate"]
 
 
 def cpu_copy(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -34,6 +36,7 @@ def cpu_copy(model: nn.Module) -> dict[str, torch.Tensor]:
 def evaluate(
     model: nn.Module, loader: Iterable[dict[str, torch.Tensor]], metric: Metric | str,
     mixed_precision: str | Precision = "no", accelerator: Accelerator | None = None,
+    predictions: "PredictionCollector | None" = None,
 ) -> dict[str, float]:
     """Evaluate ``model`` on ``loader`` (under autocast when ``mixed_precision`` is bf16/fp16: a
     mode string, or the engine's :class:`~oelm.training.precision.Precision`).
@@ -43,9 +46,16 @@ def evaluate(
     drops the examples Accelerate repeated to even out the shards, so every example counts once
     and every process returns the same numbers.
 
+    ``predictions`` (:class:`~oelm.training.predictions.PredictionCollector`) is handed every
+    batch's logits, to keep per-example outcomes (the final runs' ``predictions.npz``), and the
+    returned dict as its ``result``.
+
     Returns:
-        ``{"value": accuracy % or perplexity, "loss": mean loss, "n": examples or tokens}``.
-        Perplexity is ``exp`` of the token-weighted mean next-token NLL.
+        ``{"value": accuracy % or perplexity, "loss": mean loss, "n": examples or tokens}``;
+        language modelling adds ``"token_accuracy"``: next-token top-1 accuracy in % of the
+        predicted tokens (the argmax of the logits at position t equals token t + 1; positions
+        labelled -100 are not counted). Perplexity is ``exp`` of the token-weighted mean
+        next-token NLL.
 
     Raises:
         OELMError: the loader is empty.
@@ -58,7 +68,7 @@ def evaluate(
     precision = mixed_precision if isinstance(mixed_precision, Precision) else Precision(mixed_precision, device)
     autocast = precision.autocast
     if accelerator is not None and accelerator.num_processes > 1:
-        loss_sum, count, correct = _gathered_sums(model, loader, classification, autocast, accelerator)
+        loss_sum, count, correct = _gathered_sums(model, loader, classification, autocast, accelerator, predictions)
     else:  # summed on the device in float64/int64 (the same arithmetic as Python floats): one sync at the end
         loss_total = torch.zeros((), dtype=torch.float64, device=device)  # sum of mean loss x n
         counts = torch.zeros(2, dtype=torch.int64, device=device)  # n, correct
@@ -72,18 +82,27 @@ def evaluate(
                 counts[1] += (out.logits.argmax(dim=-1) == labels).sum()
             else:
                 n = (labels[:, 1:] != -100).sum()
+                counts[1] += (out.logits[:, :-1].argmax(dim=-1) == labels[:, 1:]).sum()  # -100 never equals an id
             loss_total += out.loss.double() * n
+            if predictions is not None:
+                predictions.add(batch, out.logits)
             counts[0] += n
         loss_sum, count, correct = float(loss_total), int(counts[0]), int(counts[1])
     model.train(was_training)
     if count == 0:
         raise OELMError("the evaluation split is empty")
     mean_loss = loss_sum / count
-    value = 100.0 * correct / count if classification else math.exp(min(mean_loss, 700.0))
-    return {"value": value, "loss": mean_loss, "n": count}
+    if classification:
+        result = {"value": 100.0 * correct / count, "loss": mean_loss, "n": count}
+    else:
+        result = {"value": math.exp(min(mean_loss, 700.0)), "loss": mean_loss, "n": count, "token_accuracy": 100.0 * correct / count}
+    if predictions is not None:
+        predictions.result = result
+    return result
 
 
-def _gathered_sums(model, loader, classification: bool, autocast, accelerator: Accelerator) -> tuple[float, int, int]:
+def _gathered_sums(model, loader, classification: bool, autocast, accelerator: Accelerator,
+                   predictions: "PredictionCollector | None" = None) -> tuple[float, int, int]:
     """(loss sum, examples or tokens, correct) over every process's shard, each example once."""
     import torch.nn.functional as F
 
@@ -101,8 +120,11 @@ def _gathered_sums(model, loader, classification: bool, autocast, accelerator: A
             target = labels[:, 1:]
             nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), target, ignore_index=-100, reduction="none")  # (B, T-1)
             valid = (target != -100).float()
-            stats = torch.stack([nll.sum(1), valid.sum(1), torch.zeros_like(valid[:, 0])], dim=1)
+            right = (logits[:, :-1].argmax(-1) == target).float()  # -100 never equals an id
+            stats = torch.stack([nll.sum(1), valid.sum(1), right.sum(1)], dim=1)
         rows.append(accelerator.gather_for_metrics(stats).double().sum(0))  # (3,) per batch, over processes
+        if predictions is not None:
+            predictions.add(batch, logits, accelerator)
     if not rows:
         return 0.0, 0, 0
     total = torch.stack(rows).sum(0)
@@ -126,7 +148,8 @@ def validate(engine: "Engine", state: "TrainState", loader: DataLoader, at_step:
             raise
     state.last_eval = result
     record = {"type": "eval", "step": at_step, engine.metric.name: result["value"], "loss": result["loss"],
-              "elapsed_seconds": time.perf_counter() - engine.t_start}
+              **token_accuracy_fields(result), "elapsed_seconds": time.perf_counter() - engine.t_start,
+              **training_progress(engine)}
     engine.log.write(record)
     state.history.append(record)
     if state.best_value is None or engine.metric.better(result["value"], state.best_value):
@@ -173,13 +196,33 @@ def stop_early(engine: "Engine", state: "TrainState") -> None:
     state.history.append(record)
 
 
-def evaluate_test(engine: "Engine", state: "TrainState", test_loader: DataLoader | None) -> float | None:
+def evaluate_test(engine: "Engine", state: "TrainState", test_loader: DataLoader | None,
+                  predictions: "PredictionCollector | None" = None) -> float | None:
     """Evaluate the test split once (with the weights loaded: the best on validation) and log it
-    at the best step. Returns its value, or None without a test split."""
+    at the best step; ``predictions`` collects its per-example outcomes. Returns its value, or
+    None without a test split."""
     if test_loader is None:
         return None
     with engine.phases.measure("test"):
-        value = evaluate(engine.model, test_loader, engine.metric.name, engine.precision,
-                         accelerator=engine.accelerator)["value"]
-    engine.log.write({"type": "test", "step": state.best_step, engine.metric.name: value})
-    return value
+        result = evaluate(engine.model, test_loader, engine.metric.name, engine.precision, accelerator=engine.accelerator,
+                          predictions=predictions)
+    record = {"type": "test", "step": state.best_step, engine.metric.name: result["value"], **token_accuracy_fields(result)}
+    engine.log.write(record)
+    state.history.append(record)
+    return result["value"]
+
+
+def token_accuracy_fields(result: dict[str, float]) -> dict[str, float]:
+    """``{"token_accuracy": %}`` of a language-modelling evaluation; {} for classification."""
+    return {"token_accuracy": result["token_accuracy"]} if "token_accuracy" in result else {}
+
+
+def token_accuracy_of(history: list[dict], best_step: int) -> dict[str, float | None] | None:
+    """``{"best_validation": %, "test": % or None}``: the LM token accuracy of the validation at
+    ``best_step`` and of the test evaluation in a run's ``history``; None when its evaluations
+    have none (classification)."""
+    best = [r for r in history if r.get("type") == "eval" and r.get("step") == best_step and "token_accuracy" in r]
+    if not best:
+        return None
+    test = [r for r in history if r.get("type") == "test" and "token_accuracy" in r]
+    return {"best_validation": best[-1]["token_accuracy"], "test": test[-1]["token_accuracy"] if test else None}

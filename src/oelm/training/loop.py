@@ -22,7 +22,7 @@ from oelm.telemetry import GPUTelemetry
 from oelm.trackers import check_installed
 from oelm.training.checkpoint import remove_unfinished, save_best_weights, save_checkpoint, start_or_resume
 from oelm.training.engine import Engine, setup, with_learning_rate
-from oelm.training.evaluation import early_stop_due, evaluate_test, stop_early, validate, validated_at
+from oelm.training.evaluation import early_stop_due, evaluate_test, stop_early, token_accuracy_of, validate, validated_at
 from oelm.training.faults import StopSignals
 from oelm.training.metrics_log import log_train, start_trackers
 from oelm.training.rng import epoch_seed, restore_rng
@@ -32,6 +32,7 @@ from oelm.training.timing import EpochClock, run_timing
 
 if TYPE_CHECKING:
     from oelm.trackers import TrackedRun
+    from oelm.training.predictions import PredictionCollector
 
 __all__ = ["finish", "train"]
 
@@ -39,7 +40,7 @@ __all__ = ["finish", "train"]
 def train(model: nn.Module, train_loader: DataLoader, eval_loader: DataLoader, *, metric: Metric | str,
           config: TrainingConfig, learning_rate: float | None = None, run_dir: Path,
           test_loader: DataLoader | None = None, description: str = "train",
-          tracked: "TrackedRun | None" = None) -> TrainResult:
+          tracked: "TrackedRun | None" = None, predictions: bool = False) -> TrainResult:
     """Train ``model`` and select the best weights on ``eval_loader``; resumable at any step.
 
     ``learning_rate`` (the peak rate after warmup) defaults to ``config.learning_rate``; given,
@@ -47,7 +48,11 @@ def train(model: nn.Module, train_loader: DataLoader, eval_loader: DataLoader, *
     accumulation, warm-up, checkpoints and resume, early stopping, faults and the returned timing
     are described in the package docstring of :mod:`oelm.training`. ``config.report_to``'s W&B /
     MLflow trackers get every metrics record as a run named ``run_dir``'s name (``tracked``: its
-    project, config and output folder; :class:`oelm.trackers.TrackedRun`).
+    project, config and output folder; :class:`oelm.trackers.TrackedRun`). With ``predictions``
+    (a matrix's final runs) the best weights' per-example predictions on the validation split (and
+    the test split, when given: kept during its one evaluation) are saved to
+    ``run_dir/predictions.npz``; the validation split is evaluated once more for them, after the
+    run's timings were taken (:func:`oelm.training.predictions.save_final_predictions`).
 
     Raises:
         TrainingDivergedError: (``RunFaultError``, kind ``"nan"``) NaN/Inf loss, gradients or weights.
@@ -100,13 +105,36 @@ def train(model: nn.Module, train_loader: DataLoader, eval_loader: DataLoader, *
     if stop_signal is not None:
         warnings.warn(f"{stop_signal} received during the final evaluation; the run was finished first",
                       RuntimeWarning, stacklevel=2)
-    test_value = finish(engine, state, test_loader)
+    test_rows = _test_collector(test_loader, engine) if predictions else None
+    test_value = finish(engine, state, test_loader, test_rows)
+    timing = run_timing(engine, state, warmup_seconds, telemetry.summary())
+    # after the timings: the validation predictions pass is in no run time
+    saved = _save_predictions(engine, state, eval_loader, test_loader, test_rows) if predictions else None
     return TrainResult(
         metric=engine.metric.name, best_validation=float(state.best_value), best_step=state.best_step,
         final_validation=float(state.last_eval["value"]), final_train_loss=state.last_loss, steps=state.step,
-        test=test_value, timing=run_timing(engine, state, warmup_seconds, telemetry.summary()),
-        history=state.history, stop_signal=stop_signal, early_stopped=stopped_early,
+        test=test_value, timing=timing, history=state.history, stop_signal=stop_signal, early_stopped=stopped_early,
+        token_accuracy=token_accuracy_of(state.history, state.best_step), predictions=saved,
     )
+
+
+def _test_collector(test_loader: DataLoader | None, engine: Engine) -> "PredictionCollector | None":
+    """The collector of the test split's per-example outcomes (its one evaluation fills it)."""
+    from oelm.training.predictions import collector_for  # only final runs save predictions
+
+    return None if test_loader is None else collector_for(test_loader, engine.metric.name)
+
+
+def _save_predictions(engine: Engine, state: TrainState, eval_loader: DataLoader, test_loader: DataLoader | None,
+                      test_rows: "PredictionCollector | None") -> dict:
+    """Per-example predictions of the best weights (loaded by :func:`finish`): the validation split
+    evaluated once more, the test split as its one evaluation collected them."""
+    from oelm.training.predictions import save_final_predictions
+
+    return save_final_predictions(engine.model, {"validation": eval_loader, "test": test_loader}, engine.metric.name,
+                                  engine.precision, run_dir=engine.run_dir, step=state.best_step,
+                                  accelerator=engine.accelerator, is_main=engine.is_main,
+                                  evaluated={"test": test_rows})
 
 
 def _run_epochs(engine: Engine, state: TrainState, loaders: tuple, generators: list, base_seeds: list,
@@ -190,15 +218,17 @@ def _interrupt(engine: Engine, state: TrainState, stop: StopSignals) -> None:
     )
 
 
-def finish(engine: Engine, state: TrainState, test_loader: DataLoader | None) -> float | None:
+def finish(engine: Engine, state: TrainState, test_loader: DataLoader | None,
+           test_predictions: "PredictionCollector | None" = None) -> float | None:
     """Load and save the best-on-validation weights (rank 0), evaluate the test split once with
-    them, close the log and remove the resumable checkpoints. Returns the test value (None
-    without a test split)."""
+    them (``test_predictions``: a :class:`~oelm.training.predictions.PredictionCollector` that keeps
+    its per-example outcomes), close the log and remove the resumable checkpoints. Returns the
+    test value (None without a test split)."""
     import shutil
 
     try:
         save_best_weights(engine, state)
-        test_value = evaluate_test(engine, state, test_loader)
+        test_value = evaluate_test(engine, state, test_loader, test_predictions)
     finally:
         engine.log.close()
     engine.barrier()

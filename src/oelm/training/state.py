@@ -34,6 +34,12 @@ class TrainResult:
     history: list[dict[str, Any]] = field(default_factory=list)
     stop_signal: str | None = None  # SIGTERM/SIGINT that arrived during the final evaluation
     early_stopped: bool = False  # stopped by training.early_stopping_patience before the planned steps
+    #: LM only: next-token top-1 accuracy (%) at the best validation and on the test split
+    #: (:func:`oelm.training.evaluation.token_accuracy_of`); None for classification
+    token_accuracy: dict[str, float | None] | None = None
+    #: with ``train(predictions=True)``: per split the value / loss / n of the predictions pass and
+    #: its seconds (:func:`oelm.training.predictions.save_final_predictions`); else None
+    predictions: dict[str, Any] | None = None
 
 
 @dataclass

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from oelm.training.engine import Engine
     from oelm.training.state import TrainState
 
-__all__ = ["EpochClock", "run_timing"]
+__all__ = ["EpochClock", "run_timing", "training_progress"]
 
 
 class EpochClock:
@@ -76,6 +76,36 @@ def run_timing(engine: "Engine", state: "TrainState", warmup_seconds: float,
     timing["mfu"] = _mfu(e, summary)
     timing["gpu_telemetry"] = telemetry
     return timing
+
+
+def training_progress(engine: "Engine") -> dict[str, Any]:
+    """How much training the weights of a validation have had, for its ``metrics.jsonl`` record
+    (the x axes of AUCC and time-to-quality, :mod:`oelm.report.convergence`):
+
+    * ``train_wall_seconds`` — seconds of optimizer steps plus the device's waits for data, summed
+      over the steps so far (over resumes too: the step timer is checkpointed); validation,
+      checkpoints, start-up and the warm-up passes before the first step are not in it;
+    * ``train_tokens`` — tokens trained on so far, all processes;
+    * ``train_flops`` — ``train_tokens`` x the FLOPs per token a step executes
+      (:func:`oelm.flops.executed_flops_per_token`: 6N + 12LHT less the weight gradients a frozen
+      weight skips, at the mean tokens per sequence so far); None when the model's layers and
+      width cannot be read.
+
+    Reads the step timer's summary, which flushes it (on CUDA a wait for the last step's event;
+    a validation synchronizes the device anyway).
+    """
+    from oelm.flops import executed_flops_per_token
+
+    summary = engine.timer.summary()  # flushes the ended steps first
+    tokens, samples = summary["tokens"] * engine.world_size, summary["samples"]
+    flops = 0.0 if not tokens else None
+    if tokens and samples:
+        try:
+            flops = tokens * executed_flops_per_token(engine.unwrapped, max(1, round(summary["tokens"] / samples)))
+        except (ValueError, AttributeError, TypeError):
+            flops = None
+    return {"train_wall_seconds": summary["train_step_seconds"] + (summary.get("data_stall_seconds") or 0.0),
+            "train_tokens": tokens, "train_flops": flops}
 
 
 def _mfu(engine: "Engine", summary: dict[str, Any]) -> dict[str, Any] | None:

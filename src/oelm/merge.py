@@ -1,0 +1,81 @@
+"""The way back out of :func:`oelm.apply_oelm`: :func:`merge_and_unload` (PEFT's name), and
+:data:`OELM_ATTRIBUTES`, what ``apply_oelm`` puts on a model. (A split model's own
+``save_pretrained`` writes the stock layout: :mod:`oelm.recipe`.) Re-exported from
+:mod:`oelm.method`."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from torch import nn
+
+from oelm.architectures import ARCHITECTURE_ATTRIBUTE, fuse_split_projections
+from oelm.parameters import print_trainable_parameters, require_module
+from oelm.recipe import CHECKPOINT_ATTRIBUTES, detach_checkpoint_hooks
+
+__all__ = ["OELM_ATTRIBUTES", "merge_and_unload"]
+
+
+#: Instance attributes :func:`apply_oelm` sets on the model (and :func:`merge_and_unload` removes):
+#: the report, the config, a PEFT-style ``print_trainable_parameters``, the checkpoint hooks of
+#: :mod:`oelm.recipe` (``save_pretrained`` in the stock layout, the load hook's handle), and the
+#: spec ``target_modules`` gave.
+OELM_ATTRIBUTES = ("oelm_report", "oelm_config", "print_trainable_parameters", *CHECKPOINT_ATTRIBUTES, ARCHITECTURE_ATTRIBUTE)
+
+
+def _is_bound(value: Any, func: Any) -> bool:
+    return isinstance(value, functools.partial) and value.func is func
+
+
+def merge_and_unload(model: nn.Module) -> nn.Module:
+    """Turn an OELM model back into a plain model of its architecture, in place, and return it.
+
+    PEFT's name for the way out. Every :class:`SplitQKV` is fused back into the architecture's
+    own module and layout with the trained values (GPT-2 ``c_attn``: a ``Conv1D`` with weight
+    ``[hidden, 3*hidden]``; GPT-NeoX ``query_key_value``: an ``nn.Linear`` with rows
+    ``[num_heads, 3, head_dim]``; see :meth:`SplitQKV.fuse`), so the state dict has the stock
+    parameter names and ``model.save_pretrained(dir)`` writes a checkpoint that a stock
+    ``from_pretrained(dir)`` loads with no missing or unexpected keys. Outputs are unchanged up to
+    floating-point summation order. Then every attribute in :data:`OELM_ATTRIBUTES` is removed
+    (the report, the config, ``print_trainable_parameters``, oelm's ``save_pretrained``, so the
+    class's own is back, and the load hook; a recipe that a stock ``from_pretrained`` put on
+    ``model.config`` goes too), and ``apply_oelm`` may be applied again.
+
+    Freezing is unloaded too: every parameter gets ``requires_grad=True``, as in a model that
+    ``from_pretrained`` returns, since nothing marks the model as OELM any more (extra groups
+    and parameters frozen by hand included). To train on with Q/K frozen, do not merge yet, or
+    apply ``oelm_freeze`` again with ``init="none"`` (it keeps the values and freezes them).
+
+    A model without split modules and without OELM attributes (never touched by ``apply_oelm``)
+    is returned unchanged (``requires_grad`` flags included). A model with OELM attributes but
+    nothing split (BERT, Llama, ...: separate Q/K already) keeps its modules and parameter names;
+    its attributes are removed and its parameters made trainable.
+
+    Args:
+        model: the model ``apply_oelm`` ran on (not a DistributedDataParallel / ``torch.compile``
+            wrapper: unwrap it first); any device and dtype, kept.
+
+    Returns:
+        ``model`` itself.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``.
+        ValueError: a :class:`SplitQKV` whose query/key/value disagree on bias or input size
+            (not one that ``apply_oelm`` made).
+    """
+    require_module(model, "merge_and_unload")
+    fused = fuse_split_projections(model)
+    detached = detach_checkpoint_hooks(model)
+    attributes = vars(model)
+    # a method of that name the user set on the instance is theirs: only oelm's partial goes
+    ours = [n for n in ("oelm_report", "oelm_config", ARCHITECTURE_ATTRIBUTE) if n in attributes]
+    if _is_bound(attributes.get("print_trainable_parameters"), print_trainable_parameters):
+        ours.append("print_trainable_parameters")
+    if not fused and not ours and not detached:
+        return model
+    for name in ours:
+        delattr(model, name)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    return model

@@ -1,0 +1,193 @@
+"""The schema of ``runs/<name>/result.json`` (:class:`RunResult`, checked on every read and before
+every write by :mod:`oelm.records.result`) and of a ``metrics.jsonl`` evaluation line
+(:class:`EvalRecord`, documented, not validated). A field another part of oelm adds to a result
+is declared here and read through a :class:`~oelm.records.result.RunRecord` property.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from typing_extensions import TypedDict  # pydantic validates it (typing.TypedDict only from Python 3.12)
+
+__all__ = ["RunResult", "Performance", "TokenAccuracy", "Mfu", "Timing", "Environment", "Parameters", "Data",
+           "Executor", "Predictions", "EvalRecord"]
+
+
+class TokenAccuracy(TypedDict, total=False):
+    """``result["performance"]["token_accuracy"]``: a language model's next-token top-1 accuracy
+    (%) at the best step on validation, and on the test split (None without one)."""
+
+    best_validation: float | None
+    test: float | None
+
+
+class Performance(TypedDict, total=False):
+    """``result["performance"]``: metric values in the metric's unit (accuracy %, perplexity);
+    None where a value was not finite (JSON has no NaN)."""
+
+    metric: str
+    best_validation: float | None
+    best_step: int | None
+    final_validation: float | None
+    final_train_loss: float | None
+    test: float | None
+    steps: int | None  # optimizer steps taken
+    early_stopped: bool  # training.early_stopping_patience ended it before budget.planned_steps (absent in older results)
+    token_accuracy: TokenAccuracy | None  # language modelling only (None for classification; absent in older results)
+
+
+class Predictions(TypedDict, total=False):
+    """``result["predictions"]``: the final run's per-example predictions file
+    (:mod:`oelm.predictions`): ``path`` relative to the run folder, ``sha256`` (hex), ``bytes``,
+    ``format`` (its layout's version)."""
+
+    path: str
+    sha256: str
+    bytes: int
+    format: int
+
+
+class EvalRecord(TypedDict, total=False):
+    """One ``{"type": "eval"}`` line of a run's ``metrics.jsonl`` (written by
+    :mod:`oelm.training.evaluation`; not validated on read: :func:`oelm.report.read_metrics` skips
+    a line whose step or numbers are not numbers). The metric's value is under its name
+    (``accuracy`` %, ``perplexity``); the rest absent in older runs."""
+
+    type: Literal["eval", "train", "test"]
+    step: int
+    loss: float | None
+    elapsed_seconds: float | None  # since the run's start (wall clock)
+    token_accuracy: float | None  # language modelling: next-token top-1 accuracy (%)
+    train_wall_seconds: float | None  # seconds spent training up to this evaluation (evaluations excluded)
+    train_tokens: int | None  # tokens trained on up to this evaluation
+    train_flops: float | None  # model FLOPs trained up to this evaluation (oelm.flops)
+
+
+class Mfu(TypedDict, total=False):
+    """``result["timing"]["mfu"]`` (:func:`oelm.environment.mfu_record`): model FLOPs utilization
+    (a fraction) and the peak (FLOP/s) it divides by; with a measured peak also when that peak was
+    taken (UTC, its age in s) and the machine's 1-minute load average then and at the run's end
+    (absent in older results)."""
+
+    mfu: float | None
+    flops_per_token: float | None
+    tokens_per_second: float | None
+    peak_flops: float | None
+    peak_source: str | None  # "datasheet:<GPU>", "measured-probe", "measured-interleaved"
+    peak_precision: str | None
+    precision: str | None
+    peak_measured_utc: str | None
+    peak_age_s: float | None
+    peak_load_1min: float | None
+    load_1min: float | None
+
+
+class Timing(TypedDict, total=False):
+    """The parts of ``result["timing"]`` the readers use (seconds, ms, tokens/s; the rest is free)."""
+
+    device: str | None
+    mixed_precision: str | None
+    total_seconds: float | None
+    train_seconds: float | None
+    tokens_per_second: float | None
+    compile_seconds: float | None
+    timing_warmup_steps_excluded: int | None
+    per_step_ms: dict[str, Any] | None  # median, mean, p10, p90 (ms), n
+    step_ms: list[float | None] | None  # every measured step
+    mfu: Mfu | None
+    gpu_telemetry: dict[str, Any] | None
+
+
+class Environment(TypedDict, total=False):
+    """The parts of ``result["environment"]`` the readers use."""
+
+    hostname: str | None
+    device: str | None
+    cpu_model: str | None
+    python: str | None
+    platform: str | None
+    torch_num_threads: int | None
+    packages: dict[str, Any] | None
+    cuda: dict[str, Any] | None
+    matmul_probe: dict[str, Any] | None  # gflops (GFLOP/s) before the run
+    matmul_probe_after: dict[str, Any] | None
+    matmul_probe_drift_percent: float | None
+
+
+class Parameters(TypedDict, total=False):
+    """``result["parameters"]``: counts of the model's parameters."""
+
+    total: int | None
+    trainable: int | None
+    frozen: int | None
+    trainable_percent: float | None
+    groups: dict[str, Any] | None
+
+
+class Data(TypedDict, total=False):
+    """The parts of ``result["data"]`` the readers use: per split sizes and label counts."""
+
+    num_labels: int | None
+    train: dict[str, Any] | None
+    validation: dict[str, Any] | None
+    test: dict[str, Any] | None
+
+
+class Executor(TypedDict, total=False):
+    """The parts of ``result["executor"]`` the readers use: where and how a run trained (the rest,
+    lanes, times, pids, is free)."""
+
+    name: str
+    node: str | None
+    threads: int | None  # torch intra-op threads the run trained with (absent in older results)
+    shared_node: bool
+    overlapped: list[dict[str, Any]]
+
+
+class RunResult(TypedDict, total=False):
+    """The schema of ``runs/<name>/result.json`` (a plain JSON object on disk).
+
+    Identity: ``method``, ``seed``, ``run_name``, ``learning_rate``, ``stage`` ("sweep" |
+    "final"), ``selected``, ``task``, ``model``. ``status`` is "finished" or "failed"; a failed
+    run has ``failure`` {kind, message, step} and no numbers. A finished run has ``config``,
+    ``method_config``, ``init_from``, ``tokenizer`` ({spec, vocab_size, sha256}:
+    :func:`oelm.data.lm.tokenizer_record`; absent in older results), ``data`` (per split sizes,
+    label counts), ``budget``
+    (steps and steps_run: taken, planned_steps; samples, tokens, batch sizes, accumulation, world
+    size), ``environment``,
+    ``parameters`` (total / trainable / frozen, per group), ``projections``, ``performance``
+    (:class:`Performance`), ``timing`` (see :func:`oelm.training.train`) and ``stop_signal``,
+    and (with ``training.save_best_checkpoint``) ``checkpoint`` {path (relative to the run
+    folder), sha256 (hex), bytes} of its best weights (:meth:`RunFolder.checkpoint_record
+    <oelm.records.folder.RunFolder.checkpoint_record>`), checked by
+    :meth:`~oelm.records.folder.RunFolder.verify_weights` whenever those weights are reused; a
+    final run's ``predictions`` (:class:`Predictions`, None for a sweep run).
+    """
+
+    method: str
+    seed: int
+    run_name: str
+    learning_rate: float
+    stage: Literal["sweep", "final"] | None
+    selected: bool
+    swept: bool
+    task: str
+    model: str
+    status: Literal["finished", "failed"]
+    failure: dict[str, Any]
+    config: dict[str, Any]
+    method_config: dict[str, Any]
+    init_from: dict[str, Any] | None
+    tokenizer: dict[str, Any] | None
+    data: Data
+    budget: dict[str, Any]
+    environment: Environment
+    parameters: Parameters
+    projections: list[dict[str, Any]]
+    performance: Performance
+    timing: Timing
+    stop_signal: str | None
+    checkpoint: dict[str, Any] | None
+    predictions: Predictions | None
+    executor: Executor  # where it trained: name, node, threads (torch's), shared_node, overlapped

@@ -1,0 +1,210 @@
+"""Uncertainty over seeds x test examples (oelm.report.uncertainty), checked against independent
+computation: a 2-method x 3-seed comparison on the real SST-2 validation sentences (872) with saved
+predictions, its hierarchical bootstrap interval against a brute-force bootstrap written here, and
+McNemar against scipy.stats and a hand count.
+
+The predictions are deterministic STAND-INS derived from the real labels, not a trained model's:
+per (method, seed) a fixed random generator decides which examples are right (an example-level
+difficulty shared by all runs, a seed effect, a method effect), and the prediction is the label
+or the other class. What is tested is the statistics and the file path they read, not a model."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from oelm.config import config_from_dict
+from oelm.predictions import predictions_record, write_predictions
+from oelm.records import RunRecord
+from oelm.report import compare_results, write_comparison
+from oelm.report.uncertainty import hierarchical_bootstrap, mcnemar, seeds_needed
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+SEEDS = (0, 1, 2)
+RATE = {"baseline": 0.86, "oelm_freeze": 0.83}  # mean accuracy of each stand-in method
+SEED_SHIFT = {0: 0.0, 1: 0.015, 2: -0.01}
+
+
+def _sst2_labels(data_dir: Path) -> np.ndarray:
+    frame = pd.read_parquet(data_dir / "sst2" / "validation.parquet")
+    assert len(frame) == 872 and set(frame["label"]) == {0, 1}
+    return frame["label"].to_numpy(np.int64)
+
+
+def _stand_in(labels: np.ndarray, method: str, seed: int) -> dict[str, np.ndarray]:
+    """Deterministic predictions of one (method, seed) on ``labels`` (see the module docstring)."""
+    difficulty = np.random.default_rng(7).normal(0.0, 1.0, len(labels))  # the same for every run: examples are crossed with seeds
+    p_right = 1 / (1 + np.exp(-(math.log(RATE[method] / (1 - RATE[method])) + 4 * SEED_SHIFT[seed] - 1.2 * difficulty)))
+    rng = np.random.default_rng(1000 * list(RATE).index(method) + seed)
+    right = rng.random(len(labels)) < p_right
+    margin = np.where(right, 1, -1) * rng.uniform(0.05, 3.0, len(labels))
+    order = rng.permutation(len(labels))  # saved in a loader order, not the dataset's: the reader must align by index
+    cols = {"index": np.arange(len(labels)), "label": labels, "prediction": np.where(right, labels, 1 - labels),
+            "margin": margin, "loss": np.log1p(np.exp(-margin))}
+    return {k: v[order] for k, v in cols.items()}
+
+
+def _write_run(out: Path, method: str, seed: int, labels: np.ndarray | None, test_accuracy: float | None = None) -> RunRecord:
+    """A finished final run's folder: result.json and, with ``labels``, predictions.npz of its test split."""
+    run = out / "runs" / f"{method}-seed{seed}"
+    run.mkdir(parents=True)
+    if labels is not None:
+        test = _stand_in(labels, method, seed)
+        valid = {k: v[:100] for k, v in test.items()}  # the validation split is not what this file tests
+        write_predictions(run, "classification", {"validation": valid, "test": test},
+                          {"metric": "accuracy", "step": 10, "splits": {}})
+        test_accuracy = 100 * float(np.mean(test["label"] == test["prediction"]))
+    result = {"method": method, "seed": seed, "run_name": run.name, "stage": "final", "status": "finished",
+              "task": "sst2", "model": "stand-in",
+              "data": {"num_labels": 2, "validation": {"majority_class_percent": 50.92}},
+              "performance": {"metric": "accuracy", "best_validation": test_accuracy, "final_validation": test_accuracy,
+                              "test": test_accuracy, "best_step": 10, "steps": 10, "final_train_loss": 0.3},
+              "timing": {"total_seconds": 10.0}, "predictions": predictions_record(run)}
+    (run / "result.json").write_text(json.dumps(result))
+    return RunRecord(result)
+
+
+def _config(methods):
+    return config_from_dict({"name": "stand-in", "task": {"dataset": "sst2", "test_split": "test"},
+                             "model": {"gpt": "gpt-tiny"}, "methods": [{"name": m} for m in methods],
+                             "seeds": list(SEEDS)})
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory, data_dir):
+    """baseline and oelm_freeze with saved predictions (3 seeds each); oelm_random without any."""
+    out = tmp_path_factory.mktemp("uncertainty")
+    labels = _sst2_labels(Path(data_dir))
+    results = {m: [_write_run(out, m, s, labels) for s in SEEDS] for m in RATE}
+    results["oelm_random"] = [_write_run(out, "oelm_random", s, None, test_accuracy=80.0 + s) for s in SEEDS]
+    return out, labels, results
+
+
+def _correct(out: Path, labels: np.ndarray, method: str, seed: int) -> np.ndarray:
+    """Right/wrong per example in dataset order, from the raw file (not through oelm's reader)."""
+    with np.load(out / "runs" / f"{method}-seed{seed}" / "predictions.npz") as z:
+        index, label, pred = z["test/index"], z["test/label"], z["test/prediction"]
+    right = np.empty(len(labels), dtype=bool)
+    right[index] = label == pred
+    assert np.array_equal(np.sort(index), np.arange(len(labels))) and np.array_equal(label, labels[index])
+    return right
+
+
+def test_interval_matches_a_brute_force_bootstrap(matrix):
+    out, labels, results = matrix
+    c = compare_results(_config(list(results)), results, out)
+    u = c["uncertainty"]
+    assert u["split"] == "test" and u["example_draw"] == "shared"
+    freeze = u["methods"]["oelm_freeze"]
+    assert freeze["interval"] == "seeds × examples" and freeze["seeds"] == [0, 1, 2] and freeze["examples"] == 872
+
+    base = {s: _correct(out, labels, "baseline", s) for s in SEEDS}
+    other = {s: _correct(out, labels, "oelm_freeze", s) for s in SEEDS}
+    gaps = [100 * (other[s].mean() - base[s].mean()) for s in SEEDS]
+    assert freeze["gap"] == pytest.approx(np.mean(gaps), abs=1e-9)
+
+    # brute force, written from the definition: draw 3 seeds with replacement, then 872 examples with
+    # replacement (one draw for every seed and both methods), average the drawn seeds' accuracy gaps
+    rng = np.random.default_rng(12345)
+    reps = []
+    for _ in range(3000):
+        seeds = rng.integers(0, 3, 3)
+        rows = rng.integers(0, 872, 872)
+        reps.append(np.mean([100 * (other[s][rows].mean() - base[s][rows].mean()) for s in seeds]))
+    low, high = np.percentile(reps, [2.5, 97.5])
+    se = np.std(reps, ddof=1)
+    assert freeze["se"] == pytest.approx(se, rel=0.08)
+    assert abs(freeze["ci95"][0] - low) < 0.25 * se and abs(freeze["ci95"][1] - high) < 0.25 * se
+    # the seed-only interval leaves the test set out: the Student-t interval over the 3 per-seed gaps
+    t_low, t_high = stats.t.interval(0.95, 2, loc=np.mean(gaps), scale=stats.sem(gaps))
+    assert freeze["seed_only"]["ci95"] == pytest.approx([t_low, t_high], abs=1e-9)
+
+
+def test_per_seed_example_draws_match_their_brute_force_and_are_narrower(matrix):
+    """The nested variant (a fresh example draw per drawn seed) against its own brute force; with a
+    test set shared by every run it understates the test set's share, so its interval is narrower."""
+    out, labels, _ = matrix
+    base = np.stack([_correct(out, labels, "baseline", s) for s in SEEDS]).astype(float)
+    other = np.stack([_correct(out, labels, "oelm_freeze", s) for s in SEEDS]).astype(float)
+    nested = hierarchical_bootstrap(other - base, transform="points", replicates=6000, example_draw="per_seed")
+    rng = np.random.default_rng(99)
+    reps = [np.mean([100 * (other[s][r] - base[s][r]).mean() for s in rng.integers(0, 3, 3)
+                     for r in [rng.integers(0, 872, 872)]]) for _ in range(3000)]
+    se = np.std(reps, ddof=1)
+    assert nested["se"] == pytest.approx(se, rel=0.08)
+    assert abs(nested["ci"][0] - np.percentile(reps, 2.5)) < 0.25 * se
+    shared = hierarchical_bootstrap(other - base, transform="points", replicates=6000)
+    assert shared["se"] > nested["se"]
+    # reproducible: the same seed gives the same replicates
+    assert hierarchical_bootstrap(other - base, transform="points", replicates=500) == \
+        hierarchical_bootstrap(other - base, transform="points", replicates=500)
+
+
+def test_mcnemar_matches_scipy_and_a_hand_count(matrix):
+    out, labels, results = matrix
+    c = compare_results(_config(list(results)), results, out)
+    rows = c["uncertainty"]["methods"]["oelm_freeze"]["mcnemar"]
+    assert [r["seed"] for r in rows] == [0, 1, 2]
+    for r in rows:
+        base, other = _correct(out, labels, "baseline", r["seed"]), _correct(out, labels, "oelm_freeze", r["seed"])
+        b = sum(1 for x, y in zip(base, other) if x and not y)  # counted by hand, one example at a time
+        cc = sum(1 for x, y in zip(base, other) if y and not x)
+        n = b + cc
+        assert (r["b"], r["c"], r["n_discordant"]) == (b, cc, n) and n > 25
+        assert r["p_exact"] == pytest.approx(stats.binomtest(cc, n, 0.5).pvalue, rel=1e-12)
+        exact = min(1.0, 2 * sum(math.comb(n, i) for i in range(min(b, cc) + 1)) / 2 ** n)  # the textbook formula
+        assert r["p_exact"] == pytest.approx(exact, rel=1e-9)
+        chi2 = (abs(b - cc) - 1) ** 2 / n
+        assert r["chi2_cc"] == pytest.approx(chi2) and r["p_chi2_cc"] == pytest.approx(stats.chi2.sf(chi2, 1))
+    assert mcnemar([True, False], [True, False]) == {"b": 0, "c": 0, "n_discordant": 0, "p_exact": 1.0,
+                                                     "chi2_cc": 0.0, "p_chi2_cc": 1.0}
+
+
+def test_runs_without_predictions_get_a_seed_only_interval_in_the_same_table(matrix):
+    out, _, results = matrix
+    c = write_comparison(_config(list(results)), results, out)
+    rnd = c["uncertainty"]["methods"]["oelm_random"]
+    assert rnd["interval"] == "seed-only interval" and "no saved test predictions" in rnd["reason"]
+    base = [r.test for r in results["baseline"]]
+    gaps = [80.0 + s - base[s] for s in SEEDS]
+    assert rnd["gap"] == pytest.approx(np.mean(gaps))
+    assert rnd["ci95"] == pytest.approx(list(stats.t.interval(0.95, 2, loc=np.mean(gaps), scale=stats.sem(gaps))))
+    md = (out / "report.md").read_text()
+    section = md.split("## Uncertainty over seeds × test examples", 1)[1].split("\n## ", 1)[0]
+    assert next(l for l in section.splitlines() if l.startswith("| oelm_random |")).count("seed-only interval") == 1
+    freeze_row = next(l for l in section.splitlines() if l.startswith("| oelm_freeze |"))
+    lo, hi = c["uncertainty"]["methods"]["oelm_freeze"]["ci95"]
+    assert "seeds × examples" in freeze_row and f"[{lo:+.2f}, {hi:+.2f}]" in freeze_row
+
+
+def test_a_damaged_predictions_file_is_one_note_and_a_seed_only_interval(matrix, tmp_path):
+    import shutil
+
+    out, _, results = matrix
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    path = copy / "runs" / "oelm_freeze-seed1" / "predictions.npz"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # a flipped byte, as a bad disk or copy leaves it
+    path.write_bytes(bytes(data))
+    c = compare_results(_config(list(results)), results, copy)
+    freeze = c["uncertainty"]["methods"]["oelm_freeze"]
+    assert freeze["interval"] == "seed-only interval" and "seed(s) 1" in freeze["reason"]
+    (note,) = c["uncertainty"]["notes"]
+    assert "\n" not in note and str(path) in note and "is corrupted" in note and "result.json" in note
+
+
+def test_seeds_needed_is_the_smallest_n_whose_t_interval_fits():
+    s, x = 1.2, 1.0
+    n = seeds_needed(s, x)
+    assert n == next(k for k in range(2, 100) if stats.t.ppf(0.975, k - 1) * s / math.sqrt(k) <= x)
+    assert stats.t.ppf(0.975, n - 2) * s / math.sqrt(n - 1) > x
+    # the test set's own error is a floor that more seeds cannot lower
+    assert seeds_needed(s, x, test_se=0.3) > n
+    assert seeds_needed(s, x, test_se=x / 1.9) is None and seeds_needed(None, x) is None
