@@ -1,4 +1,4 @@
-"""Command line: ``oelm run | plan | stop | monitor | inspect | report | configs | init | bench | env``.
+"""Command line: ``oelm run | plan | stop | monitor | inspect | report | diagnose | configs | init | bench | env``.
 
 Every deliberate error (bad config, missing data, unsupported model) is printed as one line
 ``oelm: error: ...`` with exit status 2; anything else is a bug and keeps its traceback.
@@ -231,6 +231,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    from oelm.matrix.diagnose import diagnose_output
+
+    written = diagnose_output(Path(args.dir), force=args.force)
+    print(f"diagnostics: {len(written)} run(s) written; `oelm report {args.dir}` puts them in the report")
+    return 0
+
+
 def _checked_checkpoints(out: Path, results: dict[str, list[dict]]) -> tuple[list[str], int]:
     """The final finished runs' best weights against the sha256 in their ``result.json``: one
     message per file that is there but does not match, and the number of recorded files that are
@@ -456,6 +464,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", parents=[env], help="write comparison.json, original_layout.json, report.md and a self-contained report.html from the runs")
     p.add_argument("dir", help="an `oelm run` output directory")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("diagnose", parents=[env], help="attention diagnostics (entropy, logit scale, effective rank, "
+                       "overlap) of finished final runs that lack them, from their best weights: runs/<run>/diagnostics.json")
+    p.add_argument("dir", help="an `oelm run` output directory")
+    p.add_argument("--force", action="store_true", help="recompute diagnostics.json files that exist")
+    p.set_defaults(func=cmd_diagnose)
 
     p = sub.add_parser("inspect", parents=[env], help="show where Q/K projections are and the parameter table per method")
     p.add_argument(

@@ -32,6 +32,7 @@ from oelm.runs import BEST_CHECKPOINT, PlannedRun, checkpoint_record, read_statu
 from oelm.runs import write_status as _write_status_file
 from oelm.trackers import TrackedRun
 
+from oelm.matrix.diagnose import run_diagnostics
 from oelm.matrix.plan import RunTask
 from oelm.matrix.store import MatrixFolder
 
@@ -127,6 +128,8 @@ def _train(ctx: RunContext, run: PlannedRun, run_dir: Path, *, evaluate_test: bo
     environment["matmul_probe_after"] = env_after.get("matmul_probe")
     environment["load_average_after"] = env_after.get("load_average")
     environment["matmul_probe_drift_percent"] = probe_drift_percent(before, after) if before and after else None
+    # a final run's attention diagnostics of its best weights: after every timing and the speed probe
+    diagnostics = run_diagnostics(model, config, data, log) if evaluate_test else None
     processes = result.timing.get("num_processes", 1)
     # A batch larger than the training set is one batch of the whole set: record what ran.
     batch_size = min(training.batch_size, math.ceil(len(data.train) / processes))
@@ -184,6 +187,7 @@ def _train(ctx: RunContext, run: PlannedRun, run_dir: Path, *, evaluate_test: bo
         "checkpoint": checkpoint_record(run_dir) if training.save_best_checkpoint and is_main_process() else None,
         # path, sha256 and size of the final run's per-example predictions (oelm.predictions); None for a sweep run
         "predictions": predictions_record(run_dir) if is_main_process() else None,
+        "diagnostics": diagnostics,  # oelm.diagnostics on the fixed validation batch; None for a sweep run
     }
 
 
@@ -383,6 +387,7 @@ def promote(config: ExperimentConfig, entry: MethodEntry, run: PlannedRun, data:
         save_final_predictions(model, {"validation": val_loader, "test": test_loader}, data.metric, training.mixed_precision,
                                run_dir=run_dir, step=result["performance"]["best_step"], is_main=is_main_process(),
                                evaluated={"test": test_rows})
+        result = dict(result, diagnostics=run_diagnostics(model, config, data, log))  # now a final run
     result = dict(result)
     result["performance"] = dict(result["performance"], test=test_value)
     if "token_accuracy" in test_eval:

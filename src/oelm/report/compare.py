@@ -22,6 +22,7 @@ from oelm.matrix.store import RunRecord
 from oelm.metrics import get_metric
 from oelm.runs import DRIFT_WARNING_PERCENT, format_rates, grid_edge, grid_edge_note, read_sweep, run_name, superseded_final_runs
 from oelm.report.convergence import time_to_quality_comparison
+from oelm.report.diagnostics import diagnostics_comparison
 from oelm.report.uncertainty import uncertainty_comparison
 from oelm.report.stats import (
     CHANCE_MARGIN_POINTS,
@@ -363,6 +364,7 @@ def compare_results(config, results: dict[str, list[dict]], out: str | Path | No
     # validation): {} for results of older oelm versions, whose comparison stays as it was
     comparison.update(uncertainty_comparison(comparison, results, out))
     comparison.update(time_to_quality_comparison(comparison, results, records_of))
+    comparison.update(diagnostics_comparison(comparison, results, out))  # runs with attention diagnostics
     comparison["warnings"] = _warnings(comparison)
     return comparison
 

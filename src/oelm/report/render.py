@@ -17,6 +17,7 @@ from typing import Any
 from oelm.matrix.store import RunRecord
 from oelm.report.compare import mfu_reference, run_records
 from oelm.report.convergence import convergence_blocks
+from oelm.report.diagnostics import diagnostics_blocks
 from oelm.report.uncertainty import uncertainty_blocks
 from oelm.runs import format_rates
 
@@ -292,8 +293,8 @@ def build_sections(comparison: dict[str, Any], out: Path | None, step_ms: dict[s
         s.table(["method", "reached", "mean steps", "mean seconds", "per seed"], rows)
         sections.append(s)
 
-    # present only when the runs saved predictions / training seconds per validation
-    sections += [Section(title, blocks) for title, blocks in uncertainty_blocks(c) + convergence_blocks(c)]
+    # present only when the runs saved predictions / training seconds per validation / attention diagnostics
+    sections += [Section(title, blocks) for title, blocks in uncertainty_blocks(c) + convergence_blocks(c) + diagnostics_blocks(c)]
 
     groups = sorted({g for m in c["methods"].values() for g in ((m.get("parameters") or {}).get("groups") or {})})
     if groups:

@@ -1,0 +1,141 @@
+"""Attention diagnostics of a matrix's final runs (:mod:`oelm.diagnostics`): once at the end of each
+final run, from its best-on-validation weights, into ``result.json`` (:func:`run_diagnostics`); and
+after the fact, for runs that finished without them, from each run's saved best weights into
+``runs/<run>/diagnostics.json`` (:func:`diagnose_output`, ``oelm diagnose OUTPUT_DIR``), which the
+report reads when ``result.json`` has none. A finished run's ``result.json`` is never rewritten.
+
+The batch is the first :data:`~oelm.diagnostics.DIAGNOSTIC_EXAMPLES` examples of the matrix's
+validation split (dataset order: the same for every run); the overlap's reference is the pretrained
+checkpoint's Q/K (``model.pretrained``; none for a model trained from scratch).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from oelm.config import ExperimentConfig
+from oelm.data.prepare import PreparedData
+from oelm.distributed import is_main_process, num_processes
+from oelm.diagnostics import DIAGNOSTIC_EXAMPLES, attention_diagnostics, diagnostic_batch, qk_weights
+from oelm.errors import OELMError
+from oelm.io import write_json_atomic
+from oelm.models.build import build_model, build_run_model
+from oelm.report.diagnostics import DIAGNOSTICS_FILE, recorded_diagnostics
+
+__all__ = ["run_diagnostics", "diagnose_output"]
+
+_REFERENCE: dict[str, Any] = {}  # one model's pretrained Q/K, kept for the runs of one matrix
+
+
+def _reference(config: ExperimentConfig, data: PreparedData) -> dict[str, Any] | None:
+    """The pretrained checkpoint's Q/K (:func:`~oelm.diagnostics.qk_weights`), loaded once per
+    process and model (the global RNG is left as it was); None for a model trained from scratch."""
+    if not config.model.pretrained:
+        return None
+    key = json.dumps(config.model.model_dump(mode="json"), sort_keys=True)
+    if key not in _REFERENCE:
+        _REFERENCE.clear()
+        with torch.random.fork_rng(devices=[]):  # the classifier head's fresh init draws from it
+            model, _ = build_model(config, data)
+        _REFERENCE[key] = qk_weights(model)
+    return _REFERENCE[key]
+
+
+def run_diagnostics(model: torch.nn.Module, config: ExperimentConfig, data: PreparedData,
+                    log: Callable[[str], None] = print) -> dict[str, Any] | None:
+    """The ``diagnostics`` of a final run whose ``model`` holds its best weights: the fixed batch
+    (``batch``), the overlap's ``reference`` and every field of
+    :func:`~oelm.diagnostics.attention_diagnostics` (its own ``seconds``: in no run timing).
+
+    Rank 0 alone computes them (None on the other ranks: they write no result). An FSDP job is
+    skipped (``{"skipped": ...}``): its parameters are sharded, and one rank's forward would wait for
+    the others; ``oelm diagnose`` computes them afterwards from the saved weights.
+    Diagnostics are a reading of a finished run: an error in them (a custom architecture oelm cannot
+    read, say) is recorded as ``{"error": "<type>: <message>"}`` and logged, and the run is kept.
+    """
+    if not is_main_process():
+        return None
+    if num_processes() > 1 and config.training.distributed == "fsdp":
+        return {"skipped": "FSDP shards the parameters; run `oelm diagnose OUTPUT_DIR` after the matrix"}
+    try:
+        batch = diagnostic_batch(data.validation, data.collate_fn)
+        found = attention_diagnostics(model, batch, reference=_reference(config, data))
+    except Exception as exc:  # never lose a trained run to its diagnostics
+        log(f"attention diagnostics failed ({type(exc).__name__}: {exc}); the run is kept without them")
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    n = len(batch["input_ids"])
+    return {"batch": {"split": "validation", "examples": n,
+                      "rule": f"the first {n} examples of the validation split, in dataset order "
+                              f"(at most {DIAGNOSTIC_EXAMPLES})"},
+            "reference": f"pretrained {config.model.pretrained}" if config.model.pretrained else None, **found}
+
+
+def _diagnose_one(config: ExperimentConfig, data: PreparedData, run_dir: Path, raw: dict[str, Any],
+                  log: Callable[[str], None]) -> Path | None:
+    """Write ``run_dir/diagnostics.json`` from the run's best weights; None when it cannot (logged)."""
+    from safetensors.torch import load_model
+
+    from oelm.runs import verify_checkpoint
+
+    entry = next((m for m in config.methods if m.name == raw.get("method")), None)
+    if entry is None:
+        log(f"[{run_dir.name}] method {raw.get('method')!r} is not in config.yaml; skipped")
+        return None
+    try:
+        ckpt = verify_checkpoint(run_dir, raw, f"delete {run_dir} and rerun `oelm run` to train it again")
+    except OELMError as exc:
+        log(f"[{run_dir.name}] skipped: {exc}")
+        return None
+    if not ckpt.is_file():
+        log(f"[{run_dir.name}] skipped: no best weights ({ckpt})")
+        return None
+    model, _, _, _ = build_run_model(config, entry, raw["seed"], data)
+    load_model(model, str(ckpt))
+    if torch.cuda.is_available():
+        model.to("cuda")
+    found = run_diagnostics(model, config, data, log)
+    target = run_dir / DIAGNOSTICS_FILE
+    write_json_atomic(target, {"run_name": run_dir.name, "method": raw.get("method"), "seed": raw.get("seed"),
+                               "checkpoint_sha256": (raw.get("checkpoint") or {}).get("sha256"), "diagnostics": found})
+    mean = found.get("mean") or {}
+    log(f"[{run_dir.name}] {target}: entropy {mean.get('entropy')} nats (uniform {mean.get('uniform_entropy')}), "
+        f"logit scale {mean.get('logit_scale')}, effective rank {mean.get('qk_effective_rank')}, overlap {mean.get('overlap')}")
+    return target
+
+
+def diagnose_output(out: str | Path, log: Callable[[str], None] = print, *, force: bool = False) -> list[Path]:
+    """``oelm diagnose OUTPUT_DIR``: attention diagnostics for every finished final run under ``out``
+    that has none (in ``result.json`` or a ``diagnostics.json`` of its current weights; ``force``:
+    recompute the file anyway), from its ``checkpoint/model.safetensors``. Returns the files written.
+
+    Raises:
+        OELMError: ``out`` has no config.yaml, or no final run; data or model problems as ``oelm run``.
+    """
+    from oelm.config import load_config
+    from oelm.matrix.output import prepare_matrix_data
+    from oelm.report import load_results
+
+    out = Path(out)
+    if not (out / "config.yaml").is_file():
+        raise OELMError(f"{out} is not an oelm output directory (no config.yaml); pass the --output-dir of `oelm run`")
+    config = load_config(out / "config.yaml")
+    todo = []
+    for runs in load_results(out).values():
+        for raw in runs:
+            run_dir = out / "runs" / str(raw.get("run_name"))
+            if raw.get("status") != "finished" or not raw.get("run_name"):
+                continue
+            if not force and recorded_diagnostics(run_dir, raw) is not None:
+                log(f"[{run_dir.name}] has diagnostics already; kept")
+                continue
+            todo.append((run_dir, raw))
+    if not todo:
+        log(f"nothing to do: every finished final run under {out} has its diagnostics")
+        return []
+    data = prepare_matrix_data(config, out, log, save_tokenizer=False)
+    written = [_diagnose_one(config, data, run_dir, raw, log) for run_dir, raw in todo]
+    return [p for p in written if p is not None]
