@@ -12,6 +12,7 @@ checkpoint's Q/K (``model.pretrained``; none for a model trained from scratch).
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -49,7 +50,8 @@ def run_diagnostics(model: torch.nn.Module, config: ExperimentConfig, data: Prep
                     log: Callable[[str], None] = print) -> dict[str, Any] | None:
     """The ``diagnostics`` of a final run whose ``model`` holds its best weights: the fixed batch
     (``batch``), the overlap's ``reference`` and every field of
-    :func:`~oelm.diagnostics.attention_diagnostics` (its own ``seconds``: in no run timing).
+    :func:`~oelm.diagnostics.attention_diagnostics`; ``seconds``: the whole pass, the reference's
+    loading included (in no run timing: it runs after them).
 
     Rank 0 alone computes them (None on the other ranks: they write no result). An FSDP job is
     skipped (``{"skipped": ...}``): its parameters are sharded, and one rank's forward would wait for
@@ -61,6 +63,7 @@ def run_diagnostics(model: torch.nn.Module, config: ExperimentConfig, data: Prep
         return None
     if num_processes() > 1 and config.training.distributed == "fsdp":
         return {"skipped": "FSDP shards the parameters; run `oelm diagnose OUTPUT_DIR` after the matrix"}
+    started = time.perf_counter()
     try:
         batch = diagnostic_batch(data.validation, data.collate_fn)
         found = attention_diagnostics(model, batch, reference=_reference(config, data))
@@ -71,7 +74,8 @@ def run_diagnostics(model: torch.nn.Module, config: ExperimentConfig, data: Prep
     return {"batch": {"split": "validation", "examples": n,
                       "rule": f"the first {n} examples of the validation split, in dataset order "
                               f"(at most {DIAGNOSTIC_EXAMPLES})"},
-            "reference": f"pretrained {config.model.pretrained}" if config.model.pretrained else None, **found}
+            "reference": f"pretrained {config.model.pretrained}" if config.model.pretrained else None, **found,
+            "seconds": round(time.perf_counter() - started, 3)}  # the reference's loading included
 
 
 def _diagnose_one(config: ExperimentConfig, data: PreparedData, run_dir: Path, raw: dict[str, Any],
@@ -129,7 +133,12 @@ def diagnose_output(out: str | Path, log: Callable[[str], None] = print, *, forc
             run_dir = out / "runs" / str(raw.get("run_name"))
             if raw.get("status") != "finished" or not raw.get("run_name"):
                 continue
-            if not force and recorded_diagnostics(run_dir, raw) is not None:
+            try:
+                kept = not force and recorded_diagnostics(run_dir, raw) is not None
+            except OELMError as exc:  # damaged, or computed from weights trained again since
+                log(f"[{run_dir.name}] {str(exc).split('; ')[0]}: computing it again")
+                kept = False
+            if kept:
                 log(f"[{run_dir.name}] has diagnostics already; kept")
                 continue
             todo.append((run_dir, raw))
