@@ -391,7 +391,7 @@ def test_report_section_means_and_seed_spread(tmp_path):
     assert rand["seeds"] == [0, 1] and rand["overlap"]["mean"] == pytest.approx(0.085) and rand["logit_scale"]["n"] == 2
     title, blocks = diagnostics_blocks({"diagnostics": d})[0]
     table = next(b[1] for b in blocks if b[0] == "table")
-    assert table[1][0][:3] == ["baseline", "3", "2.100 ± 0.100"] and table[1][1][-1] == "0.085 ± 0.007"
+    assert table[1][0][:3] == ["baseline", "3", "2.100 ± 0.100"] and table[1][1][-2:] == ["31.30 ± 0.00 of 32", "0.085 ± 0.007"]
     image = next(b[1] for b in blocks if b[0] == "image")
     assert image[0] == "attention_entropy.png" and image[1][:8] == b"\x89PNG\r\n\x1a\n"
     md, images = render_markdown({"name": "x", "task": "sst2", "model": "m"}, [Section(title, blocks)])

@@ -21,7 +21,7 @@ import torch
 from oelm.config import ExperimentConfig
 from oelm.data.prepare import PreparedData
 from oelm.distributed import is_main_process, num_processes
-from oelm.diagnostics import DIAGNOSTIC_EXAMPLES, attention_diagnostics, diagnostic_batch, qk_weights
+from oelm.diagnostics import attention_diagnostics, diagnostic_batch, qk_weights
 from oelm.errors import OELMError
 from oelm.io import write_json_atomic
 from oelm.models.build import build_model, build_run_model
@@ -72,8 +72,7 @@ def run_diagnostics(model: torch.nn.Module, config: ExperimentConfig, data: Prep
         return {"error": f"{type(exc).__name__}: {exc}"}
     n = len(batch["input_ids"])
     return {"batch": {"split": "validation", "examples": n,
-                      "rule": f"the first {n} examples of the validation split, in dataset order "
-                              f"(at most {DIAGNOSTIC_EXAMPLES})"},
+                      "rule": f"the first {n} examples of the validation split, in dataset order"},
             "reference": f"pretrained {config.model.pretrained}" if config.model.pretrained else None, **found,
             "seconds": round(time.perf_counter() - started, 3)}  # the reference's loading included
 

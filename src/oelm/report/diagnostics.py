@@ -125,6 +125,11 @@ def _pm(stat: Mapping[str, Any], digits: int) -> str:
     return f"{stat['mean']:.{digits}f} ± {stat['std']:.{digits}f}" if stat.get("n", 0) > 1 else f"{stat['mean']:.{digits}f}"
 
 
+def _rank(m: Mapping[str, Any]) -> str:
+    text = _pm(m["qk_effective_rank"], 2)
+    return f"{text} of {m['head_dim']}" if m.get("head_dim") and text != "–" else text
+
+
 def diagnostics_blocks(comparison: dict[str, Any]) -> list[tuple[str, list[tuple[str, Any]]]]:
     """The report's "Attention diagnostics" section (table, how to read it, the entropy plot):
     ``[(title, blocks)]`` in the block format of :class:`oelm.report.render.Section`; [] without it."""
@@ -132,8 +137,7 @@ def diagnostics_blocks(comparison: dict[str, Any]) -> list[tuple[str, list[tuple
     if not d:
         return []
     rows = [[name, str(len(m["seeds"])), _pm(m["entropy"], 3), _pm(m["uniform_entropy"], 3), _pm(m["normalized_entropy"], 3),
-             _pm(m["logit_scale"], 3), _pm(m["qk_effective_rank"], 2) + (f" / {m['head_dim']}" if m.get("head_dim") else ""),
-             _pm(m["overlap"], 3)] for name, m in d["methods"].items()]
+             _pm(m["logit_scale"], 3), _rank(m), _pm(m["overlap"], 3)] for name, m in d["methods"].items()]
     batch = d.get("batch") or {}
     blocks: list[tuple[str, Any]] = [
         ("text", f"Attention of each final run's best weights on one fixed batch ({batch.get('rule', 'validation examples')}); "
@@ -142,8 +146,9 @@ def diagnostics_blocks(comparison: dict[str, Any]) -> list[tuple[str, list[tuple
                  "one key). Logit scale: mean |q·k|/√head_dim over the attended pairs (the temperature Q/K set). Effective "
                  "rank of each head's Q/K bilinear form W_qᵀW_k (Roy & Vetterli 2007), of head_dim; orthonormal Q and K rows "
                  "give exactly head_dim. Overlap: mean squared cosine of the principal angles between each head's Q (K) row "
-                 f"space and the {d.get('reference') or 'reference'}'s (1 = same subspace; head_dim / hidden_size for an "
-                 "unrelated random one). docs/protocol.md says how to read them."),
+                 + (f"space and the {d['reference']}'s (1 = same subspace; head_dim / hidden_size for an unrelated random "
+                    "one)" if d.get("reference") else "space and a pretrained model's: none here (trained from scratch)")
+                 + ". docs/protocol.md says how to read them."),
         ("table", (["method", "seeds", "entropy (nats)", "uniform", "normalized", "logit scale", "effective rank",
                     "overlap"], rows)),
         ("image", ("attention_entropy.png", entropy_plot(d), "attention entropy per layer and method (mean over heads and "
@@ -181,8 +186,8 @@ def entropy_plot(section: Mapping[str, Any]) -> bytes:
         ax.errorbar(x, y, yerr=err, marker="o", ms=4, lw=1.4, capsize=3, color=colors[name], label=name)
         uniform = uniform if uniform is not None else layer.get("uniform_entropy")
     if uniform:
-        ax.plot(np.arange(len(uniform)), [np.nan if v is None else v for v in uniform], ls="--", color="0.4", lw=1,
-                label="uniform attention")
+        ax.plot(np.arange(len(uniform)), [np.nan if v is None else v for v in uniform], ls="--", color="0.2", lw=1.2,
+                label="uniform attention", zorder=5)  # on top: an untrained baseline lies on it
     ax.set_xticks(np.arange(len(sites)), [str(s) for s in sites])
     ax.set_xlabel("layer")
     ax.set_ylabel("attention entropy (nats)")
