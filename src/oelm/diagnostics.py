@@ -384,7 +384,8 @@ def _head_ranks(site: _Site) -> list[float] | None:
         return None
     hd, group = site.head_dim, site.heads // site.kv_heads
     wq, wk = site.query.weight, site.key.weight
-    return [qk_effective_rank(wq[h * hd:(h + 1) * hd], wk[(h // group) * hd:(h // group + 1) * hd]) for h in range(site.heads)]
+    return [qk_effective_rank(wq[h * hd:(h + 1) * hd], wk[(h // group) * hd:(h // group + 1) * hd])
+            for h in range(site.heads)]
 
 
 def _head_overlaps(w: torch.Tensor, ref: torch.Tensor, heads: int, hd: int) -> list[float] | None:
@@ -452,7 +453,8 @@ def attention_diagnostics(model: nn.Module, batch: dict[str, torch.Tensor], *,
             "seconds": round(time.perf_counter() - started, 3)}
 
 
-def diagnostic_batch(dataset: Any, collate_fn: Callable | None = None, examples: int = DIAGNOSTIC_EXAMPLES) -> dict[str, torch.Tensor]:
+def diagnostic_batch(dataset: Any, collate_fn: Callable | None = None,
+                     examples: int = DIAGNOSTIC_EXAMPLES) -> dict[str, torch.Tensor]:
     """The fixed batch: the first ``examples`` items of ``dataset`` (all when it has fewer), in
     dataset order, collated by ``collate_fn`` (default: torch's ``default_collate``)."""
     from torch.utils.data import default_collate

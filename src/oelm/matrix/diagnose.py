@@ -106,7 +106,8 @@ def _diagnose_one(config: ExperimentConfig, data: PreparedData, run_dir: Path, r
                                "checkpoint_sha256": (raw.get("checkpoint") or {}).get("sha256"), "diagnostics": found})
     mean = found.get("mean") or {}
     log(f"[{run_dir.name}] {target}: entropy {mean.get('entropy')} nats (uniform {mean.get('uniform_entropy')}), "
-        f"logit scale {mean.get('logit_scale')}, effective rank {mean.get('qk_effective_rank')}, overlap {mean.get('overlap')}")
+        f"logit scale {mean.get('logit_scale')}, effective rank {mean.get('qk_effective_rank')}, "
+        f"overlap {mean.get('overlap')}")
     return target
 
 
