@@ -98,6 +98,9 @@ def test_two_process_oelm_run_equals_one_process_with_the_same_global_batch(tmp_
         assert np.allclose(pa["loss"], pb["loss"], rtol=2e-4)
         ppl = math.exp(float(np.sum(pb["loss"] * pb["tokens"]) / pb["tokens"].sum()))
         assert math.isclose(ppl, b["performance"]["best_validation"], rel_tol=1e-5)
+        # attention diagnostics: rank 0 alone computes them, from the same best weights as one process
+        assert b["diagnostics"]["sites"] == ["0", "1"]
+        assert math.isclose(a["diagnostics"]["mean"]["entropy"], b["diagnostics"]["mean"]["entropy"], rel_tol=1e-3)
     comparison = json.loads((two / "comparison.json").read_text())
     assert set(comparison["methods"]) == {"baseline", "oelm_freeze"}
 
@@ -119,6 +122,7 @@ def test_two_process_fsdp_keeps_query_key_frozen_and_orthogonal(tmp_path, data_d
          _env(data_dir))
     result = _results(out)["oelm_freeze-seed0"]
     assert result["status"] == "finished" and result["budget"]["num_processes"] == 2
+    assert "oelm diagnose" in result["diagnostics"]["skipped"]  # sharded parameters: afterwards, from the weights
     weights = load_file(str(out / "runs" / "oelm_freeze-seed0" / "checkpoint" / "model.safetensors"))
     qk = [k for k in weights if k.endswith(("q_proj.weight", "k_proj.weight"))]
     assert len(qk) == 4 and all(weights[k].shape == (32, 32) for k in qk)

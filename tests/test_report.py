@@ -266,8 +266,9 @@ def test_html_is_self_contained(lm_run):
     srcs = re.findall(r'(?:src|href)\s*=\s*"([^"]*)"', page)
     assert srcs and all(s.startswith("data:image/png;base64,") for s in srcs)
     assert not re.search(r"https?://|url\(", page)
-    # learning curves, best-metric bars, step times, and the convergence plot (the runs record training seconds per validation)
-    assert page.count("<img ") == 4 and '<table class="comparison">' in page
+    # learning curves, best-metric bars, step times, the convergence plot (the runs record training seconds per
+    # validation) and the attention entropy per layer (final runs record attention diagnostics)
+    assert page.count("<img ") == 5 and '<table class="comparison">' in page and ">Attention diagnostics</h2>" in page
 
 
 def test_collapsed_run_is_excluded_and_listed(lm_run, tmp_path):

@@ -1,4 +1,4 @@
-"""Command line: ``oelm run | plan | stop | monitor | inspect | report | configs | init | bench | env``.
+"""Command line: ``oelm run | plan | stop | monitor | inspect | report | diagnose | configs | init | bench | env``.
 
 Every deliberate error (bad config, missing data, unsupported model) is printed as one line
 ``oelm: error: ...`` with exit status 2; anything else is a bug and keeps its traceback.
@@ -19,22 +19,11 @@ import os
 import sys
 from pathlib import Path
 
-from oelm.cli_inspect import YAML_SUFFIXES, cmd_inspect, print_table  # `oelm inspect` and the table printer live there
+from oelm.cli_inspect import cmd_configs, cmd_init, cmd_inspect, print_table, version  # inspect, configs, init, the table printer
 from oelm.configs import resolve_config
 from oelm.errors import OELMError  # importing oelm sets OMP_WAIT_POLICY before torch loads
 
 EXIT_INTERRUPTED = 130  # `oelm run` stopped by SIGTERM/SIGINT; rerunning continues the matrix
-
-
-def version() -> str:
-    """oelm's version from the installed package's metadata (``pip install`` / ``pip install -e``)."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as _version
-
-    try:
-        return _version("oelm")
-    except PackageNotFoundError:
-        return "unknown (oelm is not installed: pip install -e .)"
 
 
 def _output_dir(args: argparse.Namespace, config) -> Path:
@@ -226,6 +215,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    from oelm.matrix.diagnose import diagnose_output
+
+    written = diagnose_output(Path(args.dir), force=args.force)
+    print(f"diagnostics: {len(written)} run(s) written; `oelm report {args.dir}` puts them in the report")
+    return 0
+
+
 def cmd_stop(args: argparse.Namespace) -> int:
     """``oelm stop DIR``: :func:`oelm.lock.stop_holder`: the driving ``oelm run``, or each
     ``oelm run --only`` job of this host that holds one of its runs (exit 0 when they stopped or
@@ -236,51 +233,6 @@ def cmd_stop(args: argparse.Namespace) -> int:
     out = Path(args.dir)
     runs = [run.path for run in MatrixFolder(out).run_folders()]
     return 0 if stop_holder(out, args.wait, runs) else 1
-
-
-def cmd_configs(args: argparse.Namespace) -> int:
-    """List the shipped experiment configs (name, description) that `oelm run NAME` accepts."""
-    import yaml
-
-    from oelm.configs import shipped_configs
-
-    shipped = shipped_configs()
-    width = max(map(len, shipped))
-    print("shipped experiment configs (oelm run NAME, oelm init --template NAME):")
-    for name, path in shipped.items():
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError):
-            data = None
-        print(f"  {name:<{width}}  {data.get('description', '') if isinstance(data, dict) else ''}")
-    return 0
-
-
-def cmd_init(args: argparse.Namespace) -> int:
-    """Write a starter experiment config to edit (:func:`oelm.configs.starter_config`).
-
-    Raises:
-        ConfigError: an unknown template. OELMError: PATH exists (without ``--force``), is a
-            symbolic link (dangling or not), is not ``.yaml``, or cannot be written.
-    """
-    from oelm.configs import starter_config
-
-    dest = Path(args.path)
-    if dest.suffix not in YAML_SUFFIXES:
-        raise OELMError(f"{dest}: give a path ending in .yaml")
-    if dest.is_symlink():  # a dangling one would have the config written wherever it points
-        raise OELMError(f"{dest} is a symbolic link (to {os.readlink(dest)}); oelm init writes plain files only: "
-                        "give another PATH, or the link's target itself")
-    if dest.exists() and not args.force:
-        raise OELMError(f"{dest} exists; give another PATH, or --force to overwrite it")
-    text = starter_config(args.template, dest.stem, version())
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise OELMError(f"cannot write {dest}: {exc.strerror or exc}") from None
-    print(f"wrote {dest} (from {args.template}); edit it, then: oelm run {dest}")
-    return 0
 
 
 def cmd_env(args: argparse.Namespace) -> int:
@@ -380,7 +332,7 @@ def _add_run(sub, env: argparse.ArgumentParser) -> None:
 
 
 def _add_matrix_tools(sub, env: argparse.ArgumentParser) -> None:
-    """plan, stop, monitor, report: the commands around a matrix's output folder."""
+    """plan, stop, monitor, report, diagnose: the commands around a matrix's output folder."""
     p = sub.add_parser("plan", parents=[env],
                        help="the runs of a matrix that are ready to train now, one JSON object a line (for batch systems)")
     p.add_argument("config", help="experiment YAML, or a shipped config's name")
@@ -403,6 +355,12 @@ def _add_matrix_tools(sub, env: argparse.ArgumentParser) -> None:
     p = sub.add_parser("report", parents=[env], help="write comparison.json, original_layout.json, report.md and a self-contained report.html from the runs")
     p.add_argument("dir", help="an `oelm run` output directory")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("diagnose", parents=[env], help="attention diagnostics (entropy, logit scale, effective rank, "
+                       "overlap) of finished final runs that lack them, from their best weights: runs/<run>/diagnostics.json")
+    p.add_argument("dir", help="an `oelm run` output directory")
+    p.add_argument("--force", action="store_true", help="recompute diagnostics.json files that exist")
+    p.set_defaults(func=cmd_diagnose)
 
 
 def _add_inspect(sub, env: argparse.ArgumentParser) -> None:

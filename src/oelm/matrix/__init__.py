@@ -8,6 +8,7 @@
 - :mod:`~oelm.matrix.driver`: the plan driven by an executor; ``oelm plan`` / ``--only`` /
   ``--collect`` for batch systems.
 - :mod:`~oelm.matrix.output`: the driver's files (config, fingerprint, plan, selection).
+- :mod:`~oelm.matrix.diagnose`: attention diagnostics of the final runs (in-run, and ``oelm diagnose``).
 
 Names are imported on first use, so that ``import oelm.matrix`` does not load torch. The output
 folder and the run record (read by every layer) live in :mod:`oelm.records`.

@@ -37,6 +37,7 @@ from oelm.training.evaluation import token_accuracy_fields
 from oelm.training.predictions import collector_for, save_final_predictions
 
 from oelm.matrix.assemble import build_run_model
+from oelm.matrix.diagnose import run_diagnostics
 from oelm.matrix.output import prepare_matrix_data
 from oelm.matrix.plan import RunTask
 from oelm.matrix.run_log import copy_console
@@ -115,6 +116,9 @@ def _train(ctx: RunContext, run: PlannedRun, folder: RunFolder, *, evaluate_test
         log(f"[{folder.name}] early stop at step {result.steps} of {total_steps}: no improvement{by} in "
             f"{training.early_stopping_patience} validations (best {metric.name} {metric.format(result.best_validation)} "
             f"at step {result.best_step})")
+    environment = _environment_around(env_before, capture_environment(device, probe=True))
+    # a final run's attention diagnostics of its best weights: after every timing and the speed probe
+    diagnostics = run_diagnostics(model, config, data, log) if run.stage == "final" else None
     return finished_result(
         _identity(config, run),
         config=config.model_dump(mode="json"),
@@ -123,13 +127,14 @@ def _train(ctx: RunContext, run: PlannedRun, folder: RunFolder, *, evaluate_test
         tokenizer=data.tokenizer_record,
         data=data.summary,
         budget=_budget(ctx, folder, training, result, total_steps),
-        environment=_environment_around(env_before, capture_environment(device, probe=True)),
+        environment=environment,
         report=report,
         train=result,
         # path, sha256 and size of the best weights train() wrote (rank 0): checked on every reuse
         checkpoint=folder.checkpoint_record() if training.save_best_checkpoint and is_main_process() else None,
         # path, sha256 and size of the final run's per-example predictions (oelm.predictions); None for a sweep run
         predictions=predictions_record(folder.path) if is_main_process() else None,
+        diagnostics=diagnostics,  # oelm.diagnostics on the fixed validation batch; None for a sweep run
     )
 
 
@@ -331,7 +336,7 @@ def promote(config: ExperimentConfig, entry: MethodEntry, run: PlannedRun, data:
             (:class:`~oelm.errors.RecordedFileMissingError` when they are missing).
     """
     folder = RunFolder(run_dir)
-    test_value, seconds, test_eval = None, None, {}
+    test_value, seconds, test_eval, diagnosed = None, None, {}, {}
     if data.test is not None or folder.best_weights.is_file():
         ckpt = folder.verify_weights(result, _retrain_hint(folder.path))
         if not ckpt.is_file():
@@ -357,8 +362,9 @@ def promote(config: ExperimentConfig, entry: MethodEntry, run: PlannedRun, data:
         save_final_predictions(model, {"validation": val_loader, "test": test_loader}, data.metric, training.mixed_precision,
                                run_dir=folder.path, step=result.best_step, is_main=is_main_process(),
                                evaluated={"test": test_rows})
+        diagnosed = {"diagnostics": run_diagnostics(model, config, data, log)}  # now a final run
     promoted = result.promoted(test_value, seconds, token_accuracy_test=test_eval.get("token_accuracy"),
-                               predictions=predictions_record(folder.path) if is_main_process() else None)
+                               predictions=predictions_record(folder.path) if is_main_process() else None, **diagnosed)
     _write_record(folder.result, promoted)
     return promoted
 

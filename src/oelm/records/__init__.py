@@ -14,7 +14,7 @@ It imports nothing of oelm but :mod:`oelm.errors` and :mod:`oelm.io` (and no tor
 until a file is read), so every layer may import it.
 """
 
-from oelm.records.folder import BEST_CHECKPOINT, PREDICTIONS_FILE, MatrixFolder, PlannedRun, RunFolder, run_name
+from oelm.records.folder import BEST_CHECKPOINT, DIAGNOSTICS_FILE, PREDICTIONS_FILE, MatrixFolder, PlannedRun, RunFolder, run_name
 from oelm.records.result import (
     DAMAGED_RESULT_FIX, RunRecord, RunResult, budget_record, failed_result, finished_result, read_record, run_identity,
     write_record,
@@ -26,7 +26,7 @@ from oelm.records.sweep import (
 )
 
 __all__ = [
-    "BEST_CHECKPOINT", "PREDICTIONS_FILE", "MatrixFolder", "PlannedRun", "RunFolder", "run_name",
+    "BEST_CHECKPOINT", "DIAGNOSTICS_FILE", "PREDICTIONS_FILE", "MatrixFolder", "PlannedRun", "RunFolder", "run_name",
     "DAMAGED_RESULT_FIX", "RunRecord", "RunResult", "budget_record", "failed_result", "finished_result", "read_record",
     "run_identity", "write_record",
     "read_status", "utc_now", "write_status",

@@ -21,6 +21,7 @@ and a run's folder::
       train.log       the console output while it trained (or was promoted), whichever process ran it
       checkpoint/model.safetensors   the best-on-validation weights; checkpoints/step-<N>/ while it trains
       predictions.npz per-example predictions of a final run (validation, test)
+      diagnostics.json  attention diagnostics of a final run that finished without them (`oelm diagnose`)
 
 Only the driver (``oelm run``, ``oelm plan``, ``--collect``) writes the files of ``<out>``; a run
 writes only its own ``runs/<run name>/``, whichever executor or machine trains it. That is what
@@ -42,12 +43,15 @@ from oelm.io import sha256_file
 
 from oelm.records.result import DAMAGED_RESULT_FIX, RunRecord, read_record
 
-__all__ = ["MatrixFolder", "RunFolder", "PlannedRun", "run_name", "BEST_CHECKPOINT", "PREDICTIONS_FILE"]
+__all__ = ["MatrixFolder", "RunFolder", "PlannedRun", "run_name", "BEST_CHECKPOINT", "PREDICTIONS_FILE", "DIAGNOSTICS_FILE"]
 
 #: The best-on-validation weights of a finished run, relative to its run folder.
 BEST_CHECKPOINT = "checkpoint/model.safetensors"
 #: A final run's per-example predictions (:mod:`oelm.predictions`), relative to its run folder.
 PREDICTIONS_FILE = "predictions.npz"
+#: What ``oelm diagnose`` writes into a run folder (:mod:`oelm.matrix.diagnose`): ``{"run_name",
+#: "method", "seed", "checkpoint_sha256" (of the weights it read), "diagnostics"}``.
+DIAGNOSTICS_FILE = "diagnostics.json"
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -123,6 +127,12 @@ class RunFolder:
     def predictions(self) -> Path:
         """``predictions.npz``: a final run's per-example predictions (sha256 in result.json; :mod:`oelm.predictions`)."""
         return self.path / PREDICTIONS_FILE
+
+    @property
+    def diagnostics(self) -> Path:
+        """``diagnostics.json``: attention diagnostics ``oelm diagnose`` computed from the best weights
+        of a final run that finished without them (the run's ``result.json`` is never rewritten)."""
+        return self.path / DIAGNOSTICS_FILE
 
     @property
     def checkpoints(self) -> Path:

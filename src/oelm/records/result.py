@@ -17,13 +17,14 @@ from oelm.errors import DamagedFileError
 from oelm.io import json_value, read_json_object, write_json_atomic
 
 from oelm.records.schema import (  # re-exported: the schema lives beside the record
-    Data, Environment, EvalRecord, Executor, Mfu, Parameters, Performance, Predictions, RunResult, Timing, TokenAccuracy,
+    Data, Diagnostics, Environment, EvalRecord, Executor, Mfu, Parameters, Performance, Predictions, RunResult, Timing,
+    TokenAccuracy,
 )
 
 if TYPE_CHECKING:
     from oelm.records.folder import PlannedRun
 
-__all__ = ["RunResult", "Performance", "TokenAccuracy", "Predictions", "EvalRecord", "RunRecord", "read_record", "write_record", "validate_result", "budget_record",
+__all__ = ["RunResult", "Performance", "TokenAccuracy", "Predictions", "Diagnostics", "EvalRecord", "RunRecord", "read_record", "write_record", "validate_result", "budget_record",
            "finished_result", "failed_result", "run_identity", "DAMAGED_RESULT_FIX"]
 
 #: What to do about a damaged ``result.json`` (ends the error of ``oelm report`` and readers).
@@ -106,7 +107,8 @@ def run_identity(run: "PlannedRun", task: str, model: str) -> dict[str, Any]:
 def finished_result(identity: dict[str, Any], *, config: dict[str, Any], method_config: dict[str, Any],
                     init_from: dict[str, Any] | None, tokenizer: dict[str, Any] | None, data: dict[str, Any],
                     budget: dict[str, Any], environment: dict[str, Any], report: Any, train: Any,
-                    checkpoint: dict[str, Any] | None, predictions: dict[str, Any] | None = None) -> "RunRecord":
+                    checkpoint: dict[str, Any] | None, predictions: dict[str, Any] | None = None,
+                    diagnostics: dict[str, Any] | None = None) -> "RunRecord":
     """The record of a finished run: the writer's one constructor.
 
     Args:
@@ -128,6 +130,8 @@ def finished_result(identity: dict[str, Any], *, config: dict[str, Any], method_
         checkpoint: ``{path, sha256, bytes}`` of the best weights, or None.
         predictions: ``{path, sha256, bytes, format}`` of a final run's per-example predictions
             (:func:`oelm.predictions.predictions_record`), or None.
+        diagnostics: a final run's attention diagnostics of its best weights
+            (:class:`~oelm.records.schema.Diagnostics`), or None.
 
     Returns:
         The :class:`RunRecord` (``status`` "finished"); :func:`write_record` checks it against
@@ -166,6 +170,7 @@ def finished_result(identity: dict[str, Any], *, config: dict[str, Any], method_
         "stop_signal": train.stop_signal,
         "checkpoint": checkpoint,
         "predictions": predictions,
+        "diagnostics": diagnostics,
     })
 
 
@@ -255,6 +260,11 @@ class RunRecord:
                           doc="The oelm GPT tokenizer's ids (None for a pretrained model's, or in older results).")
     predictions = property(lambda self: self.raw.get("predictions"),
                            doc="``{path, sha256, bytes, format}`` of a final run's predictions.npz (None when not saved).")
+    diagnostics = property(lambda self: self.raw.get("diagnostics"),
+                           doc="A final run's attention diagnostics (:class:`Diagnostics`; None when not recorded).")
+    diagnostics_mean = property(lambda self: (self.diagnostics or {}).get("mean"),
+                                doc="Their means over sites and heads (:class:`DiagnosticsMean`), None without them "
+                                    "(or when they were skipped or failed).")
     token_accuracy = property(lambda self: self.performance.get("token_accuracy") or {},
                               doc="A language model's token accuracy (%): best_validation, test ({} for classification).")
     token_accuracy_best_validation = property(lambda self: self.token_accuracy.get("best_validation"))
@@ -334,16 +344,18 @@ class RunRecord:
         return RunRecord(self.raw | {"executor": executor})
 
     def promoted(self, test: float | None, test_seconds: float | None, *, token_accuracy_test: float | None = None,
-                 predictions: Any = _KEEP) -> "RunRecord":
+                 predictions: Any = _KEEP, diagnostics: Any = _KEEP) -> "RunRecord":
         """This finished sweep run promoted to its seed's final run: ``test`` (evaluated once from
         the best checkpoint, the metric's unit; None without a test split) and
         ``timing.test_seconds``; a language model's test token accuracy (%) when given;
-        ``predictions`` (its predictions.npz record) when given; stage final, selected, swept."""
+        ``predictions`` (its predictions.npz record) and ``diagnostics`` (its attention
+        diagnostics) when given; stage final, selected, swept."""
         timing = {} if test_seconds is None else {"timing": self.timing | {"test_seconds": test_seconds}}
         performance = self.performance | {"test": test}
         if token_accuracy_test is not None:
             performance["token_accuracy"] = self.token_accuracy | {"test": token_accuracy_test}
         saved = {} if predictions is _KEEP else {"predictions": predictions}
+        saved |= {} if diagnostics is _KEEP else {"diagnostics": diagnostics}
         return RunRecord(self.raw | {"performance": performance} | timing | saved
                          | {"stage": "final", "selected": True, "swept": True})
 

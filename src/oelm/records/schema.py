@@ -11,7 +11,7 @@ from typing import Any, Literal
 from typing_extensions import TypedDict  # pydantic validates it (typing.TypedDict only from Python 3.12)
 
 __all__ = ["RunResult", "Performance", "TokenAccuracy", "Mfu", "Timing", "Environment", "Parameters", "Data",
-           "Executor", "Predictions", "EvalRecord"]
+           "Executor", "Predictions", "Diagnostics", "DiagnosticsMean", "EvalRecord"]
 
 
 class TokenAccuracy(TypedDict, total=False):
@@ -46,6 +46,43 @@ class Predictions(TypedDict, total=False):
     sha256: str
     bytes: int
     format: int
+
+
+class DiagnosticsMean(TypedDict, total=False):
+    """``result["diagnostics"]["mean"]``: one run's attention diagnostics averaged over every site
+    and head (:func:`oelm.diagnostics.attention_diagnostics`): entropy and a uniform attention's
+    (nats), normalized entropy (entropy / uniform), logit scale (mean |q.k|/sqrt(head_dim)),
+    effective rank of W_q^T W_k (of head_dim), overlap with the pretrained Q/K (0..1)."""
+
+    entropy: float | None
+    uniform_entropy: float | None
+    normalized_entropy: float | None
+    logit_scale: float | None
+    qk_effective_rank: float | None
+    overlap: float | None
+
+
+class Diagnostics(TypedDict, total=False):
+    """``result["diagnostics"]``: a final run's attention diagnostics of its best weights on one
+    fixed validation batch (:func:`oelm.matrix.diagnose.run_diagnostics`; absent in older results,
+    None for a sweep run). ``batch`` {split, examples, rule}, ``reference`` (what the overlap
+    compares with; None from scratch), ``sites`` (layer labels), ``entropy_source``, ``head_dim``,
+    ``hidden_size``, ``mean`` (:class:`DiagnosticsMean`), ``per_layer`` / ``per_head`` (lists per
+    site / per site and head), ``seconds`` (the whole pass); instead ``skipped`` (FSDP: `oelm
+    diagnose` afterwards) or ``error`` ("<type>: <message>": the run is kept without them)."""
+
+    batch: dict[str, Any]
+    reference: str | None
+    sites: list[str]
+    entropy_source: str | None
+    head_dim: int | None
+    hidden_size: int | None
+    mean: DiagnosticsMean
+    per_layer: dict[str, Any]
+    per_head: dict[str, Any]
+    seconds: float | None
+    skipped: str
+    error: str
 
 
 class EvalRecord(TypedDict, total=False):
@@ -162,7 +199,8 @@ class RunResult(TypedDict, total=False):
     folder), sha256 (hex), bytes} of its best weights (:meth:`RunFolder.checkpoint_record
     <oelm.records.folder.RunFolder.checkpoint_record>`), checked by
     :meth:`~oelm.records.folder.RunFolder.verify_weights` whenever those weights are reused; a
-    final run's ``predictions`` (:class:`Predictions`, None for a sweep run).
+    final run's ``predictions`` (:class:`Predictions`, None for a sweep run) and its attention
+    ``diagnostics`` (:class:`Diagnostics`, None for a sweep run).
     """
 
     method: str
@@ -190,4 +228,5 @@ class RunResult(TypedDict, total=False):
     stop_signal: str | None
     checkpoint: dict[str, Any] | None
     predictions: Predictions | None
+    diagnostics: Diagnostics | None
     executor: Executor  # where it trained: name, node, threads (torch's), shared_node, overlapped
