@@ -32,6 +32,7 @@ from oelm.runs import BEST_CHECKPOINT, PlannedRun, checkpoint_record, read_statu
 from oelm.runs import write_status as _write_status_file
 from oelm.trackers import TrackedRun
 
+from oelm.matrix.output import bind_data
 from oelm.matrix.plan import RunTask
 from oelm.matrix.store import MatrixFolder
 
@@ -141,6 +142,7 @@ def _train(ctx: RunContext, run: PlannedRun, run_dir: Path, *, evaluate_test: bo
         "init_from": init_info,
         "tokenizer": data.tokenizer_record,
         "data": data.summary,
+        "data_source": data.source,  # content hashes of the files each split was read from (oelm.data.identity)
         "budget": {
             "steps": result.steps,
             "planned_steps": total_steps,
@@ -482,4 +484,5 @@ def train_planned_run(config: dict[str, Any] | ExperimentConfig, out: str | Path
         torch.set_num_threads(max(1, int(threads)))
     ctx = RunContext(config, Path(out), prepared_data(config, log), log, retry_failed, allow_missing_weights,
                      placement or placement_record("local"))
+    bind_data(ctx.out, ctx.data)  # this machine's data is the data the matrix was trained on
     return execute(ctx, task)
