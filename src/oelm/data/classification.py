@@ -90,7 +90,7 @@ def load_classification(
     paths = find_local_files(spec, stored, data_dir, split)
     if paths is not None:
         origin = ", ".join(str(p) for p in paths)
-        frame = _read_tables(spec, split, paths)
+        frame = _read_tables(spec, split, paths, spec.local_format(stored))
         frame = _apply_row_filter(spec, split, frame, origin)
     else:
         frame = load_hub_split(spec, stored, data_dir, split).to_pandas()
@@ -136,12 +136,11 @@ def check_texts(texts: Sequence[Any], where: str, unit: str = "item") -> None:
             ) from None
 
 
-def _read_tables(spec: DatasetSpec, split: str, paths: list[Path]) -> pd.DataFrame:
-    """The split's table files (format ``spec.local_format(split)``: :mod:`oelm.data.tables`), one after another."""
+def _read_tables(spec: DatasetSpec, split: str, paths: list[Path], fmt: str) -> pd.DataFrame:
+    """The split's table files in format ``fmt`` (:mod:`oelm.data.tables`), one after another."""
     import pandas as pd
 
     fix = "Fix: check the file named in task.source.files." if is_own_data(spec) else None
-    fmt = spec.local_format(split)
     frames = [read_table(path, fmt, f"{spec.name}/{split}", spec.text_columns, fix) for path in paths]
     return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
 
@@ -205,11 +204,12 @@ def _label_set(spec: DatasetSpec) -> str:
 
 
 def _integer_labels(labels: pd.Series, where: str, spec: DatasetSpec) -> pd.Series:
-    """Labels as int64 class ids. Labels given as text (a CSV of "negative" / "positive") become
-    their index in ``spec.label_names`` when every one is among those names."""
+    """Labels as int64 class ids. In your own data (``task.source``), labels given as text (a CSV
+    of "negative" / "positive") become their index in ``spec.label_names`` when every one is among
+    those names; shipped files hold int64 ids (MANIFEST.md), so text there is refused."""
     import pandas as pd
 
-    if spec.label_names and not pd.api.types.is_numeric_dtype(labels) and not pd.api.types.is_bool_dtype(labels):
+    if spec.label_names and is_own_data(spec) and not pd.api.types.is_numeric_dtype(labels) and not pd.api.types.is_bool_dtype(labels):
         ids = {name: i for i, name in enumerate(spec.label_names)}
         if labels.notna().all() and labels.map(lambda v: isinstance(v, str) and v in ids).all():
             return labels.map(ids).astype("int64")
