@@ -82,7 +82,7 @@ def test_a_token_cache_of_another_split_under_this_name_is_rebuilt(stories, tmp_
     pack_documents(stories["validation"], tokenizer, 32, cache_dir=tmp_path / "b", what="tinystories/validation")
     mine, other = _only(tmp_path / "a", "tokens-*.npz"), _only(tmp_path / "b", "tokens-*.npz")
     shutil.copyfile(other, mine)  # the validation stream under the train stream's name: a valid file of other data
-    with pytest.warns(UserWarning, match=rf"oelm cache {mine} is damaged \(encodes tinystories/validation \(documents "
+    with pytest.warns(UserWarning, match=rf"oelm cache {mine} holds other data \(encodes tinystories/validation \(documents "
                                          r"sha256 \w{12}\), not tinystories/train \(documents sha256 \w{12}\)\); deleting"):
         again = pack_documents(stories["train"], tokenizer, 32, cache_dir=tmp_path / "a", what="tinystories/train")
     assert again.equal(fresh)
@@ -97,7 +97,7 @@ def test_an_encoding_of_other_sentences_with_as_many_rows_is_rebuilt(bert_tokeni
     encode_classification(second, bert_tokenizer, ("text",), 64, cache_dir=tmp_path / "b", what="sst2/other")
     mine, other = _only(tmp_path / "a", "cls-*.npz"), _only(tmp_path / "b", "cls-*.npz")
     shutil.copyfile(other, mine)
-    with pytest.warns(UserWarning, match=rf"oelm cache {mine} is damaged \(encodes sst2/other \(texts sha256 \w{{12}}\), "
+    with pytest.warns(UserWarning, match=rf"oelm cache {mine} holds other data \(encodes sst2/other \(texts sha256 \w{{12}}\), "
                                          r"not sst2/validation"):
         again = encode_classification(first, bert_tokenizer, ("text",), 64, cache_dir=tmp_path / "a", what="sst2/validation")
     assert again.encodings == fresh.encodings
@@ -113,7 +113,7 @@ def test_a_tokenizer_trained_on_other_documents_under_this_name_is_trained_again
         shutil.copyfile(other / name, mine / name)
     expected = (r"encodes tinystories/validation \(documents sha256 \w{12}\), not tinystories/train" if copied == "folder"
                 else r"tokenizer\.json is not the file its identity\.json describes")
-    with pytest.warns(UserWarning, match=rf"oelm cache {mine} is damaged \({expected}"):
+    with pytest.warns(UserWarning, match=rf"oelm cache {mine} holds other data \({expected}"):
         again = train_bpe_tokenizer(stories["train"], 400, tmp_path / "a", what="tinystories/train")
     assert again.backend_tokenizer.to_str() == first.backend_tokenizer.to_str()
 

@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 __all__ = [
+    "FOREIGN",
     "drop_damaged_cache",
     "identity_array",
     "identity_problem",
@@ -37,20 +38,25 @@ __all__ = [
 ]
 
 
-def drop_damaged_cache(path: Path, problem: str) -> None:
-    """Warn that the cache file (or folder) ``path`` is damaged and remove it, so that it is rebuilt.
-    Where it cannot be removed (a read-only cache folder), the warning says so and the caller
-    builds the data again without that cache entry."""
+def drop_damaged_cache(path: Path, problem: str, state: str = "is damaged") -> None:
+    """Warn that the cache file (or folder) ``path`` is damaged (or, ``state="holds other data"``,
+    encodes other data: :func:`identity_problem`) and remove it, so that it is rebuilt. Where it
+    cannot be removed (a read-only cache folder), the warning says so and the caller builds the
+    data again without that cache entry."""
     try:
         if path.is_dir():
             shutil.rmtree(path)
         else:
             path.unlink(missing_ok=True)
     except OSError as exc:
-        warnings.warn(f"oelm cache {path} is damaged ({problem}) and cannot be deleted ({exc.strerror or exc}); "
+        warnings.warn(f"oelm cache {path} {state} ({problem}) and cannot be deleted ({exc.strerror or exc}); "
                       "building it again without the cache (set OELM_CACHE_DIR to a writable folder)", stacklevel=3)
         return
-    warnings.warn(f"oelm cache {path} is damaged ({problem}); deleting it and building it again", stacklevel=3)
+    warnings.warn(f"oelm cache {path} {state} ({problem}); deleting it and building it again", stacklevel=3)
+
+
+#: drop_damaged_cache's state for an entry whose identity is not the one asked for
+FOREIGN = "holds other data"
 
 
 def identity_array(identity: Mapping[str, Any]) -> np.ndarray:
@@ -110,10 +116,11 @@ def load_token_cache(path: Path, dtype: np.dtype, vocab_size: int,
     if identity is not None:
         found = read_identity(arrays)
         problem = identity_problem(found, identity)
-        if problem is None and found.get("tokens") != len(stream):
-            problem = f"holds {len(stream)} tokens, its identity says {found.get('tokens')}"
         if problem is not None:
-            drop_damaged_cache(path, problem)
+            drop_damaged_cache(path, problem, FOREIGN)
+            return None
+        if found.get("tokens") != len(stream):
+            drop_damaged_cache(path, f"holds {len(stream)} tokens, its identity says {found.get('tokens')}")
             return None
     return stream
 

@@ -411,7 +411,7 @@ def _load_encodings(path: Path, rows: int, max_length: int, vocab_size: int,
     """The encodings cached at ``path``, or None (after a warning, the file deleted) when the file
     cannot be read, does not fit ``rows`` examples of at most ``max_length`` ids below
     ``vocab_size``, or (``identity`` given) encodes other texts."""
-    from oelm.data.cache import drop_damaged_cache, identity_problem, load_array_cache, read_identity
+    from oelm.data.cache import FOREIGN, drop_damaged_cache, identity_problem, load_array_cache, read_identity
 
     arrays = load_array_cache(path)
     if arrays is None:
@@ -431,10 +431,12 @@ def _load_encodings(path: Path, rows: int, max_length: int, vocab_size: int,
         ids = arrays["flat_input_ids"]
         if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
             problem = f"holds ids outside the tokenizer's {vocab_size} ids"
-    if problem is None and identity is not None:
-        problem = identity_problem(read_identity(arrays), identity)
     if problem is not None:
         drop_damaged_cache(path, problem)
+        return None
+    foreign = identity_problem(read_identity(arrays), identity) if identity is not None else None
+    if foreign is not None:
+        drop_damaged_cache(path, foreign, FOREIGN)
         return None
     bounds = offsets.tolist()
     encodings = {}

@@ -21,7 +21,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
-from oelm.data.cache import drop_damaged_cache, identity_problem, load_digest_cache, write_text_cache
+from oelm.data.cache import FOREIGN, drop_damaged_cache, identity_problem, load_digest_cache, write_text_cache
 from oelm.data.classification import check_texts
 from oelm.data.registry import hub_offline, resolve_data_dir
 from oelm.errors import ConfigError, DataNotFoundError
@@ -278,13 +278,14 @@ def _cached_bpe(target: Path, identity: dict[str, Any]):
     else:
         if cached.eos_token_id != 0 or len(cached) <= 256:  # the recipe's layout: <|endoftext|> is id 0
             problem = f"{target.name} has {len(cached)} ids and {EOS_TOKEN} at id {cached.eos_token_id}"
+    state = "is damaged"
     if problem is None:
-        problem = identity_problem(found, identity)
+        problem, state = identity_problem(found, identity), FOREIGN
     if problem is None and found.get("tokenizer_json_sha256") != hashlib.sha256(target.read_bytes()).hexdigest():
         problem = f"{target.name} is not the file its {_BPE_IDENTITY} describes (sha256 differs)"
     if problem is None:
         return cached
-    drop_damaged_cache(target.parent, problem)
+    drop_damaged_cache(target.parent, problem, state)
     return None
 
 
