@@ -1,6 +1,7 @@
-"""Damaged caches (issue 26, item 4): a truncated token-cache ``.npy`` or a corrupt cached BPE
+"""Damaged caches (issue 26, item 4): a truncated token cache or a corrupt cached BPE
 ``tokenizer.json`` was a traceback naming no cache. Now the damaged file is named in a warning,
-deleted and rebuilt, and the result equals the one built from scratch.
+deleted and rebuilt, and the result equals the one built from scratch. (The token cache is an
+``.npz`` of ``tokens`` and the ``identity`` of what they encode: tests/test_cache_identity.py.)
 
 The caches are built in a temporary folder from real TinyStories documents, then damaged there.
 """
@@ -25,14 +26,24 @@ def _only(folder, pattern):
     return found[0]
 
 
+def _rewrite_tokens(cache, change):
+    """Rewrite the token cache ``cache`` with ``change(tokens)`` in place of its tokens, its identity kept:
+    a file still well-formed, with damaged contents."""
+    with np.load(cache) as npz:
+        arrays = {name: npz[name] for name in npz.files}
+    arrays["tokens"] = change(arrays["tokens"])
+    with open(cache, "wb") as f:
+        np.savez(f, **arrays)
+
+
 def test_truncated_token_cache_is_named_deleted_and_rebuilt(docs, tmp_path):
     tokenizer = train_bpe_tokenizer(docs, 400, tmp_path / "tok")
     fresh = pack_documents(docs, tokenizer, 32, cache_dir=tmp_path / "tokens")
-    cache = _only(tmp_path / "tokens", "tokens-*.npy")
+    cache = _only(tmp_path / "tokens", "tokens-*.npz")
     size = cache.stat().st_size
     with open(cache, "r+b") as f:
         f.truncate(size // 2)  # a copy cut short, a full disk
-    with pytest.warns(UserWarning, match=rf"oelm cache {cache} is damaged \(ValueError: .*\); deleting it and building it again"):
+    with pytest.warns(UserWarning, match=rf"oelm cache {cache} is damaged \(\w+: .*\); deleting it and building it again"):
         again = pack_documents(docs, tokenizer, 32, cache_dir=tmp_path / "tokens")
     assert again.equal(fresh)
     assert cache.stat().st_size == size  # rebuilt whole
@@ -41,10 +52,13 @@ def test_truncated_token_cache_is_named_deleted_and_rebuilt(docs, tmp_path):
 def test_token_cache_with_ids_outside_the_vocabulary_is_rebuilt(docs, tmp_path):
     tokenizer = train_bpe_tokenizer(docs, 400, tmp_path / "tok")
     fresh = pack_documents(docs, tokenizer, 32, cache_dir=tmp_path / "tokens")
-    cache = _only(tmp_path / "tokens", "tokens-*.npy")
-    stream = np.load(cache)
-    stream[5] = len(tokenizer) + 7  # bytes flipped on disk: still a valid .npy
-    np.save(cache, stream)
+    cache = _only(tmp_path / "tokens", "tokens-*.npz")
+
+    def flip(stream):
+        stream[5] = len(tokenizer) + 7  # bytes flipped on disk: still a valid .npz
+        return stream
+
+    _rewrite_tokens(cache, flip)
     with pytest.warns(UserWarning, match=rf"holds id {len(tokenizer) + 7}, outside the tokenizer's {len(tokenizer)} ids"):
         again = pack_documents(docs, tokenizer, 32, cache_dir=tmp_path / "tokens")
     assert again.equal(fresh)
@@ -53,8 +67,8 @@ def test_token_cache_with_ids_outside_the_vocabulary_is_rebuilt(docs, tmp_path):
 def test_token_cache_of_another_dtype_is_rebuilt(docs, tmp_path):
     tokenizer = train_bpe_tokenizer(docs, 400, tmp_path / "tok")
     fresh = pack_documents(docs, tokenizer, 32, cache_dir=tmp_path / "tokens")
-    cache = _only(tmp_path / "tokens", "tokens-*.npy")
-    np.save(cache, np.load(cache).astype(np.float32))
+    cache = _only(tmp_path / "tokens", "tokens-*.npz")
+    _rewrite_tokens(cache, lambda stream: stream.astype(np.float32))
     with pytest.warns(UserWarning, match="holds a float32 array .* expected 1-D uint16"):
         assert pack_documents(docs, tokenizer, 32, cache_dir=tmp_path / "tokens").equal(fresh)
 
@@ -89,7 +103,7 @@ def test_a_cache_folder_that_cannot_be_written_is_a_warning_not_a_failure(docs, 
     with pytest.warns(UserWarning, match=rf"cannot write the tokenizer cache under {blocker} \(File exists\); going on without"):
         tokenizer = train_bpe_tokenizer(docs, 400, blocker)
     assert len(tokenizer) == len(train_bpe_tokenizer(docs, 400, None))
-    with pytest.warns(UserWarning, match=rf"cannot write the token cache {blocker}/tokens-\w+\.npy \(File exists\)"):
+    with pytest.warns(UserWarning, match=rf"cannot write the token cache {blocker}/tokens-\w+\.npz \(File exists\)"):
         blocks = pack_documents(docs, tokenizer, 32, cache_dir=blocker)
     assert blocks.equal(pack_documents(docs, tokenizer, 32, cache_dir=None))
 
@@ -97,9 +111,9 @@ def test_a_cache_folder_that_cannot_be_written_is_a_warning_not_a_failure(docs, 
 def test_a_directory_where_the_token_cache_belongs_is_replaced(docs, tmp_path):
     tokenizer = train_bpe_tokenizer(docs, 400, tmp_path / "tok")
     fresh = pack_documents(docs, tokenizer, 32, cache_dir=tmp_path / "tokens")
-    cache = _only(tmp_path / "tokens", "tokens-*.npy")
+    cache = _only(tmp_path / "tokens", "tokens-*.npz")
     cache.unlink()
     cache.mkdir()
-    with pytest.warns(UserWarning, match=rf"oelm cache {cache} is damaged \(a directory where the \.npy file belongs\)"):
+    with pytest.warns(UserWarning, match=rf"oelm cache {cache} is damaged \(a directory where the \.npz file belongs\)"):
         assert pack_documents(docs, tokenizer, 32, cache_dir=tmp_path / "tokens").equal(fresh)
     assert cache.is_file()

@@ -323,10 +323,10 @@ def test_pack_documents_blocks_eos_and_roundtrip(data_dir, gpt2_tokenizer, tmp_p
     assert blocks.eq(eos).sum().item() == sum(1 for i, t in enumerate(stream[: blocks.numel()]) if t == eos)
     joined = "".join(d + EOS_TOKEN for d in docs)
     assert joined.startswith(gpt2_tokenizer.decode(blocks[0]))
-    cached = list(tmp_path.glob("tokens-*.npy"))
-    assert len(cached) == 1 and np.load(cached[0]).dtype == np.uint16
+    cached = list(tmp_path.glob("tokens-*.npz"))
+    assert len(cached) == 1 and np.load(cached[0])["tokens"].dtype == np.uint16
     again = pack_documents(docs, gpt2_tokenizer, 2 * block, cache_dir=tmp_path)  # same stream, other block size
-    assert again.flatten().tolist() == stream[: again.numel()] and len(list(tmp_path.glob("tokens-*.npy"))) == 1
+    assert again.flatten().tolist() == stream[: again.numel()] and len(list(tmp_path.glob("tokens-*.npz"))) == 1
 
 
 def test_pack_fewer_tokens_than_a_block(gpt2_tokenizer):

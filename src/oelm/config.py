@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from oelm.method import OELMConfig
 
 __all__ = [
+    "DatasetSource",
     "TaskConfig",
     "ModelConfig",
     "MethodEntry",
@@ -94,10 +95,51 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
+class DatasetSource(_Strict):
+    """Your own dataset (``task.source``): local files, or a Hugging Face ``datasets`` id, with its
+    columns. Registered under ``task.dataset`` and then loaded and checked like a shipped dataset
+    (:mod:`oelm.data.sources`)."""
+
+    files: dict[str, Text | list[Text]] | None = Field(
+        None, description="Split -> file (or files): .csv, .tsv, .jsonl, .parquet (tables with the text and label "
+        "columns), or .txt / .txt.gz (language modelling; documents separated by <|endoftext|>, else one per file). "
+        "Relative paths are resolved against the working directory when the config is read.")
+    hub: Text | None = Field(None, description="A Hugging Face datasets id (datasets.load_dataset), instead of files.")
+    hub_config: Text | None = Field(None, description="The Hub dataset's configuration name (e.g. sst2 for nyu-mll/glue).")
+    hub_splits: dict[str, Text] | None = Field(
+        None, description="Our split -> the Hub's split name; default train, validation and test as named.")
+    type: Literal["classification", "language_modeling"] | None = Field(
+        None, description="Default: language_modeling for .txt files, classification otherwise.")
+    text_columns: list[Text] = Field(
+        default_factory=lambda: ["text"], min_length=1, max_length=2,
+        description="The text column, or two for sentence pairs (e.g. [premise, hypothesis]).")
+    label_column: Text = Field("label", description="Classification: the column of class ids (0..n-1) or label names.")
+    label_names: list[Text] | None = Field(
+        None, min_length=2, description="Classification: the name of class 0, 1, ...; labels may then be these names.")
+    validation_holdout: Float | None = Field(
+        None, gt=0, lt=1, description="No validation file: this fraction of train becomes validation (seeded, disjoint).")
+
+    @field_validator("files")
+    @classmethod
+    def _absolute_paths(cls, files: dict[str, str | list[str]] | None) -> dict[str, str | list[str]] | None:
+        # resolved once, when the config is read: the runs (another process, a Ray worker) read the same files
+        if files is None:
+            return None
+
+        def absolute(path: str) -> str:
+            return str(Path(path).expanduser().absolute())
+
+        return {split: absolute(p) if isinstance(p, str) else [absolute(x) for x in p] for split, p in files.items()}
+
+
 class TaskConfig(_Strict):
     """Which data, how much of it, and how it is tokenized."""
 
-    dataset: str = Field(description="Registered dataset name (oelm.data.DATASETS), e.g. sst2, tinystories.")
+    dataset: str = Field(description="Registered dataset name (oelm.data.DATASETS), e.g. sst2, tinystories; with "
+                         "task.source, the name you give your own data.")
+    source: DatasetSource | None = Field(
+        None, description="Your own data: files (CSV, TSV, JSON lines, Parquet, text) or a Hugging Face datasets id, "
+        "with its columns; registered under task.dataset.")
     data_dir: Text | None = Field(None, description="Folder laid out like shared/data; default: $OELM_DATA_DIR.")
     train_split: str = "train"
     validation_split: str = "validation"
@@ -130,16 +172,24 @@ class TaskConfig(_Strict):
         from oelm.data.registry import get_dataset_spec, resolve_split
 
         try:
-            spec = get_dataset_spec(self.dataset)
+            if self.source is not None:  # your own data: registered now, so every reader finds it by name
+                from oelm.data.sources import register_source
+
+                spec = register_source(self.dataset, self.source.model_dump())
+            else:
+                spec = get_dataset_spec(self.dataset)
         except ConfigError as err:
-            raise ValueError(f"task.dataset: {err}") from None
+            raise ValueError(f"task.dataset: {err}" if self.source is None else str(err)) from None
         for key in ("train_split", "validation_split", "test_split"):
             split = getattr(self, key)
             if split is not None:
                 try:
                     resolve_split(spec, split)
                 except ConfigError as err:
-                    raise ValueError(f"task.{key}: {err}") from None
+                    hint = (f"; name its file in task.source.files.{split}" + (
+                        " or hold validation out of train (task.source.validation_holdout: 0.1)" if key == "validation_split"
+                        else "")) if self.source is not None and self.source.files else ""
+                    raise ValueError(f"task.{key}: {err}{hint}") from None
         return self
 
     @field_validator("tokenizer")

@@ -328,5 +328,6 @@ def verify_dir(path: str | os.PathLike) -> str | None:
 def cache_dir() -> Path:
     """Tokenizer and token caches: ``$OELM_CACHE_DIR``, default ``~/.cache/oelm``: ``tokenizers/``
     (trained BPEs), ``tokens/`` (LM token streams), ``encodings/`` (classification encodings),
-    ``tokenizer-hashes/`` (:func:`oelm.data.lm.tokenizer_record` hashes)."""
+    ``tokenizer-hashes/`` (:func:`oelm.data.lm.tokenizer_record` hashes), ``file-hashes/``
+    (:func:`oelm.data.identity.file_sha256`)."""
     return Path(os.environ.get("OELM_CACHE_DIR", Path.home() / ".cache" / "oelm"))

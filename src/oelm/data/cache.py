@@ -1,9 +1,17 @@
 """Damaged cache files (:mod:`oelm.data.lm`'s token streams and trained tokenizers,
 :mod:`oelm.data.classification`'s encodings): a cache that cannot be read back is named in a
-warning, deleted and built again, never a traceback and never silently used."""
+warning, deleted and built again, never a traceback and never silently used.
+
+Each cache file also carries the *identity* of what it encodes (:func:`identity_problem`): the
+content hash of its documents or texts, the tokenizer, the lengths, and a label such as
+``sst2/validation``. A file whose identity is not the one asked for (another split's cache copied
+over this name) is named in a warning and rebuilt, never used. In a cache folder that cannot be
+written (read-only), a damaged or foreign entry is a warning and the data is built again without
+the cache."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -11,12 +19,16 @@ import tempfile
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 __all__ = [
+    "FOREIGN",
     "drop_damaged_cache",
+    "identity_array",
+    "identity_problem",
+    "read_identity",
     "load_array_cache",
     "load_digest_cache",
     "load_token_cache",
@@ -26,23 +38,74 @@ __all__ = [
 ]
 
 
-def drop_damaged_cache(path: Path, problem: str) -> None:
-    """Warn that the cache file (or folder) ``path`` is damaged and remove it, so that it is rebuilt."""
-    warnings.warn(f"oelm cache {path} is damaged ({problem}); deleting it and building it again", stacklevel=3)
-    if path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
-
-
-def load_token_cache(path: Path, dtype: np.dtype, vocab_size: int) -> np.ndarray | None:
-    """The cached token stream at ``path``, or None (after a warning, the file deleted) when it is
-    damaged: unreadable or truncated ``.npy``, not a 1-D array of ``dtype``, or ids outside the
-    vocabulary."""
+def drop_damaged_cache(path: Path, problem: str, state: str = "is damaged") -> None:
+    """Warn that the cache file (or folder) ``path`` is damaged (or, ``state="holds other data"``,
+    encodes other data: :func:`identity_problem`) and remove it, so that it is rebuilt. Where it
+    cannot be removed (a read-only cache folder), the warning says so and the caller builds the
+    data again without that cache entry."""
     try:
-        stream = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        drop_damaged_cache(path, f"{type(exc).__name__}: {exc}")
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    except OSError as exc:
+        warnings.warn(f"oelm cache {path} {state} ({problem}) and cannot be deleted ({exc.strerror or exc}); "
+                      "building it again without the cache (set OELM_CACHE_DIR to a writable folder)", stacklevel=3)
+        return
+    warnings.warn(f"oelm cache {path} {state} ({problem}); deleting it and building it again", stacklevel=3)
+
+
+#: drop_damaged_cache's state for an entry whose identity is not the one asked for
+FOREIGN = "holds other data"
+
+
+def identity_array(identity: Mapping[str, Any]) -> np.ndarray:
+    """``identity`` as a 0-d unicode array (JSON), to be stored beside the data in an ``.npz``."""
+    return np.array(json.dumps(dict(identity), sort_keys=True))
+
+
+def read_identity(arrays: Mapping[str, np.ndarray]) -> dict[str, Any] | None:
+    """The identity stored by :func:`identity_array` under ``arrays["identity"]``, or None."""
+    raw = arrays.get("identity")
+    if raw is None or raw.shape != () or raw.dtype.kind != "U":
+        return None
+    try:
+        found = json.loads(str(raw))
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def identity_problem(found: Mapping[str, Any] | None, expected: Mapping[str, Any]) -> str | None:
+    """None when ``found`` agrees with ``expected`` on every key of ``expected`` except ``what``;
+    else the first difference in words, e.g. ``encodes sst2/train (texts sha256 1a2b3c4d5e6f),
+    not sst2/validation (texts sha256 9f8e7d6c5b4a)``. ``what`` (a label such as
+    ``sst2/validation``) is shown, never compared: the same texts under another name are the same
+    cache."""
+    if found is None:
+        return "carries no identity of what it encodes"
+    for key, value in expected.items():
+        if key != "what" and found.get(key) != value:
+            def shown(record: Mapping[str, Any]) -> str:
+                v = record.get(key)
+                v = f"{v[:12]}" if isinstance(v, str) and len(v) > 12 else v
+                return f"{record.get('what') or '?'} ({key.replace('_', ' ')} {v})"
+            return f"encodes {shown(found)}, not {shown(expected)}"
+    return None
+
+
+def load_token_cache(path: Path, dtype: np.dtype, vocab_size: int,
+                     identity: Mapping[str, Any] | None = None) -> np.ndarray | None:
+    """The cached token stream at ``path`` (an ``.npz`` of ``tokens`` and ``identity``), or None
+    (after a warning, the file deleted) when it is damaged: unreadable or truncated, not a 1-D
+    array of ``dtype``, ids outside the vocabulary, or (``identity`` given) the stream of other
+    documents or another tokenizer (:func:`identity_problem`)."""
+    arrays = load_array_cache(path)
+    if arrays is None:
+        return None
+    stream = arrays.get("tokens")
+    if stream is None:
+        drop_damaged_cache(path, f"holds arrays {sorted(arrays)}, expected tokens and identity")
         return None
     if stream.ndim != 1 or stream.dtype != dtype:
         drop_damaged_cache(path, f"holds a {stream.dtype} array of shape {stream.shape}, expected 1-D {dtype}")
@@ -50,14 +113,25 @@ def load_token_cache(path: Path, dtype: np.dtype, vocab_size: int) -> np.ndarray
     if stream.size and int(stream.max()) >= vocab_size:
         drop_damaged_cache(path, f"holds id {int(stream.max())}, outside the tokenizer's {vocab_size} ids")
         return None
+    if identity is not None:
+        found = read_identity(arrays)
+        problem = identity_problem(found, identity)
+        if problem is not None:
+            drop_damaged_cache(path, problem, FOREIGN)
+            return None
+        if found.get("tokens") != len(stream):
+            drop_damaged_cache(path, f"holds {len(stream)} tokens, its identity says {found.get('tokens')}")
+            return None
     return stream
 
 
-def write_token_cache(path: Path, stream: np.ndarray) -> None:
-    """Write ``stream`` to ``path`` atomically (a concurrent reader sees nothing or the whole file).
-    A directory in the way is removed as damaged; a cache folder that cannot be written (a file,
-    no permission, disk full) is a warning and no cache: the stream is already computed."""
-    _write_atomically(path, ".npy", lambda f: np.save(f, stream), "token cache")
+def write_token_cache(path: Path, stream: np.ndarray, identity: Mapping[str, Any] | None = None) -> None:
+    """Write ``stream`` (and its ``identity``, with ``tokens`` = its length) to the ``.npz``
+    ``path`` atomically (a concurrent reader sees nothing or the whole file). A directory in the
+    way is removed as damaged; a cache folder that cannot be written (a file, no permission,
+    read-only, disk full) is a warning and no cache: the stream is already computed."""
+    arrays = {"tokens": stream, "identity": identity_array({**(identity or {}), "tokens": int(len(stream))})}
+    _write_atomically(path, ".npz", lambda f: np.savez(f, **arrays), "token cache")
 
 
 def write_array_cache(path: Path, arrays: dict[str, np.ndarray], what: str = "cache") -> None:

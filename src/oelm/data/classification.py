@@ -31,6 +31,8 @@ import numpy as np
 import torch
 
 from oelm.data.registry import DatasetSpec, find_local_files, get_dataset_spec, holdout_indices, load_hub_split, resolve_split
+from oelm.data.sources import is_own_data
+from oelm.data.tables import read_table
 from oelm.data.text import check_texts, documents_digest
 from oelm.data.tokenizers import tokenizer_record
 from oelm.errors import ConfigError, DataFormatError
@@ -90,7 +92,7 @@ def load_classification(
     paths = find_local_files(spec, stored, data_dir, split)
     if paths is not None:
         origin = ", ".join(str(p) for p in paths)
-        frame = _read_parquet(spec, split, paths)
+        frame = _read_tables(spec, split, paths, spec.local_format(stored))
         frame = _apply_row_filter(spec, split, frame, origin)
     else:
         frame = load_hub_split(spec, stored, data_dir, split).to_pandas()
@@ -109,18 +111,12 @@ def load_classification(
     return df
 
 
-def _read_parquet(spec: DatasetSpec, split: str, paths: list[Path]) -> pd.DataFrame:
+def _read_tables(spec: DatasetSpec, split: str, paths: list[Path], fmt: str) -> pd.DataFrame:
+    """The split's table files in format ``fmt`` (:mod:`oelm.data.tables`), one after another."""
     import pandas as pd
 
-    frames = []
-    for path in paths:
-        try:
-            frames.append(pd.read_parquet(path))
-        except Exception as exc:  # pyarrow raises several types for a damaged or non-parquet file
-            raise DataFormatError(
-                f"{spec.name}/{split}: cannot read {path} as Parquet ({type(exc).__name__}: {exc}). "
-                "Fix: replace it with the file from shared/data (see its MANIFEST.md for the sha256)."
-            ) from exc
+    fix = "Fix: check the file named in task.source.files." if is_own_data(spec) else None
+    frames = [read_table(path, fmt, f"{spec.name}/{split}", spec.text_columns, fix) for path in paths]
     return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
 
 
@@ -140,15 +136,18 @@ def _to_layout(spec: DatasetSpec, split: str, frame: pd.DataFrame, origin: str, 
     where = f"{spec.name}/{split} ({origin})"
     required = [*spec.text_columns, spec.label_column]
     missing = [c for c in required if c not in frame.columns]
+    own = is_own_data(spec)
     if missing:
+        layout = ("set task.source.text_columns and task.source.label_column to the file's columns" if own else
+                  "Parquet laid out like shared/data: text columns + int64 label")
         raise DataFormatError(
-            f"{where}: missing column(s) {missing}; found {list(frame.columns)}. Expected columns {required} "
-            "(Parquet laid out like shared/data: text columns + int64 label)."
+            f"{where}: missing column(s) {missing}; found {list(frame.columns)}. Expected columns {required} ({layout})."
         )
     df = frame[required].rename(columns={spec.label_column: "label"}).reset_index(drop=True)
     if df.empty:
         filt = "".join(f" with {c} == {v!r}" for c, v in spec.row_filter.items())
-        raise DataFormatError(f"{where}: the split has no rows{filt}. Fix: use the file from shared/data (MANIFEST.md).")
+        fix = "give a file with at least one example" if own else "use the file from shared/data (MANIFEST.md)"
+        raise DataFormatError(f"{where}: the split has no rows{filt}. Fix: {fix}.")
     for column in spec.text_columns:
         nulls = int(df[column].isna().sum())
         if nulls:
@@ -180,8 +179,20 @@ def _label_set(spec: DatasetSpec) -> str:
 
 
 def _integer_labels(labels: pd.Series, where: str, spec: DatasetSpec) -> pd.Series:
+    """Labels as int64 class ids. In your own data (``task.source``), labels given as text (a CSV
+    of "negative" / "positive") become their index in ``spec.label_names`` when every one is among
+    those names; shipped files hold int64 ids (MANIFEST.md), so text there is refused."""
     import pandas as pd
 
+    if spec.label_names and is_own_data(spec) and not pd.api.types.is_numeric_dtype(labels) and not pd.api.types.is_bool_dtype(labels):
+        ids = {name: i for i, name in enumerate(spec.label_names)}
+        if labels.notna().all() and labels.map(lambda v: isinstance(v, str) and v in ids).all():
+            return labels.map(ids).astype("int64")
+        unknown = sorted({repr(v) for v in labels.tolist() if not (isinstance(v, str) and v in ids)})[:3]
+        raise DataFormatError(
+            f"{where}: column 'label' holds {', '.join(unknown)}, which is neither a class id {_label_set(spec)} nor one "
+            f"of the label names {list(spec.label_names)}. Fix: map the labels to those ids or names."
+        )
     if pd.api.types.is_bool_dtype(labels) or not pd.api.types.is_numeric_dtype(labels):
         shown = sorted({repr(v) for v in labels.dropna().tolist()[:1000]})[:3]
         raise DataFormatError(
@@ -267,7 +278,7 @@ class ClassificationDataset(torch.utils.data.Dataset):
 
 def encode_classification(df: pd.DataFrame, tokenizer, text_columns: Sequence[str], max_length: int, *,
                           cache_dir: str | os.PathLike | None = None,
-                          tokenizer_sha256: str | None = None) -> ClassificationDataset:
+                          tokenizer_sha256: str | None = None, what: str | None = None) -> ClassificationDataset:
     """Tokenize every row (single text or sentence pair) without padding, truncated to ``max_length``.
 
     Sentence pairs are truncated longest-first, so both sentences keep tokens. Special tokens
@@ -276,8 +287,10 @@ def encode_classification(df: pd.DataFrame, tokenizer, text_columns: Sequence[st
     ``cache_dir``: read the encodings from, or write them to, ``cache_dir/cls-<key>.npz``
     (:func:`encoding_cache_key`; ``tokenizer_sha256`` is the tokenizer's
     :func:`oelm.data.tokenizers.tokenizer_record` hash, computed when not given). The labels always come
-    from ``df``. A cache file that cannot be read or does not fit (row count, lengths, ids outside
-    the vocabulary) is warned about, deleted and written again.
+    from ``df``. The file carries its identity (texts sha256, tokenizer, ``max_length``, rows, and
+    ``what``, a label such as ``sst2/validation`` shown in messages). A cache file that cannot be
+    read, does not fit (row count, lengths, ids outside the vocabulary) or encodes other texts
+    (another split's file under this name) is warned about, deleted and written again.
 
     Raises:
         DataFormatError: ``df`` lacks a text column or the ``label`` column, or a text is not a
@@ -297,19 +310,21 @@ def encode_classification(df: pd.DataFrame, tokenizer, text_columns: Sequence[st
         check_texts(values, f"cannot encode column {column!r}", "row")
     labels = df["label"].astype("int64").tolist()
     path = None
+    identity = None
     if cache_dir is not None:
         key = encoding_cache_key(texts, tokenizer, text_columns, max_length, tokenizer_sha256)
         path = Path(cache_dir) / f"cls-{key}.npz"
-        cached = _load_encodings(path, len(labels), max_length, len(tokenizer)) if path.is_file() else None
+        identity = _encoding_identity(texts, key, len(labels), max_length, what)
+        cached = _load_encodings(path, len(labels), max_length, len(tokenizer), identity) if path.is_file() else None
         if cached is not None:
             return ClassificationDataset(cached, labels)
     encodings = dict(tokenizer(*texts, truncation=True, max_length=max_length, padding=False))
     if path is not None:
-        _write_encodings(path, encodings)
+        _write_encodings(path, encodings, identity)
     return ClassificationDataset(encodings, labels)
 
 
-_ENCODING_FORMAT = "cls-encodings-v1"  # bump when the file layout or what encode_classification asks changes
+_ENCODING_FORMAT = "cls-encodings-v2"  # bump when the file layout or what encode_classification asks changes
 
 
 def encoding_cache_key(texts: Sequence[Sequence[str]], tokenizer, text_columns: Sequence[str], max_length: int,
@@ -337,24 +352,37 @@ def encoding_cache_key(texts: Sequence[Sequence[str]], tokenizer, text_columns: 
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def _write_encodings(path: Path, encodings: dict[str, list[list[int]]]) -> None:
+def _encoding_identity(texts: Sequence[Sequence[str]], key: str, rows: int, max_length: int,
+                       what: str | None) -> dict[str, Any]:
+    """What one cached encoding file encodes (:func:`oelm.data.cache.identity_problem`): the texts'
+    sha256 first, so a file of another split is named by its texts; ``key`` covers the rest."""
+    texts_sha256 = hashlib.sha256("|".join(documents_digest(column) for column in texts).encode()).hexdigest()
+    return {"what": what, "texts_sha256": texts_sha256, "rows": rows, "max_length": int(max_length), "key": key}
+
+
+def _write_encodings(path: Path, encodings: dict[str, list[list[int]]], identity: dict[str, Any] | None = None) -> None:
     """One ``.npz``: ``names`` (the tokenizer's output keys, in order), ``offsets`` [rows + 1]
-    (shared: every key has the same length per row) and one flat int32 array per key."""
-    from oelm.data.cache import write_array_cache
+    (shared: every key has the same length per row), one flat int32 array per key, and
+    ``identity`` (:func:`oelm.data.cache.identity_array`)."""
+    from oelm.data.cache import identity_array, write_array_cache
 
     names = list(encodings)
     lengths = np.fromiter((len(row) for row in encodings[names[0]]), dtype=np.int64, count=len(encodings[names[0]]))
     arrays = {"names": np.array(names), "offsets": np.concatenate([[0], np.cumsum(lengths)])}
+    if identity is not None:
+        arrays["identity"] = identity_array(identity)
     for name in names:
         rows = encodings[name]
         arrays[f"flat_{name}"] = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int32, count=int(lengths.sum()))
     write_array_cache(path, arrays, "encoding cache")
 
 
-def _load_encodings(path: Path, rows: int, max_length: int, vocab_size: int) -> dict[str, list[list[int]]] | None:
+def _load_encodings(path: Path, rows: int, max_length: int, vocab_size: int,
+                    identity: dict[str, Any] | None = None) -> dict[str, list[list[int]]] | None:
     """The encodings cached at ``path``, or None (after a warning, the file deleted) when the file
-    cannot be read or does not fit ``rows`` examples of at most ``max_length`` ids below ``vocab_size``."""
-    from oelm.data.cache import drop_damaged_cache, load_array_cache
+    cannot be read, does not fit ``rows`` examples of at most ``max_length`` ids below
+    ``vocab_size``, or (``identity`` given) encodes other texts."""
+    from oelm.data.cache import FOREIGN, drop_damaged_cache, identity_problem, load_array_cache, read_identity
 
     arrays = load_array_cache(path)
     if arrays is None:
@@ -376,6 +404,10 @@ def _load_encodings(path: Path, rows: int, max_length: int, vocab_size: int) -> 
             problem = f"holds ids outside the tokenizer's {vocab_size} ids"
     if problem is not None:
         drop_damaged_cache(path, problem)
+        return None
+    foreign = identity_problem(read_identity(arrays), identity) if identity is not None else None
+    if foreign is not None:
+        drop_damaged_cache(path, foreign, FOREIGN)
         return None
     bounds = offsets.tolist()
     encodings = {}

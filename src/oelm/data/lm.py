@@ -39,6 +39,8 @@ from oelm.data.registry import (
     resolve_split,
 )
 from oelm.data.cache import load_token_cache, write_token_cache
+from oelm.data.sources import is_own_data
+from oelm.data.tables import TABLE_FORMATS, read_table
 from oelm.data.text import check_texts, documents_digest
 from oelm.data.tokenizers import (  # the tokenizers live there; their names stay importable from here
     EOS_TOKEN,
@@ -113,7 +115,8 @@ def load_documents(name: str, split: str, data_dir: str | os.PathLike | None = N
     docs = [_apply_fixes(d, spec.text_fixes) for d in docs]
     docs = [d for d in docs if d and not d.isspace()]
     if not docs:
-        raise DataFormatError(f"{spec.name}/{split}: no documents in {origin}. Fix: use the file(s) from shared/data (MANIFEST.md).")
+        fix = "give files with text in them" if is_own_data(spec) else "use the file(s) from shared/data (MANIFEST.md)"
+        raise DataFormatError(f"{spec.name}/{split}: no documents in {origin}. Fix: {fix}.")
     if part is not None:
         train_idx, val_idx = holdout_indices(len(docs), spec.validation_holdout, holdout_seed)
         docs = [docs[i] for i in (val_idx if part == "validation" else train_idx)]
@@ -139,18 +142,16 @@ def _read_text(spec: DatasetSpec, split: str, path: Path) -> str:
 
 
 def _read_local_documents(spec: DatasetSpec, split: str, paths: list[Path], fmt: str) -> list[str]:
-    if fmt == "parquet":
+    if fmt in TABLE_FORMATS:
         column = spec.text_columns[0]
         docs: list[str] = []
+        own = is_own_data(spec)
         for path in paths:
-            try:
-                import pandas as pd  # here, not at module level: ~0.4 s that `import oelm.data` need not pay
-
-                frame = pd.read_parquet(path, columns=None)
-            except Exception as exc:
-                raise DataFormatError(f"{spec.name}/{split}: cannot read {path} as Parquet ({type(exc).__name__}: {exc}).") from exc
+            frame = read_table(path, fmt, f"{spec.name}/{split}", (column,),
+                               "Fix: check the file named in task.source.files." if own else None)
             if column not in frame.columns:
-                raise DataFormatError(f"{spec.name}/{split}: {path} lacks column {column!r}; found {list(frame.columns)}.")
+                fix = " Fix: set task.source.text_columns to the column that holds the documents." if own else ""
+                raise DataFormatError(f"{spec.name}/{split}: {path} lacks column {column!r}; found {list(frame.columns)}.{fix}")
             texts = frame[column].dropna().tolist()
             check_texts(texts, f"{spec.name}/{split}: {path}: column {column!r}", "row")
             docs.extend(texts)
@@ -289,7 +290,8 @@ def _encode_stream(documents: Sequence[str], tokenizer, dtype: np.dtype, batch: 
 
 
 def pack_documents(
-    documents: Sequence[str], tokenizer, block_size: int, cache_dir: str | os.PathLike | None = None
+    documents: Sequence[str], tokenizer, block_size: int, cache_dir: str | os.PathLike | None = None, *,
+    what: str | None = None,
 ) -> torch.LongTensor:
     """Tokenize, append ``<|endoftext|>`` after each document, concatenate, cut into blocks.
 
@@ -297,11 +299,14 @@ def pack_documents(
         LongTensor ``[num_blocks, block_size]``, ``num_blocks = total_tokens // block_size``
         (the tail remainder is dropped; 0 blocks if there are fewer tokens than one block).
 
-    The concatenated stream is cached as ``cache_dir/tokens-<key>.npy`` (uint16 for vocabularies
+    The concatenated stream is cached as ``cache_dir/tokens-<key>.npz`` (uint16 for vocabularies
     of <= 65,536 ids, else int32), ``key`` = hash of the tokenizer (its full serialized state:
     vocab, merges, normalizer) and :func:`documents_digest`; the cache is independent of
-    ``block_size``. A damaged cache file (truncated, wrong dtype, ids outside the vocabulary) is
-    deleted, with a warning, and the stream encoded again.
+    ``block_size``. The file carries its identity (documents sha256 and count, tokenizer, tokens,
+    and ``what``, a label such as ``tinystories/train`` shown in messages). A damaged cache file
+    (truncated, wrong dtype, ids outside the vocabulary) or one whose identity is not these
+    documents' (another split's file under this name) is deleted, with a warning, and the stream
+    encoded again (:mod:`oelm.data.cache`).
 
     Raises:
         DataFormatError: the tokenizer has no eos token, or a document is not a ``str`` or not
@@ -316,15 +321,18 @@ def pack_documents(
             f"tokenizer {type(tokenizer).__name__} has no eos token to separate documents; set tokenizer.eos_token"
         )
     dtype = np.dtype(np.uint16) if len(tokenizer) <= 65_536 else np.dtype(np.int32)
-    path = None
+    path, identity = None, None
     if cache_dir is not None:
-        key = hashlib.sha256(f"{_tokenizer_fingerprint(tokenizer)}|{documents_digest(documents)}".encode()).hexdigest()[:24]
-        path = Path(cache_dir) / f"tokens-{key}.npy"
-    stream = load_token_cache(path, dtype, len(tokenizer)) if path is not None and path.is_file() else None
+        digest, tokenizer_digest = documents_digest(documents), _tokenizer_fingerprint(tokenizer)
+        key = hashlib.sha256(f"{tokenizer_digest}|{digest}".encode()).hexdigest()[:24]
+        path = Path(cache_dir) / f"tokens-{key}.npz"
+        identity = {"what": what, "documents_sha256": digest, "documents": len(documents), "tokenizer": tokenizer_digest,
+                    "dtype": dtype.name}
+    stream = load_token_cache(path, dtype, len(tokenizer), identity) if path is not None and path.is_file() else None
     if stream is None:
         stream = _encode_stream(documents, tokenizer, dtype)
         if path is not None:
-            write_token_cache(path, stream)
+            write_token_cache(path, stream, identity)
     n_blocks = len(stream) // block_size
     return torch.from_numpy(stream[: n_blocks * block_size].astype(np.int64)).view(n_blocks, block_size)
 

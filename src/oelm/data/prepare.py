@@ -18,6 +18,7 @@ from oelm.config import ExperimentConfig, TrainingConfig
 from oelm.data.classification import (
     classification_collator, encode_classification, held_out_rest, length_buckets, load_classification, subsample,
 )
+from oelm.data.identity import data_source
 from oelm.data.lm import LMBlockDataset, get_lm_tokenizer, load_documents, pack_documents, tokenizer_record
 from oelm.data.registry import get_dataset_spec
 from oelm.errors import ConfigError, DataFormatError
@@ -46,6 +47,9 @@ class PreparedData:
     #: Classification: the padded lengths ``training.length_buckets`` pads batches to
     #: (:func:`oelm.data.classification.length_buckets` of ``task.max_length``); None for LM.
     length_buckets: tuple[int, ...] | None = None
+    #: :func:`oelm.data.identity.data_source`: the content hash of every split's files and the
+    #: tokenizer's sha256; recorded in experiment.json and result.json, compared on every rerun.
+    source: dict[str, Any] | None = None
 
 
 def _load_splits(task, load: Callable, sample: Callable) -> dict[str, Any]:
@@ -73,7 +77,16 @@ def _load_splits(task, load: Callable, sample: Callable) -> dict[str, Any]:
 
 def _gpt_tokenizer(config: ExperimentConfig, train_docs: list[str] | None):
     spec = config.task.tokenizer or "gpt2"
-    return get_lm_tokenizer(spec, train_docs, cache_dir() / "tokenizers", data_dir=config.task.data_dir)
+    return get_lm_tokenizer(spec, train_docs, cache_dir() / "tokenizers", data_dir=config.task.data_dir,
+                            what=f"{config.task.dataset}/{config.task.train_split}")
+
+
+def _what(task, role: str) -> str:
+    """``dataset/split`` of one role (train, validation, test) of ``task``: the label a cache file
+    carries in its identity (:mod:`oelm.data.cache`)."""
+    split = {"train": task.train_split, "validation": task.validation_split}.get(role, task.test_split)
+    held_out = " (held-out rest)" if role == "test" and task.test_split == task.validation_split else ""
+    return f"{task.dataset}/{split}{held_out}"
 
 
 def label_summary(frame, label_names: list[str] | None) -> dict[str, Any]:
@@ -112,7 +125,7 @@ def prepare_data(config: ExperimentConfig, tokenizer=None) -> PreparedData:
             tokenizer = _gpt_tokenizer(config, texts)
         record = tokenizer_record(tokenizer, tokenizer_spec, cache_dir() / "tokenizer-hashes")
         encoded = {k: encode_classification(df, tokenizer, spec.text_columns, task.max_length, cache_dir=cache_dir() / "encodings",
-                                            tokenizer_sha256=record["sha256"]) for k, df in frames.items()}
+                                            tokenizer_sha256=record["sha256"], what=_what(task, k)) for k, df in frames.items()}
         label_names = list(spec.label_names) if spec.label_names else None
         num_labels = len(label_names) if label_names else int(max(int(df["label"].max()) for df in frames.values()) + 1)
         return PreparedData(
@@ -128,12 +141,14 @@ def prepare_data(config: ExperimentConfig, tokenizer=None) -> PreparedData:
             summary={k: label_summary(df, label_names) for k, df in frames.items()},
             tokenizer_record=record,
             length_buckets=length_buckets(task.max_length),
+            source=data_source(task, spec, record, cache_dir() / "file-hashes"),
         )
 
     docs = _load_splits(task, load_documents, subsample)
     if tokenizer is None:
         tokenizer = _gpt_tokenizer(config, docs["train"])
-    blocks = {k: pack_documents(d, tokenizer, task.block_size, cache_dir=cache_dir() / "tokens") for k, d in docs.items()}
+    blocks = {k: pack_documents(d, tokenizer, task.block_size, cache_dir=cache_dir() / "tokens", what=_what(task, k))
+              for k, d in docs.items()}
     for k, b in blocks.items():
         sample_doc = next((d for d in docs[k] if d.strip()), None)
         if len(b) == 0 and sample_doc is not None and not tokenizer(sample_doc[:200])["input_ids"]:
@@ -146,6 +161,7 @@ def prepare_data(config: ExperimentConfig, tokenizer=None) -> PreparedData:
                 f"the {k} split of {task.dataset} has fewer tokens than one block (task.block_size={task.block_size}); "
                 "lower task.block_size or use more documents"
             )
+    record = tokenizer_record(tokenizer, tokenizer_spec, cache_dir() / "tokenizer-hashes")
     return PreparedData(
         metric=spec.metric,
         task_type=spec.task_type,
@@ -157,7 +173,8 @@ def prepare_data(config: ExperimentConfig, tokenizer=None) -> PreparedData:
         num_labels=None,
         label_names=None,
         summary={k: {"documents": len(docs[k]), "blocks": len(b), "tokens": int(b.numel())} for k, b in blocks.items()},
-        tokenizer_record=tokenizer_record(tokenizer, tokenizer_spec, cache_dir() / "tokenizer-hashes"),
+        tokenizer_record=record,
+        source=data_source(task, spec, record, cache_dir() / "file-hashes"),
     )
 
 

@@ -166,13 +166,17 @@ def find_local_files(
     """The local files of a *stored* split, or None when they are not there (then try the Hub).
 
     ``requested``: the split the caller asked for, when it differs (a hold-out of train); used in
-    messages only.
+    messages only. A split whose paths are all absolute (your own data, ``task.source.files``) is
+    read from there, whatever the data dir, and is never looked for on the Hub.
 
     Raises:
         DataNotFoundError: a data dir is set but is not a folder, or only some of the split's
             files exist (a half-copied split is never silently replaced by the Hub copy).
         DataFormatError: a split's file path is a directory (or another non-file).
     """
+    own = [Path(p) for p in spec.local_files.get(split, ())]
+    if own and all(p.is_absolute() for p in own):  # files named where they are: no data dir involved
+        return _own_files(spec, split, own, requested)
     root = resolve_data_dir(data_dir)
     if root is None:
         return None
@@ -201,6 +205,17 @@ def find_local_files(
             f"missing: {', '.join(missing)}. Fix: copy the missing files (layout of shared/data, see its MANIFEST.md)."
         )
     return None
+
+
+def _own_files(spec: DatasetSpec, split: str, paths: list[Path], requested: str | None) -> list[Path]:
+    """``paths`` when every one is a file; else one line naming the first that is not."""
+    for path in paths:
+        if not path.is_file():
+            what = "is a directory (or another non-file)" if path.exists() else "does not exist"
+            error = DataFormatError if path.exists() else DataNotFoundError
+            raise error(f"{_label(spec, split, requested)}: {path} {what}. Fix: correct the path in task.source.files "
+                        f"(relative paths are resolved against the folder oelm runs in).")
+    return paths
 
 
 def _not_found(

@@ -20,7 +20,8 @@ __all__ = ["DatasetSpec", "LOCAL_FORMATS", "TEXT_FIXES"]
 #:                      validation sample); see :func:`oelm.data.lm.split_paragraph_stories`
 #:   wikitext           gzip'd WikiText file, one line per Hub row; documents = articles
 #:   gutenberg          gzip'd Project Gutenberg book, one document per file, PG header/licence removed
-LOCAL_FORMATS = ("parquet", "eot_text", "paragraph_stories", "wikitext", "gutenberg")
+#:   csv, tsv, jsonl    tables like parquet, in those formats (oelm.data.tables; your own data)
+LOCAL_FORMATS = ("parquet", "eot_text", "paragraph_stories", "wikitext", "gutenberg", "csv", "tsv", "jsonl")
 
 #: Text repairs a spec can ask for (``DatasetSpec.text_fixes``), applied to every document from
 #: every source (local file or Hub) so all splits share one format; see :mod:`oelm.data.lm`.

@@ -21,7 +21,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
-from oelm.data.cache import drop_damaged_cache, load_digest_cache, write_text_cache
+from oelm.data.cache import FOREIGN, drop_damaged_cache, identity_problem, load_digest_cache, write_text_cache
 from oelm.data.text import check_texts, documents_digest
 from oelm.data.registry import hub_offline, resolve_data_dir
 from oelm.errors import ConfigError, DataNotFoundError
@@ -178,7 +178,8 @@ def _identity_digest(identity: dict[str, Any]) -> str:
 _BPE_RECIPE = "bytelevel-bpe-v1"  # bump when train_bpe_tokenizer's recipe changes: old caches become unused
 
 
-def train_bpe_tokenizer(documents: Sequence[str], vocab_size: int, cache_dir: str | os.PathLike | None):
+def train_bpe_tokenizer(documents: Sequence[str], vocab_size: int, cache_dir: str | os.PathLike | None, *,
+                        what: str | None = None):
     """Train a GPT-2-style byte-level BPE tokenizer on ``documents`` (``tokenizers`` library).
 
     The vocabulary is the 256 byte symbols, ``<|endoftext|>`` (id 0; eos, bos and pad) and learned
@@ -188,8 +189,11 @@ def train_bpe_tokenizer(documents: Sequence[str], vocab_size: int, cache_dir: st
 
     Cached under ``cache_dir/bpe-<vocab_size>-<key>/tokenizer.json``, ``key`` = hash of (recipe,
     ``vocab_size``, :func:`documents_digest`); a second call with the same inputs loads it
-    (``cache_dir`` None: no cache). A cached tokenizer.json that cannot be read is deleted, with a
-    warning, and the tokenizer trained again.
+    (``cache_dir`` None: no cache). Beside it, ``identity.json`` says what it was trained on
+    (documents sha256 and count, ``vocab_size``, recipe, the sha256 of the tokenizer.json, and
+    ``what``, a label such as ``tinystories/train`` shown in messages). A cached tokenizer.json that
+    cannot be read, or whose identity is not this call's (another corpus's tokenizer under this
+    name), is deleted, with a warning, and the tokenizer trained again.
 
     Raises:
         ConfigError: ``vocab_size`` < 257 or no documents.
@@ -202,17 +206,16 @@ def train_bpe_tokenizer(documents: Sequence[str], vocab_size: int, cache_dir: st
     if not documents:
         raise ConfigError("train_bpe_tokenizer needs at least one training document")
     check_texts(documents, "cannot train a BPE tokenizer", "document")
-    key = hashlib.sha256(f"{_BPE_RECIPE}|{vocab_size}|{documents_digest(documents)}".encode()).hexdigest()[:16]
+    digest = documents_digest(documents)
+    # "identity": caches written before they carried identity.json get another key, so none is read unchecked
+    key = hashlib.sha256(f"{_BPE_RECIPE}|{vocab_size}|{digest}|identity".encode()).hexdigest()[:16]
     target = Path(cache_dir) / f"bpe-{vocab_size}-{key}" / "tokenizer.json" if cache_dir is not None else None
+    identity = {"what": what, "documents_sha256": digest, "documents": len(documents), "vocab_size": vocab_size,
+                "recipe": _BPE_RECIPE}
     if target is not None and target.is_file():
-        try:
-            cached = _wrap_bpe(target)
-        except Exception as exc:  # tokenizers raises a bare Exception for a malformed tokenizer.json
-            drop_damaged_cache(target.parent, f"{target.name}: {' '.join(str(exc).split())[:200]}")
-        else:
-            if cached.eos_token_id == 0 and len(cached) > 256:  # the recipe's layout: <|endoftext|> is id 0
-                return cached
-            drop_damaged_cache(target.parent, f"{target.name} has {len(cached)} ids and {EOS_TOKEN} at id {cached.eos_token_id}")
+        cached = _cached_bpe(target, identity)
+        if cached is not None:
+            return cached
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -231,33 +234,77 @@ def train_bpe_tokenizer(documents: Sequence[str], vocab_size: int, cache_dir: st
             "more pairs seen twice. Size the model with len(tokenizer).",
             stacklevel=2,
         )
-    if target is None:
-        with tempfile.TemporaryDirectory() as tmp:
-            tokenizer.save(str(Path(tmp) / "tokenizer.json"))
-            return _wrap_bpe(Path(tmp) / "tokenizer.json")
+    return _uncached_bpe(tokenizer) if target is None else _cache_bpe(tokenizer, target, identity)
+
+
+def _uncached_bpe(tokenizer):
+    """The trained ``tokenizer`` as a transformers tokenizer, through a temporary file."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save(str(Path(tmp) / "tokenizer.json"))
+        return _wrap_bpe(Path(tmp) / "tokenizer.json")
+
+
+def _cache_bpe(tokenizer, target: Path, identity: dict[str, Any]):
+    """Save the trained ``tokenizer`` to ``target`` (``tokenizer.json``, ``identity.json`` beside
+    it: :func:`train_bpe_tokenizer`) atomically and return it read back. A cache folder that cannot
+    be created or a full disk under it is a warning, and the tokenizer is returned uncached."""
     try:
         target.parent.parent.mkdir(parents=True, exist_ok=True)
         tmp_dir = Path(tempfile.mkdtemp(dir=target.parent.parent, prefix=".tmp-bpe-"))
     except OSError as exc:  # the cache is an optimisation: go on without it
         warnings.warn(f"cannot write the tokenizer cache under {target.parent.parent} ({exc.strerror or exc}); going on "
-                      "without caching (set OELM_CACHE_DIR to a writable folder)", stacklevel=2)
-        return train_bpe_tokenizer(documents, vocab_size, None)
+                      "without caching (set OELM_CACHE_DIR to a writable folder)", stacklevel=3)
+        return _uncached_bpe(tokenizer)
     try:
         with disk_writes(tmp_dir):
             tokenizer.save(str(tmp_dir / "tokenizer.json"))
+            tokenizer_sha256 = hashlib.sha256((tmp_dir / "tokenizer.json").read_bytes()).hexdigest()
+            (tmp_dir / _BPE_IDENTITY).write_text(json.dumps(identity | {"tokenizer_json_sha256": tokenizer_sha256},
+                                                            sort_keys=True))
     except OSError as exc:  # a full disk under the cache: no cache, as for a folder that cannot be written
         shutil.rmtree(tmp_dir, ignore_errors=True)
         warnings.warn(f"cannot write the tokenizer cache under {target.parent.parent} ({exc.strerror or exc}); going on "
-                      "without caching (set OELM_CACHE_DIR to a folder with space)", stacklevel=2)
-        with tempfile.TemporaryDirectory() as tmp:
-            tokenizer.save(str(Path(tmp) / "tokenizer.json"))
-            return _wrap_bpe(Path(tmp) / "tokenizer.json")
+                      "without caching (set OELM_CACHE_DIR to a folder with space)", stacklevel=3)
+        return _uncached_bpe(tokenizer)
     try:
         os.replace(tmp_dir, target.parent)  # atomic: a concurrent run sees either nothing or the whole cache
-    except OSError:  # another process finished first; its cache is identical
-        (tmp_dir / "tokenizer.json").unlink(missing_ok=True)
-        tmp_dir.rmdir()
+    except OSError:  # another process finished first (its cache is identical), or a damaged one is in the way
+        cached = _cached_bpe(target, identity) if target.is_file() else None
+        trained = cached if cached is not None else _wrap_bpe(tmp_dir / "tokenizer.json")  # read whole: tmp_dir goes
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        return trained
     return _wrap_bpe(target)
+
+
+_BPE_IDENTITY = "identity.json"  # beside a cached tokenizer.json: what it was trained on
+
+
+def _cached_bpe(target: Path, identity: dict[str, Any]):
+    """The cached BPE at ``target`` when it loads, has the recipe's layout and was trained on the
+    corpus ``identity`` describes; else None, after a warning and deleting its folder (where the
+    folder cannot be deleted, the warning says so and the caller trains without the cache)."""
+    problem = None
+    try:
+        found = json.loads((target.parent / _BPE_IDENTITY).read_text(encoding="utf-8"))
+        found = found if isinstance(found, dict) else None
+    except (OSError, ValueError):
+        found = None
+    try:
+        cached = _wrap_bpe(target)
+    except Exception as exc:  # tokenizers raises a bare Exception for a malformed tokenizer.json
+        problem = f"{target.name}: {' '.join(str(exc).split())[:200]}"
+    else:
+        if cached.eos_token_id != 0 or len(cached) <= 256:  # the recipe's layout: <|endoftext|> is id 0
+            problem = f"{target.name} has {len(cached)} ids and {EOS_TOKEN} at id {cached.eos_token_id}"
+    state = "is damaged"
+    if problem is None:
+        problem, state = identity_problem(found, identity), FOREIGN
+    if problem is None and found.get("tokenizer_json_sha256") != hashlib.sha256(target.read_bytes()).hexdigest():
+        problem = f"{target.name} is not the file its {_BPE_IDENTITY} describes (sha256 differs)"
+    if problem is None:
+        return cached
+    drop_damaged_cache(target.parent, problem, state)
+    return None
 
 
 _BPE_SPEC = re.compile(r"^bpe-(\d+)$")
@@ -268,6 +315,8 @@ def get_lm_tokenizer(
     documents: Sequence[str] | None,
     cache_dir: str | os.PathLike | None,
     data_dir: str | os.PathLike | None = None,
+    *,
+    what: str | None = None,
 ):
     """The tokenizer named by ``spec``: "gpt2" (local GPT-2 files, :func:`load_gpt2_tokenizer`),
     "bpe-<N>", e.g. "bpe-8192" (:func:`train_bpe_tokenizer` on ``documents``, the training split),
@@ -288,7 +337,7 @@ def get_lm_tokenizer(
                           "a tokenizer.json")
     if not documents:
         raise ConfigError(f"tokenizer {spec!r} is trained on the training documents, but none were given")
-    return train_bpe_tokenizer(documents, int(match.group(1)), cache_dir)
+    return train_bpe_tokenizer(documents, int(match.group(1)), cache_dir, what=what)
 
 
 # ---------------------------------------------------------------------------------------------

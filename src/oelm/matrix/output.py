@@ -16,6 +16,7 @@ from typing import Any, Callable
 import yaml
 
 from oelm.config import ExperimentConfig, TrainingConfig
+from oelm.data.identity import source_change
 from oelm.data.lm import save_tokenizer as write_tokenizer  # the name save_tokenizer is a flag here
 from oelm.data.prepare import PreparedData, prepare_data
 from oelm.distributed import is_main_process, main_process_only
@@ -29,7 +30,7 @@ from oelm.records import (
 from oelm.matrix.assemble import check_init_tokenizer, resolve_init_from
 from oelm.matrix.plan import Selection, plan_runs
 
-__all__ = ["open_output_dir", "start_output", "config_fingerprint", "prepare_matrix_data", "interruptible", "write_plan",
+__all__ = ["open_output_dir", "start_output", "config_fingerprint", "bind_data", "prepare_matrix_data", "interruptible", "write_plan",
            "write_selection", "COSMETIC_TRAINING_KEYS"]
 
 _write_json = main_process_only(write_json_atomic)
@@ -51,13 +52,13 @@ def _experiment(out: Path) -> dict[str, Any]:
     """``out/experiment.json`` ({} when absent).
 
     Raises:
-        DamagedFileError: it does not parse, or its ``fingerprint`` / ``grid_growth`` is not an
-            object (names the file, the field and the fix)."""
+        DamagedFileError: it does not parse, or its ``fingerprint`` / ``grid_growth`` / ``data`` is
+            not an object (names the file, the field and the fix)."""
     path = MatrixFolder(out).experiment
     if not path.exists():
         return {}
     record = read_json_object(path, _EXPERIMENT_FIX)
-    for key in ("fingerprint", "grid_growth"):
+    for key in ("fingerprint", "grid_growth", "data"):
         if not isinstance(record.get(key, {}), dict):
             raise DamagedFileError(f"{path} is damaged: field {key} = {record[key]!r:.60} is not an object; {_EXPERIMENT_FIX}")
     return record
@@ -86,6 +87,8 @@ def config_fingerprint(config: ExperimentConfig) -> dict[str, Any]:
     candidates and training overrides. Not: seeds (more may be added), the output dir, the
     executor, names, descriptions and references."""
     d = config.model_dump(mode="json")
+    if d["task"].get("source") is None:  # a registered dataset: the fingerprint keeps its form from before task.source
+        d["task"].pop("source", None)
     training = {k: v for k, v in d["training"].items() if k not in COSMETIC_TRAINING_KEYS}
     methods = {
         m.name: {
@@ -226,7 +229,8 @@ def start_output(config: ExperimentConfig, out: Path, log: Callable[[str], None]
             raise ConfigError(f"methods {safe[key]!r} and {m.name!r} map to the same run directory name; rename one")
         safe[key] = m.name
     fingerprint, grown = _check_fingerprint(out, config_fingerprint(config))
-    growth = _experiment(out).get("grid_growth") or {}
+    previous = _experiment(out)
+    growth = previous.get("grid_growth") or {}
     for name, (old, new) in grown.items():
         tested = _tested_final_runs(out, name)
         growth = growth | {name: [*growth.get(name, []), {"from": old, "to": new, "at": utc_now(), "tested_final_runs": tested}]}
@@ -235,9 +239,35 @@ def start_output(config: ExperimentConfig, out: Path, log: Callable[[str], None]
             + (f" (already tested at the earlier selection: {', '.join(tested)})" if tested else ""))
     folder = MatrixFolder(out)
     _write_json(folder.experiment, {"name": config.name, "fingerprint": fingerprint}
-                | ({"grid_growth": growth} if growth else {}))
+                | ({"grid_growth": growth} if growth else {}) | ({"data": previous["data"]} if "data" in previous else {}))
     _write_text(folder.config, yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     write_plan(out, config, {})
+
+
+def bind_data(out: Path, data: PreparedData) -> None:
+    """Bind the matrix in ``out`` to its data: compare the data this process prepared
+    (``data.source``, :func:`oelm.data.identity.data_source`: the content hash of every split's
+    files and the tokenizer's sha256) with ``experiment.json``'s ``data``, the data its runs were
+    trained on, before any run trains. Recorded there when absent (a new matrix, or one started by
+    an oelm that did not record it yet: accepted as it is). Nothing to do without experiment.json.
+
+    Raises:
+        ConfigError: the data differ: one line naming the split (or the tokenizer), both hashes,
+            where each was read, and the fix.
+        DamagedFileError: experiment.json is damaged.
+    """
+    experiment = MatrixFolder(out).experiment
+    if data.source is None or not experiment.is_file():
+        return
+    record = _experiment(out)
+    recorded = record.get("data")
+    if recorded:
+        change = source_change(recorded, data.source)
+        if change:
+            raise ConfigError(f"output directory {out} holds runs trained on other data: {change}. Restore the data they "
+                              "were trained on (OELM_DATA_DIR, --data-dir or the files), or use another --output-dir")
+        return
+    _write_json(experiment, record | {"data": data.source})
 
 
 @contextlib.contextmanager
@@ -288,6 +318,8 @@ def _prepare(config: ExperimentConfig, out: Path | None, log: Callable[[str], No
         tokenizer = load_tokenizer(config.model.pretrained, trust_remote_code=config.model.trust_remote_code)
     log(f"preparing data: {config.task.dataset} ...")
     data = prepare_data(config, tokenizer)
+    if out is not None:
+        bind_data(out, data)
     log(f"data: {data.summary}")
     unchecked = []
     for m in config.methods:

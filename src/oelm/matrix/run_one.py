@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 
 from oelm.config import ExperimentConfig, MethodEntry, TrainingConfig, config_from_dict
 from oelm.data.prepare import PreparedData, make_loaders
+from oelm.data.registry import resolve_data_dir
 from oelm.distributed import barrier, is_main_process, main_process_only, num_processes
 from oelm.environment import capture_environment, probe_drift_percent
 from oelm.errors import OELMError, RecordedFileMissingError, RunFaultError, RunInterruptedError
@@ -38,7 +39,7 @@ from oelm.training.predictions import collector_for, save_final_predictions
 
 from oelm.matrix.assemble import build_run_model
 from oelm.matrix.diagnose import run_diagnostics
-from oelm.matrix.output import prepare_matrix_data
+from oelm.matrix.output import bind_data, prepare_matrix_data
 from oelm.matrix.plan import RunTask
 from oelm.matrix.run_log import copy_console
 
@@ -126,6 +127,7 @@ def _train(ctx: RunContext, run: PlannedRun, folder: RunFolder, *, evaluate_test
         init_from=init_info,
         tokenizer=data.tokenizer_record,
         data=data.summary,
+        data_source=data.source,  # content hashes of the files each split was read from (oelm.data.identity)
         budget=_budget(ctx, folder, training, result, total_steps),
         environment=environment,
         report=report,
@@ -431,10 +433,11 @@ _PREPARED: dict[str, PreparedData] = {}
 
 
 def prepared_data(config: ExperimentConfig, log: Callable[[str], None] = print) -> PreparedData:
-    """The matrix's shared data, prepared once per process and config (token caches make a
-    second preparation on the same machine fast)."""
-    key = json.dumps(config.model_dump(mode="json")["task"] | {"model": config.model.model_dump(mode="json")},
-                     sort_keys=True)
+    """The matrix's shared data, prepared once per process, config and data dir (token caches make a
+    second preparation on the same machine fast). The data dir is part of the key: the same config
+    over another ``OELM_DATA_DIR`` is other data, bound and checked again (:func:`bind_data`)."""
+    key = json.dumps(config.model_dump(mode="json")["task"] | {"model": config.model.model_dump(mode="json")}
+                     | {"resolved_data_dir": str(resolve_data_dir(config.task.data_dir))}, sort_keys=True)
     if key not in _PREPARED:
         _PREPARED.clear()  # one matrix at a time: do not keep another's tensors alive
         _PREPARED[key] = prepare_matrix_data(config, None, log, save_tokenizer=False)
@@ -465,4 +468,5 @@ def train_planned_run(config: dict[str, Any] | ExperimentConfig, out: str | Path
         torch.set_num_threads(max(1, int(threads)))
     ctx = RunContext(config, Path(out), prepared_data(config, log), log, retry_failed, allow_missing_weights,
                      placement or placement_record("local"))
+    bind_data(ctx.out, ctx.data)  # this machine's data is the data the matrix was trained on
     return execute(ctx, task)

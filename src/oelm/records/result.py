@@ -17,14 +17,14 @@ from oelm.errors import DamagedFileError
 from oelm.io import json_value, read_json_object, write_json_atomic
 
 from oelm.records.schema import (  # re-exported: the schema lives beside the record
-    Data, Diagnostics, Environment, EvalRecord, Executor, Mfu, Parameters, Performance, Predictions, RunResult, Timing,
+    Data, DataSource, Diagnostics, Environment, EvalRecord, Executor, Mfu, Parameters, Performance, Predictions, RunResult, Timing,
     TokenAccuracy,
 )
 
 if TYPE_CHECKING:
     from oelm.records.folder import PlannedRun
 
-__all__ = ["RunResult", "Performance", "TokenAccuracy", "Predictions", "Diagnostics", "EvalRecord", "RunRecord", "read_record", "write_record", "validate_result", "budget_record",
+__all__ = ["RunResult", "Performance", "TokenAccuracy", "Predictions", "Diagnostics", "DataSource", "EvalRecord", "RunRecord", "read_record", "write_record", "validate_result", "budget_record",
            "finished_result", "failed_result", "run_identity", "DAMAGED_RESULT_FIX"]
 
 #: What to do about a damaged ``result.json`` (ends the error of ``oelm report`` and readers).
@@ -108,7 +108,7 @@ def finished_result(identity: dict[str, Any], *, config: dict[str, Any], method_
                     init_from: dict[str, Any] | None, tokenizer: dict[str, Any] | None, data: dict[str, Any],
                     budget: dict[str, Any], environment: dict[str, Any], report: Any, train: Any,
                     checkpoint: dict[str, Any] | None, predictions: dict[str, Any] | None = None,
-                    diagnostics: dict[str, Any] | None = None) -> "RunRecord":
+                    diagnostics: dict[str, Any] | None = None, data_source: dict[str, Any] | None = None) -> "RunRecord":
     """The record of a finished run: the writer's one constructor.
 
     Args:
@@ -118,6 +118,8 @@ def finished_result(identity: dict[str, Any], *, config: dict[str, Any], method_
         init_from: what ``init_from`` loaded (path, tensors loaded and skipped), or None.
         tokenizer: ``{spec, vocab_size, sha256}`` of an oelm GPT's tokenizer, or None.
         data: per split sizes and label counts (``PreparedData.summary``).
+        data_source: what the data was read from, by content (:func:`oelm.data.identity.data_source`:
+            per split the sha256 of its files, and the tokenizer's sha256), or None.
         budget: steps (taken and planned), samples, tokens, batch sizes as run, accumulation,
             processes, epochs, max_steps.
         environment: the host before the run, with the speed probe after it and its drift (%).
@@ -145,6 +147,7 @@ def finished_result(identity: dict[str, Any], *, config: dict[str, Any], method_
         "init_from": init_from,
         "tokenizer": tokenizer,
         "data": data,
+        "data_source": data_source,
         "budget": budget,
         "environment": environment,
         "parameters": {
@@ -274,6 +277,8 @@ class RunRecord:
     method_config = property(lambda self: self.raw.get("method_config") or {}, doc="The method's config, as a dict.")
     data = property(lambda self: self.raw.get("data") or {},
                     doc="Per split sizes and label counts (majority_class_percent in %), num_labels.")
+    data_source = property(lambda self: self.raw.get("data_source"),
+                           doc="What the data was read from, by content (:class:`DataSource`; None in older results).")
     parameters = property(lambda self: self.raw.get("parameters") or {},
                           doc="Parameter counts: total / trainable / frozen, trainable_percent (%), per group.")
     environment = property(lambda self: self.raw.get("environment") or {},

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from typing_extensions import TypedDict  # pydantic validates it (typing.TypedDict only from Python 3.12)
 
 __all__ = ["RunResult", "Performance", "TokenAccuracy", "Mfu", "Timing", "Environment", "Parameters", "Data",
-           "Executor", "Predictions", "Diagnostics", "DiagnosticsMean", "EvalRecord"]
+           "Executor", "Predictions", "Diagnostics", "DiagnosticsMean", "DataSource", "EvalRecord"]
 
 
 class TokenAccuracy(TypedDict, total=False):
@@ -171,6 +171,18 @@ class Data(TypedDict, total=False):
     test: dict[str, Any] | None
 
 
+class DataSource(TypedDict, total=False):
+    """``result["data_source"]`` (and ``experiment.json``'s ``data``): what the data was read from,
+    by content (:func:`oelm.data.identity.data_source`): the ``dataset``; per role (train,
+    validation, test) its split ``{split, sha256 (over its files' hashes), files: [{path, bytes,
+    sha256}]}``, ``held_out_of`` for a hold-out, or ``hub`` {id, config, split} for a Hub copy; the
+    ``tokenizer`` {spec, sha256} (absent in older results)."""
+
+    dataset: str
+    splits: dict[str, dict[str, Any]]
+    tokenizer: dict[str, Any] | None
+
+
 class Executor(TypedDict, total=False):
     """The parts of ``result["executor"]`` the readers use: where and how a run trained (the rest,
     lanes, times, pids, is free)."""
@@ -190,7 +202,7 @@ class RunResult(TypedDict, total=False):
     run has ``failure`` {kind, message, step} and no numbers. A finished run has ``config``,
     ``method_config``, ``init_from``, ``tokenizer`` ({spec, vocab_size, sha256}:
     :func:`oelm.data.lm.tokenizer_record`; absent in older results), ``data`` (per split sizes,
-    label counts), ``budget``
+    label counts), ``data_source`` (:class:`DataSource`: the data's content hashes), ``budget``
     (steps and steps_run: taken, planned_steps; samples, tokens, batch sizes, accumulation, world
     size), ``environment``,
     ``parameters`` (total / trainable / frozen, per group), ``projections``, ``performance``
@@ -219,6 +231,7 @@ class RunResult(TypedDict, total=False):
     init_from: dict[str, Any] | None
     tokenizer: dict[str, Any] | None
     data: Data
+    data_source: DataSource | None
     budget: dict[str, Any]
     environment: Environment
     parameters: Parameters
