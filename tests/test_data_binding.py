@@ -169,3 +169,20 @@ def test_another_tokenizer_under_the_same_path_is_refused(data_dir, tmp_path, mo
     with pytest.raises(ConfigError, match=rf"output directory {out} holds runs trained on other data: tokenizer "
                                           rf"{tokenizer_file}: sha256 \w{{12}}, the runs here used {tokenizer_file} with sha256"):
         prepare_matrix_data(config, out, lambda _: None)
+
+
+def test_a_process_prepares_the_same_config_again_for_another_data_dir(trained, tmp_path, monkeypatch):
+    """A Ray worker or `--only` job prepares a matrix's data once per process (run_one.prepared_data);
+    the same config over another OELM_DATA_DIR is other data and is prepared (and bound) again, not
+    served from the first preparation (which made the --only refusal above pass only in a fresh process)."""
+    from oelm.matrix.run_one import prepared_data
+
+    config = config_from_dict(TINY)
+    monkeypatch.setenv("OELM_DATA_DIR", str(trained[2]))
+    first = prepared_data(config, lambda _: None)
+    assert prepared_data(config, lambda _: None) is first  # once per process and data dir
+    other = _copy_sst2(trained[2], tmp_path / "other")
+    monkeypatch.setenv("OELM_DATA_DIR", str(other))
+    second = prepared_data(config, lambda _: None)
+    assert second is not first
+    assert second.source["splits"]["train"]["files"][0]["path"] == str(other / "sst2" / "train.parquet")
