@@ -94,6 +94,17 @@ def test_gpt_config_applies_overrides_on_a_copy():
     assert gpt_config("gpt-tiny") is not PRESETS["gpt-tiny"]
 
 
+def test_config_replace_returns_a_validated_copy():
+    base = tiny_config()
+    cfg = base.replace(num_layers=3, dropout=0.1)
+    assert (cfg.num_layers, cfg.dropout, cfg.hidden_size) == (3, 0.1, base.hidden_size)
+    assert (base.num_layers, base.dropout) == (2, 0.0)  # the original is not modified
+    with pytest.raises(ConfigError, match="n_layer"):
+        base.replace(n_layer=3)
+    with pytest.raises(ConfigError, match="num_layers"):
+        base.replace(num_layers=0)
+
+
 def test_hidden_not_divisible_by_heads_names_both_values():
     with pytest.raises(ConfigError, match=r"hidden_size=100.*num_heads=8") as info:
         GPTConfig(hidden_size=100, num_heads=8)

@@ -1,8 +1,10 @@
 """A small decoder-only transformer (GPT-2 style) with separate q/k/v/o attention projections.
 
-Read top-down: CausalSelfAttention -> MLP -> Block -> GPTConfig -> GPTModel -> the two heads
-(GPTForCausalLM, GPTForSequenceClassification) -> presets and builders. Layer norms are
-``nn.LayerNorm(..., bias=config.bias)`` (bias is optional in torch >= 2.1), so no custom class.
+Read top-down: CausalSelfAttention -> MLP -> Block -> GPTModel -> the two heads
+(GPTForCausalLM, GPTForSequenceClassification) -> the builder. The hyper-parameters
+(GPTConfig) and the presets live in :mod:`oelm.models.gpt_configuration` (still importable
+from here). Layer norms are ``nn.LayerNorm(..., bias=config.bias)`` (bias is optional in
+torch >= 2.1), so no custom class.
 
 Notation used in shape comments: B batch, T sequence length, C = hidden_size,
 nh = num_heads, hs = head_dim = C / nh, F = intermediate_size, V = vocab_size.
@@ -29,10 +31,8 @@ of the wrong rank or mismatched mask shape.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +42,7 @@ from transformers.modeling_outputs import CausalLMOutput, SequenceClassifierOutp
 
 from oelm.errors import ConfigError
 from oelm.flops import model_flops_per_token
+from oelm.models.gpt_configuration import PRESETS, GPTConfig, gpt_config  # PRESETS: re-exported from here
 from oelm.models.loss import causal_lm_loss  # defined there beside the chunked loss; still importable from here
 
 __all__ = [
@@ -191,103 +192,6 @@ class Block(nn.Module):
         x = x + self.attn(self.ln_1(x), attention_mask)  # (B, T, C)
         x = x + self.mlp(self.ln_2(x))  # (B, T, C)
         return x
-
-
-_POSITIVE_INTS = (
-    "vocab_size",
-    "context_length",
-    "num_layers",
-    "num_heads",
-    "hidden_size",
-    "intermediate_size",
-    "num_labels",
-)
-
-
-@dataclass
-class GPTConfig:
-    """Hyper-parameters of :class:`GPTModel` and its heads. Validated on construction.
-
-    Raises:
-        ConfigError: a size is not a positive int, ``hidden_size`` is not divisible by
-            ``num_heads``, ``dropout`` is not a number in [0, 1), ``layer_norm_eps`` is not a
-            number > 0, ``bias``/``tie_word_embeddings`` is not a bool, or ``pad_token_id`` is
-            outside [0, vocab_size).
-    """
-
-    vocab_size: int = 50304  # GPT-2's 50257 rounded up to a multiple of 64 (faster matmuls)
-    context_length: int = 512  # max sequence length; learned position embeddings
-    num_layers: int = 6
-    num_heads: int = 8
-    hidden_size: int = 512
-    intermediate_size: int = 2048  # d_ff of the MLP, usually 4 * hidden_size
-    dropout: float = 0.0  # embeddings, attention probabilities, residual branches
-    bias: bool = True  # biases in linears and layer norms
-    layer_norm_eps: float = 1e-5
-    num_labels: int = 2  # used by GPTForSequenceClassification only
-    pad_token_id: int | None = None  # lets the classifier find the last real token without a mask
-    tie_word_embeddings: bool = True  # lm_head shares the token-embedding matrix
-    model_type: ClassVar[str] = "oelm-gpt"  # the architecture registry's key (oelm.architectures)
-
-    def __post_init__(self) -> None:
-        for name in _POSITIVE_INTS:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"GPTConfig.{name} must be a positive int, got {value!r}")
-        if self.hidden_size % self.num_heads != 0:
-            raise ConfigError(
-                f"GPTConfig.hidden_size={self.hidden_size} is not divisible by "
-                f"num_heads={self.num_heads}; pick hidden_size as a multiple of num_heads"
-            )
-        for name in ("dropout", "layer_norm_eps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ConfigError(f"GPTConfig.{name} must be a number, got {type(value).__name__} {value!r}")
-        if not 0.0 <= float(self.dropout) < 1.0:
-            raise ConfigError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}")
-        if not float(self.layer_norm_eps) > 0.0:
-            raise ConfigError(f"GPTConfig.layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
-        for name in ("bias", "tie_word_embeddings"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"GPTConfig.{name} must be true or false, got {getattr(self, name)!r}")
-        if self.pad_token_id is not None and (
-            isinstance(self.pad_token_id, bool)
-            or not isinstance(self.pad_token_id, int)
-            or not 0 <= self.pad_token_id < self.vocab_size
-        ):
-            raise ConfigError(
-                f"GPTConfig.pad_token_id must be None or an int in [0, vocab_size={self.vocab_size}), "
-                f"got {self.pad_token_id!r}"
-            )
-
-    @property
-    def head_dim(self) -> int:
-        """Width of one attention head, ``hidden_size // num_heads``."""
-        return self.hidden_size // self.num_heads
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dict of every field (YAML/JSON friendly)."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> GPTConfig:
-        """Build from a dict such as :meth:`to_dict` returns; missing keys take the defaults.
-
-        Raises:
-            ConfigError: a key is not a GPTConfig field (named in the message), or a value
-                fails validation.
-        """
-        _check_keys(data, "GPTConfig")
-        return cls(**data)
-
-
-def _check_keys(keys: Any, where: str) -> None:
-    valid = [f.name for f in dataclasses.fields(GPTConfig)]
-    unknown = sorted(k for k in keys if k not in valid)
-    if unknown:
-        raise ConfigError(
-            f"unknown {where} key(s) {', '.join(map(repr, unknown))}; valid keys: {', '.join(valid)}"
-        )
 
 
 def _init_weights(module: nn.Module) -> None:
@@ -557,31 +461,6 @@ class GPTForSequenceClassification(_GPTBase):
         return SequenceClassifierOutput(loss=loss, logits=logits)
 
 
-PRESETS: dict[str, GPTConfig] = {
-    # The original OELM project's model.
-    "gpt-medium-512": GPTConfig(
-        context_length=512, num_layers=6, num_heads=8, hidden_size=512, intermediate_size=2048
-    ),
-    # Small enough to train on a laptop CPU.
-    "gpt-tiny": GPTConfig(
-        context_length=256, num_layers=4, num_heads=4, hidden_size=128, intermediate_size=512
-    ),
-}
-
-
-def gpt_config(preset: str, **overrides: Any) -> GPTConfig:
-    """A fresh copy of ``PRESETS[preset]`` with ``overrides`` applied (and re-validated).
-
-    Raises:
-        ConfigError: unknown preset (the message lists the valid ones), unknown override key
-            (named), or an override that fails validation.
-    """
-    if preset not in PRESETS:
-        raise ConfigError(f"unknown GPT preset {preset!r}; valid presets: {', '.join(PRESETS)}")
-    _check_keys(overrides, "GPTConfig override")
-    return dataclasses.replace(PRESETS[preset], **overrides)
-
-
 TASKS: dict[str, type[_GPTBase]] = {
     "causal_lm": GPTForCausalLM,
     "sequence_classification": GPTForSequenceClassification,
@@ -606,8 +485,7 @@ def build_gpt(
     if task not in TASKS:
         raise ConfigError(f"unknown task {task!r}; valid tasks: {', '.join(TASKS)}")
     if isinstance(preset_or_config, GPTConfig):
-        _check_keys(overrides, "GPTConfig override")
-        config = dataclasses.replace(preset_or_config, **overrides)
+        config = preset_or_config.replace(**overrides)
     elif isinstance(preset_or_config, str):
         config = gpt_config(preset_or_config, **overrides)
     else:
