@@ -8,7 +8,7 @@ import torch
 from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel
 
 from oelm import apply_oelm, environment
-from oelm.environment import mfu_record, peak_flops
+from oelm.environment import mfu_record, peak_flops, peaks
 from oelm.flops import count_matmul_parameters, executed_flops_per_token, model_flops_per_token
 from oelm.models.gpt import GPTConfig, GPTForCausalLM
 
@@ -117,7 +117,7 @@ def test_flops_errors():
     ],
 )
 def test_datasheet_table(name, dtype, expected):
-    assert environment._peak_flops_for_name(name, dtype) == expected
+    assert peaks._peak_flops_for_name(name, dtype) == expected
 
 
 def test_peak_flops_cpu_and_bad_dtype():
@@ -161,9 +161,9 @@ def test_mfu_record_uses_the_datasheet_on_a_known_gpu(monkeypatch):
     rec = mfu_record(1e9, 98.9e3, "cuda:0", "bf16")
     assert rec["peak_source"] == "datasheet:H100 SXM" and rec["peak_flops"] == 989e12
     assert rec["mfu"] == pytest.approx(1e9 * 98.9e3 / 989e12)
-    monkeypatch.setattr(environment, "_tf32_enabled", lambda: False)
+    monkeypatch.setattr(peaks, "_tf32_enabled", lambda: False)
     assert mfu_record(1e9, 1.0, "cuda:0", "fp32")["peak_flops"] == 67e12
-    monkeypatch.setattr(environment, "_tf32_enabled", lambda: True)
+    monkeypatch.setattr(peaks, "_tf32_enabled", lambda: True)
     rec = mfu_record(1e9, 1.0, "cuda:0", "fp32")
     assert rec["peak_flops"] == 494.5e12 and rec["peak_precision"] == "tf32"
 

@@ -19,6 +19,7 @@ import pytest
 
 import oelm
 from oelm import environment
+from oelm.environment import peaks
 
 SRC = str(Path(oelm.__file__).resolve().parents[1])
 
@@ -27,7 +28,7 @@ SRC = str(Path(oelm.__file__).resolve().parents[1])
 def cache(tmp_path, monkeypatch):
     """An empty cache folder and an empty per-process peak table (restored afterwards)."""
     monkeypatch.setenv("OELM_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(environment, "_measured_peaks", {})
+    monkeypatch.setattr(peaks, "_measured_peaks", {})
     return tmp_path / environment.PEAK_CACHE_FILE
 
 
@@ -44,8 +45,8 @@ def test_measured_peak_is_written_to_the_cache_and_reused_by_a_later_process(cac
 
     assert torch.__version__ in key and f"|{torch.get_num_threads()}|" in key and key.endswith("|fp32")
     # a new process: empty per-process table, the disk cache answers without probing
-    monkeypatch.setattr(environment, "_measured_peaks", {})
-    monkeypatch.setattr(environment, "matmul_probe", _no_probe)
+    monkeypatch.setattr(peaks, "_measured_peaks", {})
+    monkeypatch.setattr(peaks, "matmul_probe", _no_probe)
     assert environment.measured_peak_flops("cpu", "fp32") == first
     rec = environment.mfu_record(2.0e7, 1000.0, "cpu", "fp32")
     assert rec["peak_flops"] == first and rec["peak_source"] == "measured-probe"
@@ -56,12 +57,12 @@ def _fixed_probe(device, size, dtype, min_seconds):
 
 
 def test_a_deleted_or_damaged_cache_is_measured_again(cache, monkeypatch):
-    monkeypatch.setattr(environment, "matmul_probe", _fixed_probe)
+    monkeypatch.setattr(peaks, "matmul_probe", _fixed_probe)
     cache.write_text("{ not json")
     assert environment.measured_peak_flops("cpu", "fp32") == 7.0e9
     assert json.loads(cache.read_text()) != {}  # rewritten whole
     cache.unlink()
-    monkeypatch.setattr(environment, "_measured_peaks", {})
+    monkeypatch.setattr(peaks, "_measured_peaks", {})
     assert environment.measured_peak_flops("cpu", "fp32") == 7.0e9 and cache.is_file()
 
 
@@ -69,17 +70,17 @@ def test_another_thread_count_is_another_machine(cache, monkeypatch):
     """A peak measured with other torch threads is not reused (it is a different peak)."""
     import torch
 
-    monkeypatch.setattr(environment, "matmul_probe", _fixed_probe)
+    monkeypatch.setattr(peaks, "matmul_probe", _fixed_probe)
     environment.measured_peak_flops("cpu", "fp32")
     threads = torch.get_num_threads()
-    monkeypatch.setattr(environment, "_measured_peaks", {})
+    monkeypatch.setattr(peaks, "_measured_peaks", {})
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads + 1)
     environment.measured_peak_flops("cpu", "fp32")
     assert len(json.loads(cache.read_text())) == 2
 
 
 def test_cache_false_neither_reads_nor_writes(cache, monkeypatch):
-    monkeypatch.setattr(environment, "matmul_probe", _fixed_probe)
+    monkeypatch.setattr(peaks, "matmul_probe", _fixed_probe)
     environment.measured_peak_flops("cpu", "fp32", cache=False)
     assert not cache.exists()
 
@@ -129,17 +130,17 @@ def test_a_peak_measured_under_load_is_measured_again_when_a_run_beats_it(cache,
     """A cached peak of 7 GFLOP/s (taken while other work loaded the machine) and a run whose model
     FLOP/s reach 10 GFLOP/s: the MFU record measures again and keeps the higher peak, on disk too,
     so MFU stays below 100%; a run below the cached peak probes nothing."""
-    monkeypatch.setattr(environment, "matmul_probe", _fixed_probe)
+    monkeypatch.setattr(peaks, "matmul_probe", _fixed_probe)
     environment.measured_peak_flops("cpu", "fp32")  # 7 GFLOP/s, cached
-    monkeypatch.setattr(environment, "matmul_probe", _no_probe)
+    monkeypatch.setattr(peaks, "matmul_probe", _no_probe)
     assert environment.mfu_record(5.0e6, 1000.0, "cpu", "fp32")["mfu"] == pytest.approx(5.0 / 7.0)  # 5 GFLOP/s
     quiet = lambda device, size, dtype, min_seconds: {**_fixed_probe(device, size, dtype, min_seconds), "gflops": 20.0}  # noqa: E731
-    monkeypatch.setattr(environment, "matmul_probe", quiet)
+    monkeypatch.setattr(peaks, "matmul_probe", quiet)
     rec = environment.mfu_record(1.0e7, 1000.0, "cpu", "fp32")  # 10 GFLOP/s > the cached 7
     assert rec["peak_flops"] == 20.0e9 and rec["mfu"] == pytest.approx(0.5)
     assert [r["gflops"] for r in json.loads(cache.read_text()).values()] == [20.0]
     # a refresh that measures lower (the machine loaded again) keeps the higher known peak
-    monkeypatch.setattr(environment, "matmul_probe", _fixed_probe)
+    monkeypatch.setattr(peaks, "matmul_probe", _fixed_probe)
     assert environment.measured_peak_flops("cpu", "fp32", refresh=True) == 20.0e9
 
 

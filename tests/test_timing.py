@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from oelm import environment, timing
-from oelm.environment import capture_environment, matmul_probe, mfu, peak_flops, probe_drift_percent
+from oelm import timing
+from oelm.environment import capture, capture_environment, matmul_probe, mfu, peak_flops, peaks, probe_drift_percent
 from oelm.timing import PhaseTimer, StepTimer, summarize_step_times
 
 # Sleep never undershoots and overshoots by well under a millisecond on an idle Linux box; leave
@@ -336,7 +336,7 @@ def test_mfu_arithmetic():
 def test_peak_flops_cpu_is_none_and_known_gpus():
     assert peak_flops("cpu") is None
     assert peak_flops(torch.device("cpu")) is None
-    by_name = environment._peak_flops_for_name
+    by_name = peaks._peak_flops_for_name
     assert by_name("NVIDIA H100 80GB HBM3") == 989e12
     assert by_name("NVIDIA H100 PCIe") == 756e12
     assert by_name("NVIDIA H100 NVL") == 835e12
@@ -354,7 +354,6 @@ def test_oelm_version_is_recorded_when_it_is_not_installed(monkeypatch):
     import importlib.metadata
 
     import oelm
-    from oelm import environment
 
     real = importlib.metadata.version
 
@@ -364,5 +363,5 @@ def test_oelm_version_is_recorded_when_it_is_not_installed(monkeypatch):
         return real(name)
 
     monkeypatch.setattr(importlib.metadata, "version", no_oelm)
-    assert environment._package_version("oelm") == oelm.__version__
-    assert environment._package_version("no-such-package-here") is None
+    assert capture._package_version("oelm") == oelm.__version__
+    assert capture._package_version("no-such-package-here") is None

@@ -88,11 +88,11 @@ def _interleaved_peak(device: torch.device, precision: str, before: dict | None)
     """Where no datasheet peak applies (a CPU): the matmul peak probed before the steps and again
     after them, averaged, so the MFU's reference met the same load as the run (a cached peak may
     come from a loaded moment: issue 33 saw 132 GFLOP/s cached against ~230 quiet)."""
-    from oelm.environment import _matmul_column, peak_flops, probe_peak
+    from oelm.environment import matmul_column, peak_flops, probe_peak
 
-    if device.type == "cuda" and peak_flops(device, _matmul_column(device, precision)) is not None:
+    if device.type == "cuda" and peak_flops(device, matmul_column(device, precision)) is not None:
         return None
-    probe = probe_peak(device, _matmul_column(device, precision), budget_seconds=0.5)
+    probe = probe_peak(device, matmul_column(device, precision), budget_seconds=0.5)
     if before is None:
         return probe
     return {**before, "gflops": (before["gflops"] + probe["gflops"]) / 2.0, "before_gflops": before["gflops"],
