@@ -11,9 +11,12 @@ that holds ``bert``. Instead the marks go down the tree, where every later call 
   reference to the treated module would make a deep copy of one layer copy the whole model).
 
 So a holder finds a treated module among its own ``named_modules()`` (:func:`treated_modules`), and
-a part of a treated tree finds its mark on itself (:func:`part_of`). :func:`oelm.merge_and_unload`
-removes both (:func:`unmark`); :func:`part_line` and :func:`treated_line` say what a refusal names. :func:`refuse_wrapper` names the wrapper a call got instead of the
-model (DistributedDataParallel, DataParallel, ``torch.compile``).
+a part of a treated tree finds its mark on itself (:func:`part_of`); :func:`treated_line` and
+:func:`part_line` say what a refusal names, and :func:`oelm.merge_and_unload` removes both kinds of
+mark (:func:`unmark`). A mark outlives its tree only with a part taken out of it (a layer kept after
+its model is gone): that part still holds the treated weights, and is refused like one.
+:func:`refuse_wrapper` names the wrapper a call got instead of the model (DistributedDataParallel,
+DataParallel, FSDP, ``torch.compile``).
 """
 
 from __future__ import annotations
