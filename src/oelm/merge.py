@@ -22,7 +22,7 @@ __all__ = ["OELM_ATTRIBUTES", "merge_and_unload"]
 #: Instance attributes :func:`apply_oelm` sets on the model (and :func:`merge_and_unload` removes):
 #: the report, the config, a PEFT-style ``print_trainable_parameters``, the checkpoint hooks of
 #: :mod:`oelm.recipe` (``save_pretrained`` in the stock layout, the load hook's handle), and the
-#: spec ``target_modules`` gave.
+#: spec ``target_modules`` gave. (Each submodule gets :data:`oelm.treated.PART_OF_ATTRIBUTE`, removed too.)
 OELM_ATTRIBUTES = ("oelm_report", "oelm_config", "print_trainable_parameters", *CHECKPOINT_ATTRIBUTES, ARCHITECTURE_ATTRIBUTE)
 
 

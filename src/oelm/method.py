@@ -45,7 +45,8 @@ into the architecture's own module with the trained values and removes everythin
 ``apply_oelm`` put on the model, so ``model.save_pretrained(dir)`` writes a checkpoint that a
 stock ``AutoModelForCausalLM.from_pretrained(dir)`` loads completely. Before that,
 ``model.save_pretrained`` (and so Hugging Face ``Trainer``'s checkpoints) already writes the
-stock layout, with the method's recipe in ``config.json`` (:mod:`oelm.recipe`).
+stock layout, with the method's recipe in ``config.json`` (:mod:`oelm.recipe`). ``apply_oelm`` may
+treat a module of a model (``model.bert``); the whole tree then knows (:mod:`oelm.treated`).
 """
 
 from __future__ import annotations
