@@ -17,6 +17,7 @@ from typing import Any
 from oelm.records import format_rates
 from oelm.report.compare import metrics_records, mfu_reference
 from oelm.report.convergence import convergence_blocks
+from oelm.report.targets import targets_blocks
 from oelm.report.uncertainty import uncertainty_blocks
 
 __all__ = ["Section", "comparison_rows", "build_sections", "render_markdown", "render_html", "curves_from_runs"]
@@ -182,7 +183,7 @@ def build_sections(comparison: dict[str, Any], out: Path | None, step_ms: dict[s
     optional = (_utilization_section(c), _time_to_target_section(c.get("time_to_target"), metric, unit))
     sections += [s for s in optional if s is not None]
     # present only when the runs saved predictions / training seconds per validation
-    sections += [Section(title, blocks) for title, blocks in uncertainty_blocks(c) + convergence_blocks(c)]
+    sections += [Section(title, blocks) for title, blocks in uncertainty_blocks(c) + convergence_blocks(c) + targets_blocks(c)]
     parameters = _parameters_section(c)
     sections += [parameters] if parameters is not None else []
     sections.append(_environment_section(c))
