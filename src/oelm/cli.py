@@ -19,22 +19,11 @@ import os
 import sys
 from pathlib import Path
 
-from oelm.cli_inspect import YAML_SUFFIXES, cmd_inspect, print_table  # `oelm inspect` and the table printer live there
+from oelm.cli_inspect import cmd_configs, cmd_init, cmd_inspect, print_table, version  # inspect / configs / init, the table printer
 from oelm.configs import resolve_config
 from oelm.errors import OELMError  # importing oelm sets OMP_WAIT_POLICY before torch loads
 
 EXIT_INTERRUPTED = 130  # `oelm run` stopped by SIGTERM/SIGINT; rerunning continues the matrix
-
-
-def version() -> str:
-    """oelm's version from the installed package's metadata (``pip install`` / ``pip install -e``)."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as _version
-
-    try:
-        return _version("oelm")
-    except PackageNotFoundError:
-        return "unknown (oelm is not installed: pip install -e .)"
 
 
 def _output_dir(args: argparse.Namespace, config) -> Path:
@@ -238,51 +227,6 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return 0 if stop_holder(out, args.wait, runs) else 1
 
 
-def cmd_configs(args: argparse.Namespace) -> int:
-    """List the shipped experiment configs (name, description) that `oelm run NAME` accepts."""
-    import yaml
-
-    from oelm.configs import shipped_configs
-
-    shipped = shipped_configs()
-    width = max(map(len, shipped))
-    print("shipped experiment configs (oelm run NAME, oelm init --template NAME):")
-    for name, path in shipped.items():
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError):
-            data = None
-        print(f"  {name:<{width}}  {data.get('description', '') if isinstance(data, dict) else ''}")
-    return 0
-
-
-def cmd_init(args: argparse.Namespace) -> int:
-    """Write a starter experiment config to edit (:func:`oelm.configs.starter_config`).
-
-    Raises:
-        ConfigError: an unknown template. OELMError: PATH exists (without ``--force``), is a
-            symbolic link (dangling or not), is not ``.yaml``, or cannot be written.
-    """
-    from oelm.configs import starter_config
-
-    dest = Path(args.path)
-    if dest.suffix not in YAML_SUFFIXES:
-        raise OELMError(f"{dest}: give a path ending in .yaml")
-    if dest.is_symlink():  # a dangling one would have the config written wherever it points
-        raise OELMError(f"{dest} is a symbolic link (to {os.readlink(dest)}); oelm init writes plain files only: "
-                        "give another PATH, or the link's target itself")
-    if dest.exists() and not args.force:
-        raise OELMError(f"{dest} exists; give another PATH, or --force to overwrite it")
-    text = starter_config(args.template, dest.stem, version())
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise OELMError(f"cannot write {dest}: {exc.strerror or exc}") from None
-    print(f"wrote {dest} (from {args.template}); edit it, then: oelm run {dest}")
-    return 0
-
-
 def cmd_env(args: argparse.Namespace) -> int:
     from oelm.environment import capture_environment
 
@@ -425,7 +369,13 @@ def _add_inspect(sub, env: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser("init", help="write a starter experiment config to edit, from a shipped one")
     p.add_argument("path", nargs="?", default="experiment.yaml", help="file to write (default experiment.yaml)")
-    p.add_argument("--template", default="quickstart", help="shipped config to start from (default quickstart)")
+    p.add_argument("--template", help="shipped config to start from (default quickstart)")
+    p.add_argument("--suite", help="a research suite instead of a template: frozen-attention (the Q/K controls and "
+                   "inits that apply to --model, a fixed learning-rate grid, seeds, a targets example; oelm.suite)")
+    p.add_argument("--model", help="--suite: an oelm GPT preset (from scratch: gpt-tiny) or a Hugging Face id / local "
+                   "dir (pretrained: sentence-transformers/all-MiniLM-L6-v2)")
+    p.add_argument("--task", help="--suite: a registered dataset (oelm.data.DATASETS: sst2, ag_news, imdb, xnli-en-dev, tinystories, gutenberg, ...)")
+    p.add_argument("--seeds", type=int, help="--suite: seeds per method (default 5, at least 3)")
     p.add_argument("--force", action="store_true", help="overwrite PATH if it exists")
     p.set_defaults(func=cmd_init)
 

@@ -13,7 +13,8 @@ ratio method / baseline. The interval, in this order of preference:
 
 The verdict of one bound: **pass** when the whole interval meets it, **fail** when none of it
 does, **undecided** when the interval straddles the bound (``point`` still says which side the
-estimate is on) or there is no interval (one seed). A target passes when every bound passes and
+estimate is on) or rests on one seed (no seed interval; a bootstrap over one seed's examples would
+leave the seeds' spread out). A target passes when every bound passes and
 fails when any bound fails.
 """
 
@@ -83,7 +84,7 @@ def targets_comparison(targets: dict[str, Any], comparison: dict[str, Any]) -> d
     ``targets``: the config's block (method -> :class:`oelm.config_targets.Target`). Per method:
     ``bounds`` (name -> value), ``gap``, ``ci95``, ``interval`` (which: module docstring), ``split``,
     ``n`` (seed pairs), ``seeds``, ``checks`` (per bound: ``bound``, ``value``, ``result``, ``point``,
-    ``gap_name`` in words) and ``result`` (pass / fail / undecided; "no runs" when the method or
+    ``gap_name`` in words) and ``result`` (pass / fail / undecided; "no sound runs" when the method or
     baseline has no sound run).
     """
     if not targets:
@@ -97,16 +98,17 @@ def targets_comparison(targets: dict[str, Any], comparison: dict[str, Any]) -> d
                                                                    "split": None, "interval": _SEED_ONLY}
         checks = []
         for bound, value in bounds.items():
-            result, point = bound_result(TARGET_BOUNDS[bound][1], value, found["gap"], found["ci95"])
+            ci = found["ci95"] if found["n"] >= 2 else None  # one seed: no verdict (module docstring)
+            result, point = bound_result(TARGET_BOUNDS[bound][1], value, found["gap"], ci)
             checks.append({"bound": bound, "value": value, "gap_name": TARGET_BOUNDS[bound][2], "result": result,
                            "point": point})
         results = {c["result"] for c in checks}
-        overall = ("no runs" if found["gap"] is None else "fail" if "fail" in results
+        overall = ("no sound runs" if found["gap"] is None else "fail" if "fail" in results
                    else "pass" if results == {"pass"} else "undecided")
         out[name] = {"bounds": bounds, **found, "checks": checks, "result": overall}
     return {"targets": {"confidence": 95.0, "methods": out,
                         "rule": "pass: the whole 95% interval meets the bound; fail: none of it does; undecided: it "
-                                "straddles the bound (or one seed: no interval)"}}
+                                "straddles the bound or rests on one seed"}}
 
 
 def _show(x: float | None, ratio: bool) -> str:
