@@ -18,6 +18,7 @@ from oelm.records import format_rates
 from oelm.report.compare import metrics_records, mfu_reference
 from oelm.report.convergence import convergence_blocks
 from oelm.report.diagnostics import diagnostics_blocks
+from oelm.report.targets import targets_blocks
 from oelm.report.uncertainty import uncertainty_blocks
 
 __all__ = ["Section", "comparison_rows", "build_sections", "render_markdown", "render_html", "curves_from_runs"]
@@ -182,8 +183,10 @@ def build_sections(comparison: dict[str, Any], out: Path | None, step_ms: dict[s
     sections.append(_step_time_section(c, step_ms))
     optional = (_utilization_section(c), _time_to_target_section(c.get("time_to_target"), metric, unit))
     sections += [s for s in optional if s is not None]
-    # present only when the runs saved predictions / training seconds per validation / attention diagnostics
-    sections += [Section(title, blocks) for title, blocks in uncertainty_blocks(c) + convergence_blocks(c) + diagnostics_blocks(c)]
+    # present only when the runs saved predictions / training seconds per validation / the config has targets /
+    # the runs recorded attention diagnostics
+    optional_blocks = uncertainty_blocks(c) + convergence_blocks(c) + targets_blocks(c) + diagnostics_blocks(c)
+    sections += [Section(title, blocks) for title, blocks in optional_blocks]
     parameters = _parameters_section(c)
     sections += [parameters] if parameters is not None else []
     sections.append(_environment_section(c))
