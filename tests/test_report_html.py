@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 import shutil
 from html.parser import HTMLParser
 from pathlib import Path
@@ -64,10 +65,13 @@ def test_report_renders_in_headless_chromium(browser, report_dir, tmp_path):
     assert "oelm_freeze" in table.text and "baseline" in table.text
 
     images = browser.execute_script(
-        "return Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.naturalHeight, i.src.slice(0, 22)])"
+        "return Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.naturalHeight, i.src.slice(0, 22),"
+        " i.dataset.name])"
     )
-    assert len(images) == 3
-    for complete, width, height, prefix in images:
+    # every plot report.md links (report_files/*.png) is in the page, once each, and drawn
+    linked = sorted(re.findall(r"\]\(report_files/([^)]+\.png)\)", (report_dir / "report.md").read_text()))
+    assert len(linked) >= 3 and sorted(i[4] for i in images) == linked
+    for complete, width, height, prefix, _ in images:
         assert complete and width > 100 and height > 100 and prefix == "data:image/png;base64,"
 
     # Every request the page made: the file itself and data: URIs only, never the network.
