@@ -42,6 +42,18 @@ def test_import_oelm_report_loads_no_heavy_library():
     assert [m for m in loaded if m in HEAVY] == []
 
 
+def test_jinja2_is_imported_by_the_html_writer_only():
+    """The report.html template engine is loaded when the HTML is written, not by ``import oelm``
+    or the report modules (the markdown report and ``oelm run`` never need it)."""
+    code = (
+        "import sys, oelm, oelm.report, oelm.report.render\n"
+        "assert 'jinja2' not in sys.modules\n"
+        "oelm.report.render.render_html({'name': 'n', 'task': 't', 'model': 'm'}, [])\n"
+        "assert 'jinja2' in sys.modules\n"
+    )
+    _loaded_after(code)  # asserts a zero exit status
+
+
 def test_cli_help_loads_no_heavy_library():
     code = "from oelm.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass"
     assert _loaded_after(code) == []

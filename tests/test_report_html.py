@@ -1,13 +1,16 @@
-"""report.html in real headless Chromium (Debian `chromium` + `chromium-driver`, installed by
-`make test`): it renders, every plot image loads, nothing is fetched from a network, and a
-screenshot is produced."""
+"""report.html: rendered from an autoescaped Jinja2 template that ships in the wheel, so hostile
+names and warnings stay text; and in real headless Chromium (Debian `chromium` + `chromium-driver`,
+installed by `make test`): it renders, every plot image loads, nothing is fetched from a network,
+and a screenshot is produced."""
 
 from __future__ import annotations
 
 import base64
 import io
 import json
+import re
 import shutil
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,7 @@ from _tiny_lm import tiny_lm_overrides
 from oelm.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 
@@ -61,10 +65,13 @@ def test_report_renders_in_headless_chromium(browser, report_dir, tmp_path):
     assert "oelm_freeze" in table.text and "baseline" in table.text
 
     images = browser.execute_script(
-        "return Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.naturalHeight, i.src.slice(0, 22)])"
+        "return Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.naturalHeight, i.src.slice(0, 22),"
+        " i.dataset.name])"
     )
-    assert len(images) == 3
-    for complete, width, height, prefix in images:
+    # every plot report.md links (report_files/*.png) is in the page, once each, and drawn
+    linked = sorted(re.findall(r"\]\(report_files/([^)]+\.png)\)", (report_dir / "report.md").read_text()))
+    assert len(linked) >= 3 and sorted(i[4] for i in images) == linked
+    for complete, width, height, prefix, _ in images:
         assert complete and width > 100 and height > 100 and prefix == "data:image/png;base64,"
 
     # Every request the page made: the file itself and data: URIs only, never the network.
@@ -87,3 +94,70 @@ def test_report_renders_in_headless_chromium(browser, report_dir, tmp_path):
     assert img.format == "PNG" and img.size[0] >= 1000 and img.size[1] >= min(height, 2000)
     colors = img.convert("RGB").resize((64, 256)).getcolors(64 * 256)
     assert colors is not None and len(colors) > 20  # text, tables and plots: not a blank page
+
+
+HOSTILE = '<script>alert(1)</script> "quoted" & \'single\''
+# Every tag the template itself writes: nothing from the data may add one.
+TEMPLATE_TAGS = {"html", "head", "meta", "title", "style", "body", "h1", "h2", "p", "b", "ul", "li", "table", "tr", "th",
+                 "td", "img", "small", "code"}
+
+
+class _Page(HTMLParser):
+    """Tags, attribute values and text nodes (entities decoded) of an HTML page."""
+
+    def __init__(self, text: str):
+        super().__init__(convert_charrefs=True)
+        self.tags: list[str] = []
+        self.attrs: list[str] = []
+        self.text: list[str] = []
+        self.feed(text)
+        self.close()
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        self.attrs += [v for _, v in attrs if v is not None]
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def test_hostile_names_warnings_and_cells_are_escaped_in_the_html():
+    """A run name, method, dataset, model, warning, table cell, bold text, image name and alt text
+    holding ``<script>`` and quotes come out as that literal text, never as markup: the page has
+    only the template's own tags and the strings read back unchanged from text and attributes."""
+    from oelm.report.render import Section, build_sections, render_html
+
+    committed = RESULTS / "cpu-sst2"
+    c = json.loads((committed / "comparison.json").read_text())
+    rename = {"oelm_freeze": f"oelm_freeze {HOSTILE}"}
+    c["methods"] = {rename.get(k, k): v for k, v in c["methods"].items()}
+    c["vs_baseline"] = {rename.get(k, k): v for k, v in c["vs_baseline"].items()}
+    c.update(name=f"run {HOSTILE}", task=f"sst2 {HOSTILE}", model=f"model {HOSTILE}",
+             warnings=[*c["warnings"], f"dataset {HOSTILE} has a warning"])
+    png = (committed / "report_files" / "final_metric.png").read_bytes()
+    every_kind = (Section(f"Extra {HOSTILE}").text(f"a **bold {HOSTILE}** word").items([f"item {HOSTILE}"])
+                  .table([f"head {HOSTILE}"], [[f"cell {HOSTILE}"]]).image(f"plot {HOSTILE}.png", png, f"alt {HOSTILE}"))
+    page_text = render_html(c, [*build_sections(c, None), every_kind])
+    page = _Page(page_text)
+
+    assert "<script>" not in page_text and set(page.tags) <= TEMPLATE_TAGS, set(page.tags) - TEMPLATE_TAGS
+    text = "".join(page.text)
+    for s in (f"oelm report: run {HOSTILE}", f"run {HOSTILE}: sst2 {HOSTILE} with model {HOSTILE}",
+              f"dataset {HOSTILE} has a warning", f"oelm_freeze {HOSTILE}", f"Extra {HOSTILE}", f"bold {HOSTILE}",
+              f"item {HOSTILE}", f"head {HOSTILE}", f"cell {HOSTILE}"):
+        assert s in text, s
+    assert {f"alt {HOSTILE}", f"plot {HOSTILE}.png"} <= set(page.attrs)
+    assert page.tags.count("img") == 2  # the committed bar chart and the hostile section's plot
+
+
+def test_the_report_template_is_package_data():
+    """pyproject's package-data globs take every template under oelm/report/templates into the
+    wheel, so an installed oelm renders report.html too."""
+    import tomllib
+    from fnmatch import fnmatch
+
+    package = ROOT / "src" / "oelm"
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["oelm"]
+    templates = [p.relative_to(package).as_posix() for p in (package / "report" / "templates").iterdir()]
+    assert "report/templates/report.html.j2" in templates
+    assert [p for p in templates if not any(fnmatch(p, g) for g in globs)] == []

@@ -383,7 +383,13 @@ def _add_inspect(sub, env: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser("init", help="write a starter experiment config to edit, from a shipped one")
     p.add_argument("path", nargs="?", default="experiment.yaml", help="file to write (default experiment.yaml)")
-    p.add_argument("--template", default="quickstart", help="shipped config to start from (default quickstart)")
+    p.add_argument("--template", help="shipped config to start from (default quickstart)")
+    p.add_argument("--suite", help="a research suite instead of a template: frozen-attention (the Q/K controls and "
+                   "inits that apply to --model, a fixed learning-rate grid, seeds, a targets example; oelm.suite)")
+    p.add_argument("--model", help="--suite: an oelm GPT preset (from scratch: gpt-tiny) or a Hugging Face id / local "
+                   "dir (pretrained: sentence-transformers/all-MiniLM-L6-v2)")
+    p.add_argument("--task", help="--suite: a registered dataset (oelm.data.DATASETS: sst2, ag_news, imdb, xnli-en-dev, tinystories, gutenberg, ...)")
+    p.add_argument("--seeds", type=int, help="--suite: seeds per method (default 5, at least 3)")
     p.add_argument("--force", action="store_true", help="overwrite PATH if it exists")
     p.set_defaults(func=cmd_init)
 

@@ -1,6 +1,7 @@
 """``oelm inspect``: where each model's query/key projections are and the parameter table per
-method; ``oelm configs`` and ``oelm init``: the shipped configs (split out of :mod:`oelm.cli`; the
-parsers stay there), and the table printer every ``oelm`` command uses (:func:`print_table`). Like :mod:`oelm.cli`, it imports transformers and the
+method; ``oelm configs`` and ``oelm init`` (a starter config, or a research suite's); split out of
+:mod:`oelm.cli` (the parser stays there), with the table printer every ``oelm`` command uses
+(:func:`print_table`) and oelm's :func:`version`. Like :mod:`oelm.cli`, it imports transformers and the
 model code inside the functions that use them, so that ``oelm --help`` stays fast."""
 
 from __future__ import annotations
@@ -192,14 +193,22 @@ def cmd_configs(args: argparse.Namespace) -> int:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    """Write a starter experiment config to edit (:func:`oelm.configs.starter_config`).
+    """Write a starter experiment config to edit (:func:`oelm.configs.starter_config`), or with
+    ``--suite`` a research suite's config for ``--model`` and ``--task`` (:func:`oelm.suite.suite_config`).
 
     Raises:
-        ConfigError: an unknown template. OELMError: PATH exists (without ``--force``), is a
-            symbolic link (dangling or not), is not ``.yaml``, or cannot be written.
+        ConfigError: an unknown template, suite or task, or too few seeds. OELMError: PATH exists
+            (without ``--force``), is a symbolic link (dangling or not), is not ``.yaml``, or cannot be
+            written; ``--suite`` without ``--model`` / ``--task``, or with ``--template``.
     """
     from oelm.configs import starter_config
 
+    if args.suite is None and (args.model or args.task or args.seeds is not None):
+        raise OELMError("--model, --task and --seeds go with --suite (e.g. oelm init --suite frozen-attention "
+                        "--model gpt-tiny --task tinystories)")
+    if args.suite is not None and (not args.model or not args.task or args.template is not None):
+        raise OELMError("--suite needs --model M and --task T and no --template, e.g. oelm init --suite frozen-attention "
+                        "--model sentence-transformers/all-MiniLM-L6-v2 --task sst2")
     dest = Path(args.path)
     if dest.suffix not in YAML_SUFFIXES:
         raise OELMError(f"{dest}: give a path ending in .yaml")
@@ -208,11 +217,18 @@ def cmd_init(args: argparse.Namespace) -> int:
                         "give another PATH, or the link's target itself")
     if dest.exists() and not args.force:
         raise OELMError(f"{dest} exists; give another PATH, or --force to overwrite it")
-    text = starter_config(args.template, dest.stem, version())
+    if args.suite is not None:
+        from oelm.suite import DEFAULT_SEEDS, suite_config
+
+        text = suite_config(args.suite, args.model, args.task, dest.stem,
+                            DEFAULT_SEEDS if args.seeds is None else args.seeds, version())
+    else:
+        text = starter_config(args.template or "quickstart", dest.stem, version())
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text(text, encoding="utf-8")
     except OSError as exc:
         raise OELMError(f"cannot write {dest}: {exc.strerror or exc}") from None
-    print(f"wrote {dest} (from {args.template}); edit it, then: oelm run {dest}")
+    source = f"suite {args.suite}, {args.model} on {args.task}" if args.suite else args.template or "quickstart"
+    print(f"wrote {dest} ({source}); edit it, then: oelm run {dest}")
     return 0

@@ -35,6 +35,7 @@ from oelm.config_io import (
     safetensors_problem, source_name,
 )
 from oelm.config_io import merge as _merge
+from oelm.config_targets import Target, check_targets
 from oelm.errors import ConfigError
 from oelm.init_names import InitName  # the init table's names, without torch
 
@@ -581,6 +582,9 @@ class ExperimentConfig(_Strict):
         default_factory=dict, description="Published numbers to show beside ours (method -> metric)."
     )
     reference_source: str = ""
+    targets: dict[str, Target] = Field(
+        default_factory=dict, description="Bounds a method's gap to baseline should meet (oelm.config_targets), e.g. "
+        "oelm_freeze: {perplexity_ratio_max: 1.05}; checked pass / fail with its interval in the report.")
 
     @field_validator("name")
     @classmethod
@@ -622,6 +626,7 @@ class ExperimentConfig(_Strict):
         if unknown:
             raise ValueError(f"reference names {unknown}, which are not methods of this config ({', '.join(names)}); "
                              "key each published number by the method name it is shown beside")
+        check_targets(self.targets, names)
         if self.init_from:
             for m in self.methods:
                 for seed in self.seeds:
@@ -647,7 +652,10 @@ class ExperimentConfig(_Strict):
         (in the full pass: the methods' configs need torch)."""
         if _keys_only(info):
             return self
+        from oelm.data.registry import get_dataset_spec  # TaskConfig's full pass has imported it
         from oelm.structural import reservoir_indices  # torch, as the methods' configs
+
+        check_targets(self.targets, [m.name for m in self.methods], get_dataset_spec(self.task.dataset).metric)
 
         num_layers = None
         if self.model.gpt is not None:

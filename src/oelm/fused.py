@@ -20,9 +20,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from oelm.errors import OELMError
+
 __all__ = [
     "FUSED_LAYOUTS", "SplitQKV", "fuse_split_projections", "fuse_state_dict", "fuse_tensors", "split_fused_entries",
-    "split_fused_tensors",
+    "split_fused_tensors", "IO_HOOKS", "NAME_HOOKS", "module_hooks", "carry_hooks", "refuse_hooks",
 ]
 
 # Fused Q/K/V layouts, named by how the fused output features are ordered:
@@ -31,6 +33,14 @@ __all__ = [
 #   qkv_per_head  nn.Linear, rows [num_heads, 3, head_dim]: each head's q, k, v next to each other
 FUSED_LAYOUTS = ("qkv", "qkv_conv1d", "qkv_per_head")
 _PARTS = ("query", "key", "value")
+
+# A SplitQKV and the fused module it stands in for take the same input and give the same output,
+# so hooks on either see the same tensors and move with the module when one replaces the other
+# (the dicts themselves move, so the user's RemovableHandle still removes its hook). Hooks that see
+# parameter names (state dict / load hooks) would see other names: a module with those is refused.
+IO_HOOKS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks", "_forward_hooks_with_kwargs",
+             "_forward_hooks_always_called", "_backward_pre_hooks", "_backward_hooks")
+NAME_HOOKS = ("_state_dict_pre_hooks", "_state_dict_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
 
 
 def split_fused_tensors(
@@ -258,6 +268,34 @@ def fuse_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor] | None
     return fused
 
 
+def module_hooks(module: nn.Module, kinds: tuple[str, ...] = IO_HOOKS + NAME_HOOKS) -> list[str]:
+    """The kinds of torch hooks registered on ``module`` itself (``"forward_hooks"``, ...: the
+    dicts of ``kinds`` that are not empty; the with-kwargs / always-called flag dicts are not kinds)."""
+    return [kind.lstrip("_") for kind in kinds if getattr(module, kind, None) and not kind.endswith(("_kwargs", "_called"))]
+
+
+def refuse_hooks(module: nn.Module, name: str, kinds: tuple[str, ...], why: str) -> None:
+    """Refuse, with one line naming the module and the hook kinds, a module that has hooks of ``kinds``.
+
+    Raises:
+        OELMError: ``module`` has such hooks.
+    """
+    found = module_hooks(module, kinds)
+    if found:
+        raise OELMError(f"{name} ({type(module).__name__}) has {', '.join(found)} registered on it: {why}")
+
+
+def carry_hooks(old: nn.Module, new: nn.Module) -> nn.Module:
+    """Give ``new`` (which replaces ``old`` in the model, with the same input and output) ``old``'s
+    forward and backward hooks: the hook dicts themselves, so handles stay valid. Returns ``new``."""
+    for kind in IO_HOOKS:
+        if hasattr(old, kind):
+            vars(new)[kind] = getattr(old, kind)
+    if hasattr(old, "_is_full_backward_hook"):
+        vars(new)["_is_full_backward_hook"] = old._is_full_backward_hook
+    return new
+
+
 def fuse_split_projections(model: nn.Module) -> list[str]:
     """Replace every :class:`SplitQKV` of ``model`` by the fused module it stands in for (in place).
 
@@ -268,10 +306,24 @@ def fuse_split_projections(model: nn.Module) -> list[str]:
     ``from_pretrained`` reads what ``save_pretrained`` writes. The new fused parameters have
     ``requires_grad=True``. Returns the names of the replaced modules; ``[]`` when there are none.
     Works on any model (no registry look-up).
+
+    Forward and backward hooks on a :class:`SplitQKV` move to the fused module (same input and
+    output; :func:`carry_hooks`). Hooks on its ``query``/``key``/``value`` have no module to go to
+    (the fused one computes all three at once): such a model is refused before anything changes.
+
+    Raises:
+        OELMError: a hook on a split projection (the message names it and the kind).
+        ValueError: as :meth:`SplitQKV.fused_tensors`.
     """
     splits = [(name, m) for name, m in model.named_modules() if isinstance(m, SplitQKV)]
+    for name, split in splits:
+        for part in _PARTS:
+            refuse_hooks(getattr(split, part), f"{name}.{part}" if name else part, IO_HOOKS + NAME_HOOKS,
+                         "oelm.merge_and_unload fuses it with its siblings into one module and would drop them; "
+                         "remove them first (handle.remove()); nothing was changed")
     modules = dict(model.named_modules())
     for name, split in splits:
         parent_name, _, child_name = name.rpartition(".")
-        setattr(modules[parent_name] if parent_name else model, child_name, split.fuse().train(split.training))
+        fused = carry_hooks(split, split.fuse().train(split.training))
+        setattr(modules[parent_name] if parent_name else model, child_name, fused)
     return [name for name, _ in splits]

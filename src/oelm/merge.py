@@ -11,8 +11,10 @@ from typing import Any
 from torch import nn
 
 from oelm.architectures import ARCHITECTURE_ATTRIBUTE, fuse_split_projections
+from oelm.errors import OELMError
 from oelm.parameters import print_trainable_parameters, require_module
 from oelm.recipe import CHECKPOINT_ATTRIBUTES, detach_checkpoint_hooks
+from oelm.treated import part_line, refuse_wrapper, treated_modules, unmark
 
 __all__ = ["OELM_ATTRIBUTES", "merge_and_unload"]
 
@@ -20,12 +22,26 @@ __all__ = ["OELM_ATTRIBUTES", "merge_and_unload"]
 #: Instance attributes :func:`apply_oelm` sets on the model (and :func:`merge_and_unload` removes):
 #: the report, the config, a PEFT-style ``print_trainable_parameters``, the checkpoint hooks of
 #: :mod:`oelm.recipe` (``save_pretrained`` in the stock layout, the load hook's handle), and the
-#: spec ``target_modules`` gave.
+#: spec ``target_modules`` gave. (Each submodule gets :data:`oelm.treated.PART_OF_ATTRIBUTE`, removed too.)
 OELM_ATTRIBUTES = ("oelm_report", "oelm_config", "print_trainable_parameters", *CHECKPOINT_ATTRIBUTES, ARCHITECTURE_ATTRIBUTE)
 
 
 def _is_bound(value: Any, func: Any) -> bool:
     return isinstance(value, functools.partial) and value.func is func
+
+
+def _unload(module: nn.Module) -> bool:
+    """Remove what ``apply_oelm`` put on ``module`` (:data:`OELM_ATTRIBUTES`, the checkpoint hooks,
+    a recipe on its config); True if anything was there."""
+    detached = detach_checkpoint_hooks(module)
+    attributes = vars(module)
+    # a method of that name the user set on the instance is theirs: only oelm's partial goes
+    ours = [n for n in ("oelm_report", "oelm_config", ARCHITECTURE_ATTRIBUTE) if n in attributes]
+    if _is_bound(attributes.get("print_trainable_parameters"), print_trainable_parameters):
+        ours.append("print_trainable_parameters")
+    for name in ours:
+        delattr(module, name)
+    return detached or bool(ours)
 
 
 def merge_and_unload(model: nn.Module) -> nn.Module:
@@ -42,6 +58,11 @@ def merge_and_unload(model: nn.Module) -> nn.Module:
     class's own is back, and the load hook; a recipe that a stock ``from_pretrained`` put on
     ``model.config`` goes too), and ``apply_oelm`` may be applied again.
 
+    The whole tree is merged: a model that holds a module ``apply_oelm`` ran on (``model.bert``
+    after ``apply_oelm(model.bert)``) is merged like that module (:mod:`oelm.treated`). Forward
+    and backward hooks on a split module move to the fused one; hooks on its query/key/value
+    projections, which no module of the merged model computes alone, are refused.
+
     Freezing is unloaded too: every parameter gets ``requires_grad=True``, as in a model that
     ``from_pretrained`` returns, since nothing marks the model as OELM any more (extra groups
     and parameters frozen by hand included). To train on with Q/K frozen, do not merge yet, or
@@ -53,29 +74,32 @@ def merge_and_unload(model: nn.Module) -> nn.Module:
     its attributes are removed and its parameters made trainable.
 
     Args:
-        model: the model ``apply_oelm`` ran on (not a DistributedDataParallel / ``torch.compile``
-            wrapper: unwrap it first); any device and dtype, kept.
+        model: the model ``apply_oelm`` ran on, or one that holds it; any device and dtype, kept.
 
     Returns:
         ``model`` itself.
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module``.
+        OELMError: ``model`` is a DistributedDataParallel / DataParallel / FSDP / ``torch.compile``
+            wrapper (``unwrap it first: model.module / model._orig_mod``); ``model`` is a part of a
+            model that went through ``apply_oelm`` (merge that model); a forward/backward or
+            state-dict hook on a split query/key/value projection (named). Nothing is changed.
         ValueError: a :class:`SplitQKV` whose query/key/value disagree on bias or input size
             (not one that ``apply_oelm`` made).
     """
     require_module(model, "merge_and_unload")
-    fused = fuse_split_projections(model)
-    detached = detach_checkpoint_hooks(model)
-    attributes = vars(model)
-    # a method of that name the user set on the instance is theirs: only oelm's partial goes
-    ours = [n for n in ("oelm_report", "oelm_config", ARCHITECTURE_ATTRIBUTE) if n in attributes]
-    if _is_bound(attributes.get("print_trainable_parameters"), print_trainable_parameters):
-        ours.append("print_trainable_parameters")
-    if not fused and not ours and not detached:
+    refuse_wrapper(model, "merge_and_unload")
+    part = part_line(model)
+    if part is not None:
+        raise OELMError(f"{part}: oelm.merge_and_unload on a part would leave that model half merged. Fix: "
+                        "merge the model that went through apply_oelm (or one that holds it)")
+    treated = [m for _, m in treated_modules(model) if m is not model]
+    fused = fuse_split_projections(model)  # refuses hooks it cannot move before replacing any module
+    unloaded = [_unload(m) for m in (model, *treated)]
+    if not fused and not any(unloaded):
         return model
-    for name in ours:
-        delattr(model, name)
+    unmark(model)
     for p in model.parameters():
         p.requires_grad_(True)
     return model

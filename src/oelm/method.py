@@ -45,7 +45,8 @@ into the architecture's own module with the trained values and removes everythin
 ``apply_oelm`` put on the model, so ``model.save_pretrained(dir)`` writes a checkpoint that a
 stock ``AutoModelForCausalLM.from_pretrained(dir)`` loads completely. Before that,
 ``model.save_pretrained`` (and so Hugging Face ``Trainer``'s checkpoints) already writes the
-stock layout, with the method's recipe in ``config.json`` (:mod:`oelm.recipe`).
+stock layout, with the method's recipe in ``config.json`` (:mod:`oelm.recipe`). ``apply_oelm`` may
+treat a module of a model (``model.bert``); the whole tree then knows (:mod:`oelm.treated`).
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ from oelm.merge import OELM_ATTRIBUTES, merge_and_unload
 from oelm.parameters import ParameterReport, group_of, parameter_report, print_trainable_parameters, require_module
 from oelm.recipe import attach_checkpoint_hooks
 from oelm.structural import ALTERNATE, find_layers, fixed_attention_, fixed_attention_modules, reservoir_, reservoir_indices
+from oelm.treated import mark_parts, part_line, refuse_wrapper, treated_line
 
 __all__ = [
     "OELMConfig",
@@ -291,38 +293,60 @@ def _resolve_config(config: Any, seed: Any, func: str) -> OELMConfig:
 # --------------------------------------------------------------------------------------------
 
 
-def _split_if_fused_family(model: nn.Module) -> None:
-    """Split fused Q/K/V modules of a registered fused family; other models are left alone.
+def _split_and_find(model: nn.Module, config: OELMConfig, target_modules: dict[str, Any] | None) -> list[ProjectionSite]:
+    """Split the fused Q/K/V modules the method needs split and return the attention sites (none
+    for a method without Q/K targets). A refusal on the way (a fused module with state-dict hooks, an
+    unknown model with ``extra_frozen_groups``) comes before any module changes; the spec
+    ``target_modules`` attached goes again then.
 
-    For methods without Q/K targets (``baseline``, ``oelm_ffn_only``), which must keep working on
-    models oelm has no registry entry for: an unknown model or a family without fused layouts is
-    not an error here.
+    Methods without Q/K targets (``baseline``, ``oelm_ffn_only``) must keep working on models
+    oelm has no registry entry for: an unknown model or a family without fused layouts is not an
+    error for them; with ``split_fused`` they split a registered fused family.
     """
     try:
-        spec = architecture_of(model)
-    except UnsupportedModelError:
-        return
-    if any(a.fused is not None for a in spec.attention):
-        split_fused_projections(model)
+        if config.targets:
+            split_fused_projections(model)
+            return find_attention_projections(model)
+        if config.extra_frozen_groups:
+            architecture_of(model)  # unknown model -> UnsupportedModelError, not a silent "other" group
+        if config.split_fused:
+            try:
+                spec = architecture_of(model)
+            except UnsupportedModelError:
+                return []
+            if any(a.fused is not None for a in spec.attention):
+                split_fused_projections(model)
+        return []
+    except OELMError:
+        if target_modules is not None:
+            vars(model).pop(ARCHITECTURE_ATTRIBUTE, None)
+        raise
+
+
+def _refuse_treated(model: nn.Module, config: OELMConfig) -> None:
+    """Refuse a model that went through ``apply_oelm``, holds a module that did, or is a part of one
+    (:mod:`oelm.treated`: the marks go down the tree, since modules do not know their parents)."""
+    line, fix = treated_line(model), "start from a fresh model, or call model = oelm.merge_and_unload(model) first to make it a plain model again"
+    if line is None:
+        line, fix = part_line(model), ("start from a fresh model, or merge the model that went through apply_oelm first "
+                                       "(oelm.merge_and_unload on it, or on one that holds it)")
+    if line is not None:
+        raise OELMError(f"{line}; applying {config.method!r} on top would mix two methods' initialization and "
+                        f"freezing. Fix: {fix}")
 
 
 def _refuse_before_changes(model: nn.Module, config: OELMConfig, target_modules: dict[str, Any] | None,
                            num_heads: int | None) -> None:
     """Every refusal that does not need the model changed first, so a refused model is untouched
     (the spec ``target_modules`` gives is kept on the model only once the checks that read it pass)."""
+    refuse_wrapper(model, "apply_oelm")
     if (config.targets or config.reservoir_layers or config.fixed_attention) and any(p.is_meta for p in model.parameters()):
         raise OELMError(
             f"{type(model).__name__} has parameters on the meta device (shapes without values), so its query/key "
             "weights cannot be initialized; materialize the model first (load it without device_map='meta' / "
             "init_empty_weights, or model.to_empty(device=...) and load its weights)"
         )
-    previous = getattr(model, "oelm_config", None)
-    if previous is not None:
-        raise OELMError(
-            f"{type(model).__name__} already went through apply_oelm ({getattr(previous, 'method', previous)!r}); "
-            f"applying {config.method!r} on top would mix two methods' initialization and freezing. Fix: start from a "
-            "fresh model, or call model = oelm.merge_and_unload(model) first to make it a plain model again"
-        )
+    _refuse_treated(model, config)
     if target_modules is not None:
         attach_architecture(model, target_modules, num_heads=num_heads)  # refused here if nothing fits
     try:
@@ -370,99 +394,83 @@ def _init_and_freeze(sites: list[ProjectionSite], config: OELMConfig, generator:
     return projections
 
 
-def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, seed: int | None = None,
-               target_modules: dict[str, Any] | None = None, num_heads: int | None = None) -> ParameterReport:
-    """Apply an OELM method to ``model`` in place and return its parameter report.
-
-    Steps: find every attention module's query/key projections through the architecture
-    registry (:func:`find_attention_projections`); when the method targets Q/K and the family
-    fuses Q/K/V into one module (GPT-2 ``c_attn``, GPT-NeoX ``query_key_value``), replace that
-    module by an output-identical :class:`SplitQKV` first (:func:`split_fused_projections`);
-    initialize the ``config.targets`` weights per ``config.init``, head-wise with the
-    projection's own head count (``num_kv_heads`` for K under grouped-query attention; biases are
-    kept); set ``requires_grad=False`` on them (and their biases if ``config.freeze_bias``) and on
-    every parameter of ``config.extra_frozen_groups``. Before the Q/K init, ``config.reservoir_layers``
-    are drawn at random and frozen whole and ``config.fixed_attention`` gives oelm's GPT a frozen
-    random attention map (:mod:`oelm.structural`). With ``config.split_fused`` (the default)
-    methods without Q/K targets (``baseline``, ``oelm_ffn_only``) split fused modules too, so
-    every method of a comparison runs the same kernels; ``baseline`` otherwise changes nothing
-    (with ``split_fused=False`` fused modules stay fused). Models of unknown type are left as
-    they are by methods without targets.
-
-    The report is also stored on the model as ``model.oelm_report`` and the config as
-    ``model.oelm_config``, and ``model.print_trainable_parameters()`` prints the report's line (as
-    on a PEFT model). ``model.save_pretrained`` (this instance only) writes the stock layout, split
-    modules fused again on a copy of the state dict, with the recipe in ``config.json``, and a
-    ``load_state_dict`` pre-hook refuses a state dict that would change a frozen tensor, so Hugging
-    Face ``Trainer``'s checkpoints and ``resume_from_checkpoint`` work on split models (see
-    :mod:`oelm.recipe`). Instance attributes, not a subclass or a patched class: the model keeps
-    its class, other instances are untouched, and it still pickles and deep-copies. All of these
-    are listed in :data:`OELM_ATTRIBUTES`.
-
-    A model that already went through ``apply_oelm`` (``model.oelm_config`` is set) is refused
-    before anything changes: a second method on top would mix two initializations and two sets
-    of frozen tensors that no lean checkpoint records. Start from a fresh model, or call
-    :func:`merge_and_unload` first (which makes it a plain model again).
-
-    Args:
-        model: a supported model (see :data:`ARCHITECTURES`, or register one, or name its
-            projections with ``target_modules``).
-        config: an :class:`OELMConfig` or a name from :data:`METHODS`.
-        seed: overrides ``config.seed`` for random draws.
-        target_modules: PEFT-style names of the projections, for a model no registry entry knows:
-            ``{"query": "q_proj", "key": "k_proj"}`` or ``{"qkv": "c_attn", "layout": "qkv_conv1d"}``
-            (module-name suffixes or full-name regexes; :mod:`oelm.architectures.targets`). The
-            spec built from them stays on this model (``model.oelm_architecture``); checkpoints record it.
-        num_heads: the query head count with ``target_modules`` when the model's config has none.
-
-    Returns:
-        :class:`ParameterReport`; ``str(report)`` is the PEFT-style line; ``report.projections``
-        has one entry per (site, target) with module, kind, layer, shape, heads, head_dim, fused
-        layout, frozen flag and ``max_orthogonality_error``.
-
-    Raises:
-        TypeError: ``model`` is not an ``nn.Module`` (``None``, a name: load the model first),
-            ``config`` neither an :class:`OELMConfig` nor a name, ``seed`` not a non-negative int.
-        ConfigError: unknown method name.
-        OELMError: the model already carries an OELM application (``model.oelm_config``).
-        UnsupportedModelError: the model's query/key projections cannot be found; the message
-            lists supported model types and how to register one. ``fixed_attention`` on a model
-            that is not oelm's GPT.
-        ConfigError: ``reservoir_layers`` names a layer the model does not have.
-    """
-    require_module(model, "apply_oelm")
-    config = _resolve_config(config, seed, "apply_oelm")
-    _refuse_before_changes(model, config, target_modules, num_heads)
-    if config.targets:
-        split_fused_projections(model)
-        sites = find_attention_projections(model)
-    else:
-        sites = []
-        if config.extra_frozen_groups:
-            architecture_of(model)  # unknown model -> UnsupportedModelError, not a silent "other" group
-        if config.split_fused:
-            _split_if_fused_family(model)
-    generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
-    # Draw order (a lean checkpoint repeats it): reservoir layers, the fixed map, then Q/K per site.
-    if config.reservoir_layers:
-        reservoir_(model, config.reservoir_layers, generator)
-    if config.fixed_attention:
-        fixed_attention_(model, generator)
-    projections = _init_and_freeze(sites, config, generator)
-
+def _finish(model: nn.Module, config: OELMConfig, projections: list[dict[str, Any]]) -> ParameterReport:
+    """Freeze ``config.extra_frozen_groups``; put the report, the config, ``print_trainable_parameters``
+    and the checkpoint hooks on ``model`` and mark its submodules as parts of it; the report."""
     if config.extra_frozen_groups:
         patterns = architecture_of(model).group_patterns
         for name, p in model.named_parameters():
             if group_of(name, patterns) in config.extra_frozen_groups:
                 p.requires_grad_(False)
-
     report = parameter_report(model, method=config.method)
     report.projections = projections
     model.oelm_report = report
     model.oelm_config = config
     model.print_trainable_parameters = functools.partial(print_trainable_parameters, model)
     attach_checkpoint_hooks(model)
+    mark_parts(model, config.method)
     return report
+
+
+def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, seed: int | None = None,
+               target_modules: dict[str, Any] | None = None, num_heads: int | None = None) -> ParameterReport:
+    """Apply an OELM method to ``model`` in place and return its parameter report.
+
+    Steps: find every attention module's query/key projections through the architecture registry
+    (:func:`find_attention_projections`); when the method targets Q/K and the family fuses Q/K/V
+    into one module (GPT-2 ``c_attn``, GPT-NeoX ``query_key_value``), replace that module by an
+    output-identical :class:`SplitQKV` first (:func:`split_fused_projections`; forward and backward
+    hooks on it move along); draw ``config.reservoir_layers`` and ``config.fixed_attention``
+    (:mod:`oelm.structural`); initialize the ``config.targets`` weights per ``config.init``,
+    head-wise with the projection's own head count (``num_kv_heads`` for K under grouped-query
+    attention; biases kept); set ``requires_grad=False`` on them (their biases too if
+    ``config.freeze_bias``) and on ``config.extra_frozen_groups``. With ``config.split_fused``
+    methods without Q/K targets split fused modules too (every method of a comparison runs the same
+    kernels); models of unknown type are left as they are by methods without targets.
+
+    The report goes on the model as ``model.oelm_report``, the config as ``model.oelm_config``;
+    ``model.print_trainable_parameters()`` prints the report's line (as on a PEFT model);
+    ``model.save_pretrained`` writes the stock layout with the recipe in ``config.json``, and a
+    ``load_state_dict`` pre-hook refuses a frozen tensor that would change (:mod:`oelm.recipe`).
+    Instance attributes, all listed in :data:`OELM_ATTRIBUTES`: the class and other instances are
+    untouched, and the model still pickles and deep-copies. Every submodule is marked as a part of
+    it (:mod:`oelm.treated`), so one application per module tree: a model that went through
+    ``apply_oelm``, holds a module that did, or is a part of one is refused before anything changes.
+
+    Args:
+        model: a supported model (see :data:`ARCHITECTURES`, or register one, or name its
+            projections with ``target_modules``), or a module of one (``model.bert``).
+        config: an :class:`OELMConfig` or a name from :data:`METHODS`.
+        seed: overrides ``config.seed`` for random draws.
+        target_modules: PEFT-style names of the projections for a model no registry entry knows
+            (:mod:`oelm.architectures.targets`); the spec stays on the model, checkpoints record it.
+        num_heads: the query head count with ``target_modules`` when the model's config has none.
+
+    Returns:
+        :class:`ParameterReport`: ``str(report)`` is the PEFT-style line; ``report.projections``
+        has one entry per (site, target): module, kind, layer, shape, heads, head_dim, fused layout,
+        frozen flag, ``max_orthogonality_error``.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``, ``config`` neither an :class:`OELMConfig` nor
+            a name, ``seed`` not a non-negative int.
+        ConfigError: unknown method name; ``reservoir_layers`` names a layer the model lacks.
+        OELMError: the tree already carries an OELM application (named); a DDP / ``torch.compile``
+            wrapper; a fused module with state-dict or load hooks.
+        UnsupportedModelError: no query/key projections found (supported types listed); ``fixed_attention``
+            on a model that is not oelm's GPT.
+    """
+    require_module(model, "apply_oelm")
+    config = _resolve_config(config, seed, "apply_oelm")
+    _refuse_before_changes(model, config, target_modules, num_heads)
+    sites = _split_and_find(model, config, target_modules)
+    generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
+    # Draw order (a lean checkpoint repeats it): reservoir layers, the fixed map, then Q/K per site.
+    if config.reservoir_layers:
+        reservoir_(model, config.reservoir_layers, generator)
+    if config.fixed_attention:
+        fixed_attention_(model, generator)
+    return _finish(model, config, _init_and_freeze(sites, config, generator))
 
 
 def get_oelm_model(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, seed: int | None = None,

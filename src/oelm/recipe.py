@@ -10,7 +10,16 @@ carries the recipe under the key ``"oelm"`` (:func:`recipe_of`)::
      "oelm_config": {...OELMConfig.to_dict()...},
      "frozen": {"transformer.h.0.attn.c_attn.query.weight": {"dtype": "torch.float32", "shape": [32, 32], "sha256": "..."}, ...},
      "split": {"transformer.h.0.attn.c_attn": {"layout": "qkv_conv1d", "num_heads": 4, "num_kv_heads": 4, "head_dim": 8}, ...},
+     "applied_to": "GPT2LMHeadModel",
      "versions": {"torch": "2.13.0+cpu", "oelm": "0.1.0"}}
+
+Names in ``frozen`` and ``split`` are relative to the module ``apply_oelm`` ran on, whose class is
+``applied_to``. When that is a transformers *base model* (``model.base_model is model``: BertModel,
+GPT2Model, the part a task model such as BertForSequenceClassification holds as ``model.bert``),
+the recipe also stays on its ``config`` from ``apply_oelm`` on (:func:`keep_recipe_on_config`):
+the holder shares that config object, and the holder's own ``save_pretrained`` (transformers',
+which runs no oelm code: PyTorch modules do not know their parents) writes it into ``config.json``.
+``oelm.load_oelm`` then finds the treated module in the holder by that class (:mod:`oelm.treated`).
 
 Hugging Face ``Trainer`` calls ``model.save_pretrained`` for every checkpoint, so checkpoints
 every N steps work on split models, and ``resume_from_checkpoint`` (``model.load_state_dict``)
@@ -47,6 +56,7 @@ __all__ = [
     "before_load_state_dict",
     "attach_checkpoint_hooks",
     "detach_checkpoint_hooks",
+    "keep_recipe_on_config",
 ]
 
 RECIPE_KEY = "oelm"  # the config.json key (and config attribute while saving)
@@ -87,8 +97,9 @@ def _oelm_version() -> str | None:
 
 def recipe_of(model: nn.Module) -> dict[str, Any]:
     """The recipe of a model that went through ``apply_oelm`` (the module docstring shows it):
-    the method's config, the sha256 of every frozen tensor, the split fused modules, and the
-    architecture spec when ``apply_oelm`` got ``target_modules``.
+    the method's config, the sha256 of every frozen tensor, the split fused modules, the class
+    ``apply_oelm`` ran on (``applied_to``), and the architecture spec when ``apply_oelm`` got
+    ``target_modules``.
 
     Raises:
         AttributeError: ``model`` has no ``oelm_config``.
@@ -106,6 +117,7 @@ def recipe_of(model: nn.Module) -> dict[str, Any]:
         "oelm_config": config.to_dict(),
         "frozen": frozen_record(model),
         "split": split,
+        "applied_to": type(model).__name__,
         "versions": {"torch": torch.__version__, "oelm": _oelm_version()},
     }
     own = vars(model).get(ARCHITECTURE_ATTRIBUTE)
@@ -223,6 +235,18 @@ def attach_checkpoint_hooks(model: nn.Module) -> None:
         model.save_pretrained = functools.partial(save_pretrained_with_recipe, model)
     frozen = tuple(n for n, p in model.named_parameters() if not p.requires_grad)
     model.oelm_load_hook = model.register_load_state_dict_pre_hook(functools.partial(before_load_state_dict, frozen=frozen))
+    keep_recipe_on_config(model)
+
+
+def keep_recipe_on_config(model: nn.Module) -> None:
+    """Put :func:`recipe_of` ``model`` on ``model.config`` (under ``"oelm"``) when ``model`` is a
+    transformers base model (``model.base_model is model``), so that a task model holding it, which
+    shares the config object, writes the recipe into its own ``config.json``. Other models keep a
+    config without it (their own ``save_pretrained`` adds it while saving). Call it again after
+    changing ``model.oelm_config``."""
+    config = getattr(model, "config", None)
+    if config is not None and getattr(model, "base_model", None) is model:
+        setattr(config, RECIPE_KEY, recipe_of(model))
 
 
 def detach_checkpoint_hooks(model: nn.Module) -> bool:

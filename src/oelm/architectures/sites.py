@@ -13,7 +13,7 @@ from torch import nn
 
 from oelm.architectures.spec import ArchitectureSpec, AttentionSpec, HeadCount, architecture_of
 from oelm.errors import UnsupportedModelError
-from oelm.fused import SplitQKV
+from oelm.fused import NAME_HOOKS, SplitQKV, carry_hooks, refuse_hooks
 
 
 
@@ -208,12 +208,15 @@ def split_fused_projections(model: nn.Module, spec: ArchitectureSpec | None = No
 
     Outputs are unchanged up to floating-point summation order (the same products are summed
     in separate matrix multiplications). Returns the names of the replaced modules; an already
-    split model, or a family without fused projections, gives ``[]``.
+    split model, or a family without fused projections, gives ``[]``. Forward and backward hooks
+    on a fused module move to its :class:`SplitQKV` (same input and output, :func:`carry_hooks`).
 
     Raises:
         UnsupportedModelError: as :func:`find_attention_projections`.
+        OELMError: a fused module with state-dict or load hooks (they would see other parameter
+            names), before any module is replaced.
     """
-    replaced = []
+    plan = []
     modules = dict(model.named_modules())
     for site in find_attention_projections(model, spec):
         if site.fused is None or site.is_split:
@@ -221,8 +224,11 @@ def split_fused_projections(model: nn.Module, spec: ArchitectureSpec | None = No
         parent_name, _, child_name = site.fused_name.rpartition(".")
         parent = modules[parent_name] if parent_name else model
         fused = getattr(parent, child_name)
+        refuse_hooks(fused, site.fused_name, NAME_HOOKS, "oelm.apply_oelm splits it into query/key/value, which would "
+                     "change the names they see; remove them (handle.remove()) first, register them again after; "
+                     "nothing was changed")
+        plan.append((site, parent, child_name, fused))
+    for site, parent, child_name, fused in plan:
         split = SplitQKV.from_fused(fused, site.fused, site.num_heads, site.num_kv_heads, site.head_dim)
-        setattr(parent, child_name, split)
-        replaced.append(site.fused_name)
-    return replaced
-
+        setattr(parent, child_name, carry_hooks(fused, split))
+    return [site.fused_name for site, *_ in plan]

@@ -16,7 +16,7 @@ from oelm.architectures import architecture_from_dict, set_architecture
 from oelm.errors import CheckpointError, CheckpointMismatchError, ConfigError, UnsupportedModelError
 from oelm.init import RANDOM_INITS  # noqa: F401 - re-exported: the init kinds that draw from the seed
 from oelm.method import OELMConfig, apply_oelm
-from oelm.recipe import tensor_sha256
+from oelm.recipe import keep_recipe_on_config, tensor_sha256
 
 __all__ = [
     "CHECKPOINT_FORMAT", "FORMAT_VERSION", "WEIGHTS_NAME", "METADATA_NAME", "RANDOM_INITS", "CheckpointError",
@@ -195,6 +195,7 @@ def reapply(model: nn.Module, config: Any, architecture: dict[str, Any] | None =
     _set_recorded_architecture(model, architecture, where)
     apply_oelm(model, config.replace(init="none"))
     model.oelm_config = config
+    keep_recipe_on_config(model)  # a base model's config carries the recorded config, not init="none"
 
 
 def refreeze(params: dict[str, nn.Parameter], frozen: dict[str, Any], config: Any, written_by: Any) -> None:

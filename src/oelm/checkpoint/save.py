@@ -15,6 +15,7 @@ from torch import nn
 from oelm.architectures import ARCHITECTURE_ATTRIBUTE, architecture_to_dict
 from oelm.errors import ConfigError
 from oelm.io import atomic_path, sha256_file, write_json_atomic
+from oelm.treated import treated_modules
 from oelm.checkpoint.common import (
     CHECKPOINT_FORMAT,
     CheckpointError,
@@ -126,6 +127,12 @@ def _checked_arguments(model: Any, directory: Any) -> tuple[nn.Module, Any, Path
         raise TypeError(f"oelm.save_pretrained: directory must be a non-empty path (str or Path), got {directory!r}")
     model = _unwrap(model)
     config = getattr(model, "oelm_config", None)
+    held = [name for name, _ in treated_modules(model) if name]
+    if (config is None or not hasattr(config, "to_dict")) and held:
+        raise ConfigError(
+            f"{type(model).__name__} did not go through apply_oelm itself, its {held[0]!r} did: save that module, "
+            f"oelm.save_pretrained(model.{held[0]}, directory)"
+        )
     if config is None or not hasattr(config, "to_dict"):
         raise ConfigError(
             f"{type(model).__name__} has no oelm_config: call oelm.apply_oelm(model, method, seed=...) before "

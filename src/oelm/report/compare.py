@@ -21,6 +21,7 @@ from oelm.records import MatrixFolder, RunRecord, grid_edge, read_sweep, superse
 from oelm.report.caveats import warnings_of
 from oelm.report.convergence import time_to_quality_comparison
 from oelm.report.diagnostics import diagnostics_comparison
+from oelm.report.targets import targets_comparison
 from oelm.report.uncertainty import uncertainty_comparison
 from oelm.report.stats import (
     CHANCE_MARGIN_POINTS,
@@ -226,6 +227,7 @@ def compare_results(config, results: dict[str, list[RunRecord]], out: str | Path
     # validation): {} for results of older oelm versions, whose comparison stays as it was
     comparison.update(uncertainty_comparison(comparison, results, out))
     comparison.update(time_to_quality_comparison(comparison, results, records_of))
+    comparison.update(targets_comparison(getattr(config, "targets", None), comparison))  # the config's targets: block
     comparison.update(diagnostics_comparison(comparison, results, out))  # runs with attention diagnostics
     comparison["warnings"] = warnings_of(comparison)
     return comparison

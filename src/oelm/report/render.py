@@ -1,15 +1,15 @@
 """``report.md`` and a self-contained ``report.html`` from one comparison.
 
 Both are rendered from the same list of sections (:func:`build_sections`), so they always say
-the same thing. The markdown links its plots as PNG files under ``report_files/``; the HTML
-embeds them as base64 ``data:image/png`` URIs with inline CSS and no external URL, so it opens
-anywhere without a network.
+the same thing. The markdown links its plots as PNG files under ``report_files/``; the HTML,
+rendered from the autoescaped Jinja2 template ``templates/report.html.j2``, embeds them as base64
+``data:image/png`` URIs with inline CSS and no external URL, so it opens anywhere without a network.
 """
 
 from __future__ import annotations
 
 import base64
-import html
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from oelm.records import format_rates
 from oelm.report.compare import metrics_records, mfu_reference
 from oelm.report.convergence import convergence_blocks
 from oelm.report.diagnostics import diagnostics_blocks
+from oelm.report.targets import targets_blocks
 from oelm.report.uncertainty import uncertainty_blocks
 
 __all__ = ["Section", "comparison_rows", "build_sections", "render_markdown", "render_html", "curves_from_runs"]
@@ -182,8 +183,10 @@ def build_sections(comparison: dict[str, Any], out: Path | None, step_ms: dict[s
     sections.append(_step_time_section(c, step_ms))
     optional = (_utilization_section(c), _time_to_target_section(c.get("time_to_target"), metric, unit))
     sections += [s for s in optional if s is not None]
-    # present only when the runs saved predictions / training seconds per validation / attention diagnostics
-    sections += [Section(title, blocks) for title, blocks in uncertainty_blocks(c) + convergence_blocks(c) + diagnostics_blocks(c)]
+    # present only when the runs saved predictions / training seconds per validation / the config has targets /
+    # the runs recorded attention diagnostics
+    optional_blocks = uncertainty_blocks(c) + convergence_blocks(c) + targets_blocks(c) + diagnostics_blocks(c)
+    sections += [Section(title, blocks) for title, blocks in optional_blocks]
     parameters = _parameters_section(c)
     sections += [parameters] if parameters is not None else []
     sections.append(_environment_section(c))
@@ -436,49 +439,36 @@ def render_markdown(comparison: dict[str, Any], sections: list[Section], image_d
     return "\n".join(lines).rstrip() + "\n", images
 
 
-_CSS = """
-body{font-family:-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222;line-height:1.45}
-h1{font-size:1.6em;border-bottom:2px solid #444;padding-bottom:.2em}h2{font-size:1.25em;margin-top:1.8em;border-bottom:1px solid #ccc}
-table{border-collapse:collapse;margin:.8em 0;font-size:.88em}th,td{border:1px solid #ccc;padding:.3em .55em;text-align:right}
-th{background:#f0f0f0}td:first-child,th:first-child{text-align:left}tr:nth-child(even) td{background:#fafafa}
-img{max-width:100%;height:auto;border:1px solid #ddd;margin:.5em 0}.warnings li{color:#8a1f11}
-code{background:#f4f4f4;padding:0 .2em}
-"""
+def _anchor(title: str) -> str:
+    """A section's HTML id: the first word of its title, lower case ("Step time" -> ``step``)."""
+    return title.lower().split()[0].strip(":,()")
 
 
-def _inline_md(s: str) -> str:
-    """Escape, then turn ``**bold**`` into <b>."""
-    parts = html.escape(s).split("**")
-    return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
+def _png_base64(png: bytes) -> str:
+    """PNG bytes as the base64 text of a ``data:image/png;base64,`` URI."""
+    return base64.b64encode(png).decode("ascii")
+
+
+@functools.cache
+def _html_environment():
+    """The Jinja2 environment of ``templates/`` (autoescaped, undefined names are errors)."""
+    # Imported here, not at the top: `import oelm` and the markdown report need no Jinja2 (start-up time).
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("oelm.report", "templates"), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env.filters.update(anchor=_anchor, b64=_png_base64)
+    return env
 
 
 def render_html(comparison: dict[str, Any], sections: list[Section]) -> str:
-    """One self-contained HTML page: inline CSS, plots as base64 PNG data URIs, no external URL."""
-    title = f"oelm report: {comparison['name']}"
-    body = [f"<h1>{html.escape(comparison['name'])}: {html.escape(str(comparison['task']))} with {html.escape(str(comparison['model']))}</h1>"]
-    for sec in sections:
-        sid = sec.title.lower().split()[0].strip(":,()")
-        body.append(f'<h2 id="{html.escape(sid)}">{html.escape(sec.title)}</h2>')
-        for kind, b in sec.blocks:
-            if kind == "text":
-                body.append(f"<p>{_inline_md(b)}</p>")
-            elif kind == "list":
-                cls = ' class="warnings"' if sec.title == "Warnings" else ""
-                body.append(f"<ul{cls}>" + "".join(f"<li>{_inline_md(i)}</li>" for i in b) + "</ul>")
-            elif kind == "table":
-                header, rows = b
-                t = ['<table class="comparison">' if sec.title == "Comparison" else "<table>"]
-                t.append("<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>")
-                t += ["<tr>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in r) + "</tr>" for r in rows]
-                t.append("</table>")
-                body.append("".join(t))
-            elif kind == "image":
-                name, png, alt = b
-                data = base64.b64encode(png).decode("ascii")
-                body.append(f'<img alt="{html.escape(alt)}" data-name="{html.escape(name)}" src="data:image/png;base64,{data}">')
-    body.append("<p><small>Generated by <code>oelm report</code>; numbers in comparison.json, the original project's "
-                "layout in original_layout.json.</small></p>")
-    return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n"
-    )
+    """One self-contained HTML page: inline CSS, plots as base64 PNG data URIs, no external URL.
+
+    Rendered from the Jinja2 template ``oelm/report/templates/report.html.j2`` with autoescaping,
+    so every name, warning, cell and alt text is escaped; each block kind of a :class:`Section` has
+    one macro there, so a new section needs no template change.
+
+    Raises:
+        jinja2.UndefinedError: a section holds a block of a kind the template has no macro for.
+    """
+    return _html_environment().get_template("report.html.j2").render(comparison=comparison, sections=sections)
