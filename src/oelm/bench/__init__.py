@@ -160,8 +160,8 @@ def run_bench(config: BenchConfig, progress: bool = True) -> dict:
         ConfigError: an unknown model, method, precision, compile mode, data source or device, or bad sizes.
         DataNotFoundError: ``data="tinystories"`` and the local files are missing.
     """
-    from oelm.environment import capture_environment, mfu_record
-    from oelm.flops import executed_flops_per_token, model_flops_per_token
+    from oelm.environment import capture_environment
+    from oelm.flops import model_flops_per_token
     from oelm.training import autocast_context
 
     check(config)
@@ -185,63 +185,15 @@ def run_bench(config: BenchConfig, progress: bool = True) -> dict:
     flops = model_flops_per_token(runners[0].base, seq_len)
     peak_before = _interleaved_peak(device, config.precision, None)  # now, not between steps
 
-    from tqdm.auto import tqdm
-
-    from oelm.timing import cuda_synchronize_if_needed
-
-    start = time.perf_counter()
-    for i, batch in enumerate(tqdm(batches, desc="oelm bench (interleaved steps)", disable=not progress or None)):
-        order = runners if i % 2 == 0 else runners[::-1]  # A B P, P B A: no runner always goes first
-        for r in order:
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-                allocated = torch.cuda.memory_allocated(device)
-            first = time.perf_counter()
-            loss = _step(r, batch, device, autocast, tokens)
-            if i == 0 and mode is not None:
-                cuda_synchronize_if_needed(device)
-                r.compile_seconds = time.perf_counter() - first
-            if device.type == "cuda":
-                peak = (torch.cuda.max_memory_allocated(device) - allocated) / 2**20
-                r.step_memory_mib = max(r.step_memory_mib or 0.0, peak)
-            if i == total - 1:
-                r.losses.append(float(loss.detach()))
-    for r in runners:
-        r.timer.flush()
-    wall = time.perf_counter() - start
+    wall = _interleave(runners, batches, device, autocast, tokens, mode, progress)
     peak = _interleaved_peak(device, config.precision, peak_before) if peak_before is not None else None
 
     by_name = {r.name: r for r in runners}
-    base_ms = by_name["baseline"].timer.measured_step_times_ms
-    result_runners = {}
-    for r in runners:
-        summary = r.timer.summary()
-        result_runners[r.name] = {
-            "kind": r.kind,
-            "per_step_ms": summary["per_step_ms"],
-            "step_times_ms": r.timer.measured_step_times_ms,
-            "tokens_per_second": summary["tokens_per_second"],
-            "mfu": mfu_record(flops, summary["tokens_per_second"], device, config.precision, peak_record=peak),
-            "peak_step_memory_mib": r.step_memory_mib,
-            "compile_seconds": r.compile_seconds,
-            "final_loss": r.losses[-1] if r.losses else None,
-            "frozen_tensors": len(r.frozen_before),
-            "frozen_bit_identical": _runners.frozen_bytes(r.base) == r.frozen_before,
-        }
-    base_exec = executed_flops_per_token(by_name["baseline"].base, seq_len)
-    ratios = {
-        m: {**_median_ratio(by_name[m].timer.measured_step_times_ms, base_ms),
-            "theory": executed_flops_per_token(by_name[m].base, seq_len) / base_exec}
-        for m in config.methods if m != "baseline"
-    }
+    result_runners = {r.name: _runner_figures(r, flops, device, config.precision, peak) for r in runners}
+    ratios = _method_ratios(config.methods, by_name, seq_len)
     engine_plain = operators = None
     if config.plain:
-        engine_plain = _median_ratio(base_ms, by_name["plain"].timer.measured_step_times_ms)
-        engine_plain.update(target=ENGINE_PLAIN_TARGET, verdict=verdict(engine_plain["ci95"], ENGINE_PLAIN_TARGET))
-        if config.profile:  # after every figure above: these steps are not timed
-            counts = {n: count_operators(lambda r=by_name[n]: _step(r, batches[-1], device, autocast, tokens))
-                      for n in ("baseline", "plain")}
-            operators = operator_diff(counts["baseline"], counts["plain"])
+        engine_plain, operators = _engine_plain(by_name, config.profile, batches[-1], device, autocast, tokens)
     overhead = None if engine_plain is None or engine_plain["median"] is None else (engine_plain["median"] - 1.0) * 100.0
     return {
         "config": {**dataclasses.asdict(config), "methods": list(config.methods), "device": str(device),
@@ -263,6 +215,87 @@ def run_bench(config: BenchConfig, progress: bool = True) -> dict:
         "wall_seconds": wall,
     }
 
+
+def _interleave(runners: list[_runners.Runner], batches: list[dict[str, torch.Tensor]], device: torch.device,
+                autocast, tokens: int, mode: str | None, progress: bool) -> float:
+    """The timed steps: every batch through every runner, the order alternating (A B P, P B A) so
+    no runner always goes first. Records on each runner its step times (its timer), the first
+    step's ``compile_seconds`` (with a compile ``mode``), ``step_memory_mib`` (CUDA) and the last
+    step's loss. Returns the wall seconds of the whole loop."""
+    from tqdm.auto import tqdm
+
+    from oelm.timing import cuda_synchronize_if_needed
+
+    total = len(batches)
+    start = time.perf_counter()
+    for i, batch in enumerate(tqdm(batches, desc="oelm bench (interleaved steps)", disable=not progress or None)):
+        order = runners if i % 2 == 0 else runners[::-1]  # A B P, P B A: no runner always goes first
+        for r in order:
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+                allocated = torch.cuda.memory_allocated(device)
+            first = time.perf_counter()
+            loss = _step(r, batch, device, autocast, tokens)
+            if i == 0 and mode is not None:
+                cuda_synchronize_if_needed(device)
+                r.compile_seconds = time.perf_counter() - first
+            if device.type == "cuda":
+                peak = (torch.cuda.max_memory_allocated(device) - allocated) / 2**20
+                r.step_memory_mib = max(r.step_memory_mib or 0.0, peak)
+            if i == total - 1:
+                r.losses.append(float(loss.detach()))
+    for r in runners:
+        r.timer.flush()
+    return time.perf_counter() - start
+
+
+def _runner_figures(r: _runners.Runner, flops: float, device: torch.device, precision: str, peak: dict | None) -> dict:
+    """One runner's entry of ``result["runners"]`` (see :func:`run_bench`), from its timed steps."""
+    from oelm.environment import mfu_record
+
+    summary = r.timer.summary()
+    return {
+        "kind": r.kind,
+        "per_step_ms": summary["per_step_ms"],
+        "step_times_ms": r.timer.measured_step_times_ms,
+        "tokens_per_second": summary["tokens_per_second"],
+        "mfu": mfu_record(flops, summary["tokens_per_second"], device, precision, peak_record=peak),
+        "peak_step_memory_mib": r.step_memory_mib,
+        "compile_seconds": r.compile_seconds,
+        "final_loss": r.losses[-1] if r.losses else None,
+        "frozen_tensors": len(r.frozen_before),
+        "frozen_bit_identical": _runners.frozen_bytes(r.base) == r.frozen_before,
+    }
+
+
+def _method_ratios(methods, by_name: dict[str, _runners.Runner], seq_len: int) -> dict:
+    """``result["ratios"]``: per method other than the baseline, the median of per-step
+    ``method / baseline`` (:func:`_median_ratio`) and ``theory``, the ratio of executed FLOPs per token."""
+    from oelm.flops import executed_flops_per_token
+
+    base_ms = by_name["baseline"].timer.measured_step_times_ms
+    base_exec = executed_flops_per_token(by_name["baseline"].base, seq_len)
+    return {
+        m: {**_median_ratio(by_name[m].timer.measured_step_times_ms, base_ms),
+            "theory": executed_flops_per_token(by_name[m].base, seq_len) / base_exec}
+        for m in methods if m != "baseline"
+    }
+
+
+def _engine_plain(by_name: dict[str, _runners.Runner], profile: bool, batch: dict[str, torch.Tensor],
+                  device: torch.device, autocast, tokens: int) -> tuple[dict, dict | None]:
+    """``result["engine_plain"]`` (the baseline engine over the plain loop, per step, with its
+    verdict against :data:`ENGINE_PLAIN_TARGET`) and, with ``profile``, ``result["operators"]``:
+    one more untimed step of each under ``torch.profiler`` on ``batch`` (else None)."""
+    base_ms = by_name["baseline"].timer.measured_step_times_ms
+    engine_plain = _median_ratio(base_ms, by_name["plain"].timer.measured_step_times_ms)
+    engine_plain.update(target=ENGINE_PLAIN_TARGET, verdict=verdict(engine_plain["ci95"], ENGINE_PLAIN_TARGET))
+    operators = None
+    if profile:  # after every figure above: these steps are not timed
+        counts = {n: count_operators(lambda r=by_name[n]: _step(r, batch, device, autocast, tokens))
+                  for n in ("baseline", "plain")}
+        operators = operator_diff(counts["baseline"], counts["plain"])
+    return engine_plain, operators
 
 # -- output ------------------------------------------------------------------------------------
 
