@@ -423,6 +423,17 @@ def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "oelm.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 
+def _with_a_result(out: Path) -> None:
+    """A run of the earlier config recorded a fault (``result.json`` as the matrix writes it): the
+    folder holds a result, so a different config must not take it over."""
+    from oelm.records import MatrixFolder, PlannedRun, failed_result, run_identity, write_record
+
+    run = PlannedRun("baseline", 1e-4, 0, "final", "baseline-seed0")
+    MatrixFolder(out).run(run.name).path.mkdir(parents=True)
+    write_record(MatrixFolder(out).run(run.name).result,
+                 failed_result(run_identity(run, "imdb", "gpt-tiny"), config={}, kind="nan", message="loss is nan", step=1))
+
+
 def test_output_dir_of_a_different_config_is_refused_by_run_matrix(tmp_path):
     from oelm.matrix import run_matrix
 
@@ -431,6 +442,7 @@ def test_output_dir_of_a_different_config_is_refused_by_run_matrix(tmp_path):
     (out / "experiment.json").write_text(
         json.dumps({"name": "other", "fingerprint": {"task": {"dataset": "imdb"}, "model": {}, "training": {}}})
     )
+    _with_a_result(out)
     before = sorted(p.name for p in out.iterdir())
     with pytest.raises(ConfigError, match=rf"output directory {out} holds results of a different config \(changed: .*task"):
         run_matrix(config_from_dict(_valid_config()), out, log=lambda _: None)
@@ -443,6 +455,7 @@ def test_cli_prints_one_error_line_and_exits_2(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "experiment.json").write_text(json.dumps({"name": "other", "fingerprint": {"task": {}, "model": {}, "training": {}}}))
+    _with_a_result(out)
     proc = _cli(["run", str(cfg), "--output-dir", str(out)], tmp_path)
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip() and "Warning" not in line]

@@ -23,6 +23,7 @@ from oelm.errors import ConfigError, OELMError
 from oelm.lock import hold_output_lock, hold_shared_lock
 from oelm.models.build import check_sequence_length
 from oelm.trackers import check_installed
+from oelm.training import check_warmup
 
 from oelm.matrix.executors import make_executor
 from oelm.matrix.output import (
@@ -35,12 +36,32 @@ from oelm.matrix.plan import (
 from oelm.matrix.run_one import RunContext, mark_final, placement_record, train_planned_run, verify_kept
 from oelm.records import MatrixFolder, RunRecord
 
-__all__ = ["run_matrix", "plan_matrix", "run_only", "collect", "task_metric"]
+__all__ = ["run_matrix", "plan_matrix", "run_only", "collect", "task_metric", "check_before_data"]
 
 
 def task_metric(config: ExperimentConfig) -> str:
     """The task's metric (``accuracy`` / ``perplexity``) from the dataset registry, no data loaded."""
     return get_dataset_spec(config.task.dataset).metric
+
+
+def check_before_data(config: ExperimentConfig) -> None:
+    """What a config can be refused for without its data, before the output folder is written:
+    ``task.max_length`` / ``task.block_size`` against the model, the trackers of
+    ``training.report_to``, and each method's ``warmup_steps`` against ``max_steps`` when that fixes
+    the run's length (an epoch-based length needs the data: checked when the run starts, and a
+    folder whose runs hold no result is then taken over by the corrected config, see
+    :func:`oelm.matrix.output.start_output`).
+
+    Raises:
+        ConfigError: one line naming the key, its value and the fix.
+    """
+    check_sequence_length(config)
+    check_installed(n for m in config.methods for n in config.training_for(m).report_to)  # W&B, MLflow: before any data
+    for m in config.methods:
+        training = config.training_for(m)
+        if training.max_steps is not None:
+            overridden = {"warmup_steps", "max_steps"} & set(m.training)
+            check_warmup(training, training.max_steps, f" of method {m.name}" if overridden else "")
 
 
 def _output_dir(config: ExperimentConfig, output_dir: str | Path | None) -> Path:
@@ -65,12 +86,13 @@ def run_matrix(config: ExperimentConfig, output_dir: str | Path | None = None, l
         The comparison dict.
 
     Raises:
-        ConfigError: ``output_dir`` holds results of an incompatible config, cannot be created or
-            is not writable; ``task.max_length`` / ``task.block_size`` exceeds the model's
-            positions; the Ray executor in a multi-process launch; a tracker of ``training.report_to`` is
-            not installed; what the executor refuses (:mod:`oelm.matrix.executors`: threads or
-            loader workers beyond the cores, Ray's address or resources) (all before any data is
-            prepared or the output folder is touched).
+        ConfigError: what :func:`check_before_data` refuses (sequence length, a tracker of
+            ``training.report_to`` not installed, warmup longer than ``max_steps``); the Ray executor
+            in a multi-process launch; what the executor refuses (:mod:`oelm.matrix.executors`:
+            threads or loader workers beyond the cores, Ray's address or resources); ``output_dir``
+            cannot be created or is not writable (all before any data is prepared or the output
+            folder is written); ``output_dir`` holds results of an incompatible config (a folder
+            without results is taken over instead: :func:`oelm.matrix.output.start_output`).
         RunLostError: Ray lost a run's worker beyond its retries, or its node (one line naming it).
         ChecksumError: the best weights of a finished run that is kept, promoted or used by
             ``init_from`` do not match their recorded sha256 (``RecordedFileMissingError`` when
@@ -81,8 +103,7 @@ def run_matrix(config: ExperimentConfig, output_dir: str | Path | None = None, l
     """
     out = _output_dir(config, output_dir)
     executor = executor or config.executor
-    check_sequence_length(config)
-    check_installed(n for m in config.methods for n in config.training_for(m).report_to)  # W&B, MLflow: before any data
+    check_before_data(config)
     if executor.name != "local":
         if num_processes() > 1:
             raise ConfigError(f"executor {executor.name} places whole runs on processes itself: launch `oelm run` "
@@ -116,6 +137,7 @@ def _drive(config: ExperimentConfig, out: Path, log: Callable[[str], None], retr
         log = _quiet  # the other processes of a launched job run the same protocol silently
     MatrixFolder(out).set_aside_damaged(log)  # a damaged result.json: its run is trained again
     start_output(config, out, log)
+    barrier()  # every process binds the data to the experiment.json rank 0 wrote (a folder taken over: afresh)
     ctx = RunContext(config, out, prepare_matrix_data(config, out, log), log, retry_failed, allow_missing_weights)
     results = MatrixFolder(out).results()
     retry = {n for n, r in results.items() if r.failed} if retry_failed else set()
@@ -178,7 +200,7 @@ def plan_matrix(config: ExperimentConfig, output_dir: str | Path | None = None,
         ConfigError, OutputLockedError: as :func:`run_matrix`.
     """
     out = _output_dir(config, output_dir)
-    check_sequence_length(config)
+    check_before_data(config)
     open_output_dir(out)
     with hold_output_lock(out):
         MatrixFolder(out).set_aside_damaged(log)
@@ -208,7 +230,7 @@ def run_only(config: ExperimentConfig, output_dir: str | Path | None, name: str,
     """
     out = _output_dir(config, output_dir)
     _check_started(config, out)
-    check_installed(n for m in config.methods for n in config.training_for(m).report_to)  # W&B, MLflow: before any data
+    check_before_data(config)
     with hold_shared_lock(out):
         MatrixFolder(out).set_aside_damaged(log)
         results = MatrixFolder(out).results()

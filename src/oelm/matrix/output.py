@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import shutil
 import signal
 import tempfile
 import threading
@@ -106,9 +107,13 @@ def config_fingerprint(config: ExperimentConfig) -> dict[str, Any]:
 
 
 def _methods_with_runs(out: Path) -> set[str]:
-    """Methods that have a run folder with a result or a status under ``out/runs``."""
+    """Methods that have a run folder holding results under ``out/runs`` (a ``result.json`` or a
+    resumable checkpoint: :meth:`~oelm.records.RunFolder.holds_results`); the method is read from
+    the result, else from ``status.json``."""
     found = set()
     for d in MatrixFolder(out).run_folders():
+        if not d.holds_results():
+            continue
         for read in (lambda: d.read_result().method, lambda: read_status(d)["method"]):
             try:
                 found.add(read())
@@ -131,20 +136,11 @@ def _grid_grew(previous: dict[str, Any], current: dict[str, Any]) -> bool:
     return len(old) > 1 and old < new
 
 
-def _check_fingerprint(out: Path, fingerprint: dict[str, Any]) -> tuple[dict[str, Any], dict[str, tuple[list, list]]]:
-    """Refuse to mix results of incompatible configs in ``out``; returns the fingerprint to store
-    and the methods whose learning-rate grid grows (name -> (earlier grid, new grid)).
-
-    A grid may grow: a method that already has runs may add learning rates to a sweep as long as
-    it keeps every earlier rate and nothing else of it changes (its runs stay valid; the sweep
-    runs the new rates and selects again). Use it when a selection sits on the edge of its grid.
-
-    Raises:
-        ConfigError: task/model/training/init_from/sweep seeds changed, or the settings of a
-            method that already has runs changed otherwise (naming what changed).
-    """
+def _fingerprint_changes(out: Path, fingerprint: dict[str, Any]) -> tuple[dict[str, Any], dict[str, tuple[list, list]], list[str]]:
+    """:func:`_check_fingerprint`'s comparison: the fingerprint to store, the methods whose grid
+    grows, and what changed (empty when ``out`` may hold this config's runs)."""
     if not MatrixFolder(out).experiment.exists():
-        return fingerprint, {}
+        return fingerprint, {}, []
     previous = _experiment(out).get("fingerprint") or {}
     if isinstance(previous.get("training"), dict):  # keys added to TrainingConfig since: their defaults held
         defaults = {k: v for k, v in TrainingConfig().model_dump(mode="json").items() if k not in COSMETIC_TRAINING_KEYS}
@@ -166,12 +162,64 @@ def _check_fingerprint(out: Path, fingerprint: dict[str, Any]) -> tuple[dict[str
                         if len(prev_methods[name]["learning_rates"]) > 1 else
                         " (its runs were trained without a sweep; a sweep needs another --output-dir)")
             changed.append(f"methods.{name} ({', '.join(what)}){hint}")
+    return fingerprint | {"methods": prev_methods | fingerprint["methods"]}, grown, sorted(changed)
+
+
+def _check_fingerprint(out: Path, fingerprint: dict[str, Any]) -> tuple[dict[str, Any], dict[str, tuple[list, list]]]:
+    """Refuse to mix results of incompatible configs in ``out``; returns the fingerprint to store
+    and the methods whose learning-rate grid grows (name -> (earlier grid, new grid)).
+
+    A grid may grow: a method that already has runs may add learning rates to a sweep as long as
+    it keeps every earlier rate and nothing else of it changes (its runs stay valid; the sweep
+    runs the new rates and selects again). Use it when a selection sits on the edge of its grid.
+
+    Raises:
+        ConfigError: task/model/training/init_from/sweep seeds changed, or the settings of a
+            method that already has results changed otherwise (naming what changed; a folder
+            without any result is named as such, with the command that takes it over: :func:`_claim`).
+    """
+    stored, grown, changed = _fingerprint_changes(out, fingerprint)
+    if changed and not MatrixFolder(out).runs_with_results():
+        raise ConfigError(f"output directory {out} was started by a different config (changed: {', '.join(changed)}) "
+                          f"and holds no result yet; run `oelm plan CONFIG --output-dir {out}` (or `oelm run`) with "
+                          "this config first: it takes the folder over")
     if changed:
-        raise ConfigError(
-            f"output directory {out} holds results of a different config (changed: {', '.join(sorted(changed))}); "
-            "use another --output-dir, or restore the original config to resume"
-        )
-    return fingerprint | {"methods": prev_methods | fingerprint["methods"]}, grown
+        raise _different_config(out, changed)
+    return stored, grown
+
+
+def _different_config(out: Path, changed: list[str]) -> ConfigError:
+    return ConfigError(f"output directory {out} holds results of a different config (changed: {', '.join(changed)}); "
+                       "use another --output-dir, or restore the original config to resume")
+
+
+def _claim(out: Path, fingerprint: dict[str, Any],
+           log: Callable[[str], None]) -> tuple[dict[str, Any], dict[str, tuple[list, list]], bool]:
+    """:func:`_check_fingerprint`, except that a folder started by a different config whose runs
+    hold no results (:meth:`~oelm.records.MatrixFolder.runs_with_results`: no ``result.json``, no
+    resumable checkpoint; say the earlier config failed a check after the folder was written) is
+    taken over: its run folders and the files derived from the earlier config (tokenizer.json,
+    sweep.json, plan.json) are removed, and ``log`` says so in one line; the caller writes
+    experiment.json afresh (the third value: taken over) and the rest again. Call it only while
+    holding the output folder's exclusive lock.
+
+    Raises:
+        ConfigError: ``out`` holds results of a different config (:func:`_check_fingerprint`).
+    """
+    folder = MatrixFolder(out)
+    stored, grown, changed = _fingerprint_changes(out, fingerprint)
+    if not changed:
+        return stored, grown, False
+    if folder.runs_with_results():
+        raise _different_config(out, changed)
+    log(f"output directory {out} was started by a different config (changed: {', '.join(changed)}) but no run there "
+        "has a result or a checkpoint: this config takes it over")
+    if is_main_process():  # experiment.json stays until it is replaced: a crash before only repeats the takeover
+        for run in folder.run_folders():
+            shutil.rmtree(run.path, ignore_errors=True)
+        for stale in (folder.tokenizer, folder.sweep, folder.plan):
+            stale.unlink(missing_ok=True)
+    return fingerprint, {}, True
 
 
 def _tested_final_runs(out: Path, method: str) -> list[str]:
@@ -214,6 +262,8 @@ def open_output_dir(out: Path) -> None:
 
 def start_output(config: ExperimentConfig, out: Path, log: Callable[[str], None] | None = None) -> None:
     """Check run names and the fingerprint, then write experiment.json, config.yaml, plan.json.
+    A folder started by a different config in which no run holds a result is taken over
+    (:func:`_claim`); call it while holding the folder's exclusive lock.
 
     experiment.json keeps ``grid_growth``: per method every time its learning-rate grid grew
     (``from``, ``to``, ``at`` (UTC), and ``tested_final_runs``: its final runs that had already
@@ -228,8 +278,8 @@ def start_output(config: ExperimentConfig, out: Path, log: Callable[[str], None]
         if key in safe:
             raise ConfigError(f"methods {safe[key]!r} and {m.name!r} map to the same run directory name; rename one")
         safe[key] = m.name
-    fingerprint, grown = _check_fingerprint(out, config_fingerprint(config))
-    previous = _experiment(out)
+    fingerprint, grown, taken_over = _claim(out, config_fingerprint(config), log or _quiet)
+    previous = {} if taken_over else _experiment(out)
     growth = previous.get("grid_growth") or {}
     for name, (old, new) in grown.items():
         tested = _tested_final_runs(out, name)

@@ -3,7 +3,8 @@ driver) and every reader (the plan, the report, ``oelm monitor``, the claims tab
 goes through. One module per file on disk:
 
 - :mod:`~oelm.records.folder`: :class:`MatrixFolder` / :class:`RunFolder` (every path of a matrix
-  and of a run, the listings of runs), :func:`run_name`, :class:`PlannedRun`;
+  and of a run, the listings of runs, which runs hold results), :func:`run_name`, :class:`PlannedRun`,
+  :func:`step_checkpoints`;
 - :mod:`~oelm.records.result`: ``result.json``: the typed :class:`RunRecord`, the validated read
   and the writer's constructors (:func:`finished_result`, :func:`failed_result`);
   :mod:`~oelm.records.schema`: its schema (:class:`RunResult`), every field declared;
@@ -14,7 +15,9 @@ It imports nothing of oelm but :mod:`oelm.errors` and :mod:`oelm.io` (and no tor
 until a file is read), so every layer may import it.
 """
 
-from oelm.records.folder import BEST_CHECKPOINT, DIAGNOSTICS_FILE, PREDICTIONS_FILE, MatrixFolder, PlannedRun, RunFolder, run_name
+from oelm.records.folder import (
+    BEST_CHECKPOINT, DIAGNOSTICS_FILE, PREDICTIONS_FILE, MatrixFolder, PlannedRun, RunFolder, run_name, step_checkpoints,
+)
 from oelm.records.result import (
     DAMAGED_RESULT_FIX, RunRecord, RunResult, budget_record, failed_result, finished_result, read_record, run_identity,
     write_record,
@@ -27,6 +30,7 @@ from oelm.records.sweep import (
 
 __all__ = [
     "BEST_CHECKPOINT", "DIAGNOSTICS_FILE", "PREDICTIONS_FILE", "MatrixFolder", "PlannedRun", "RunFolder", "run_name",
+    "step_checkpoints",
     "DAMAGED_RESULT_FIX", "RunRecord", "RunResult", "budget_record", "failed_result", "finished_result", "read_record",
     "run_identity", "write_record",
     "read_status", "utc_now", "write_status",

@@ -39,11 +39,12 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from oelm.errors import ChecksumError, DamagedFileError, RecordedFileMissingError
-from oelm.io import sha256_file
+from oelm.io import MANIFEST_NAME, sha256_file
 
 from oelm.records.result import DAMAGED_RESULT_FIX, RunRecord, read_record
 
-__all__ = ["MatrixFolder", "RunFolder", "PlannedRun", "run_name", "BEST_CHECKPOINT", "PREDICTIONS_FILE", "DIAGNOSTICS_FILE"]
+__all__ = ["MatrixFolder", "RunFolder", "PlannedRun", "run_name", "step_checkpoints", "BEST_CHECKPOINT", "PREDICTIONS_FILE",
+           "DIAGNOSTICS_FILE"]
 
 #: The best-on-validation weights of a finished run, relative to its run folder.
 BEST_CHECKPOINT = "checkpoint/model.safetensors"
@@ -54,6 +55,16 @@ PREDICTIONS_FILE = "predictions.npz"
 DIAGNOSTICS_FILE = "diagnostics.json"
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def step_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """``(step, path)`` of every ``step-<N>`` directory under ``root`` (a run's ``checkpoints/``),
+    newest first; none when ``root`` is not a directory. Their contents are not checked here."""
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    return sorted(found, reverse=True)
 
 
 def run_name(method: str, seed: int, learning_rate: float | None = None) -> str:
@@ -148,6 +159,14 @@ class RunFolder:
         """``.oelm.lock``: held while ``oelm run --only`` trains this run (oelm.lock)."""
         return self.path / ".oelm.lock"
 
+    def holds_results(self) -> bool:
+        """Whether this run has produced something of its config: a ``result.json`` (finished or
+        failed: a failure is a finding too) or a resumable checkpoint (a ``checkpoints/step-<N>/``
+        whose manifest was written, i.e. one that was completed). A folder with only
+        ``status.json`` / ``train.log`` (a run that stopped before its first checkpoint, say on a
+        config error) holds none."""
+        return self.result.exists() or any((p / MANIFEST_NAME).is_file() for _, p in step_checkpoints(self.checkpoints))
+
     def read_result(self) -> RunRecord | None:
         """The run's record, None when it has none yet.
 
@@ -232,6 +251,15 @@ class MatrixFolder:
         if not self.runs.is_dir():
             return []
         return [RunFolder(p) for p in sorted(self.runs.iterdir()) if p.is_dir() and not p.name.startswith(".")]
+
+    def runs_with_results(self) -> list[RunFolder]:
+        """Every run folder that :meth:`RunFolder.holds_results`, under ``runs/`` and among the
+        folders moved aside (``runs/.failed/``, ``.damaged/``, ``.weights-missing/``): what a
+        different config must never take over (:func:`oelm.matrix.output.start_output`)."""
+        if not self.runs.is_dir():
+            return []
+        aside = [p for d in sorted(self.runs.iterdir()) if d.is_dir() and d.name.startswith(".") for p in sorted(d.iterdir())]
+        return [f for f in [*self.run_folders(), *map(RunFolder, aside)] if f.path.is_dir() and f.holds_results()]
 
     def metrics_of(self, name: str | None, method: str, seed: int, learning_rate: float | None = None) -> Path | None:
         """The ``metrics.jsonl`` of a run: in its folder ``name``; results written before run names

@@ -98,7 +98,7 @@ Timing (``TrainResult.timing``):
 """
 
 from oelm.training.engine import (
-    Engine, build_engine, build_optimizer, make_scheduler, optimizer_steps_per_epoch, planned_total_steps,
+    Engine, build_engine, build_optimizer, check_warmup, make_scheduler, optimizer_steps_per_epoch, planned_total_steps,
     use_fused_adamw,
 )
 from oelm.training.evaluation import evaluate
@@ -110,6 +110,6 @@ from oelm.training.step import optimizer_step
 
 __all__ = [
     "Engine", "Precision", "TrainResult", "TrainState", "TrainingDivergedError", "autocast_context", "build_engine",
-    "build_optimizer", "evaluate", "higher_is_better", "make_scheduler", "optimizer_step", "optimizer_steps_per_epoch",
+    "build_optimizer", "check_warmup", "evaluate", "higher_is_better", "make_scheduler", "optimizer_step", "optimizer_steps_per_epoch",
     "planned_total_steps", "train", "use_fused_adamw",
 ]

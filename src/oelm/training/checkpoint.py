@@ -5,7 +5,6 @@ intact one loaded on resume, and the best weights a finished run keeps
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import time
 import warnings
@@ -18,7 +17,7 @@ from torch import nn
 
 from oelm.errors import ConfigError
 from oelm.io import atomic_path, disk_writes, verify_dir, write_dir_atomic
-from oelm.records import RunFolder
+from oelm.records import RunFolder, step_checkpoints
 from oelm.training.evaluation import cpu_copy
 from oelm.training.faults import DISK_FULL, TrainingDivergedError, all_finite, check_finite, disk_full_error, raise_disk_full
 from oelm.training.metrics_log import MetricsLog
@@ -30,7 +29,6 @@ if TYPE_CHECKING:
 
 __all__ = ["CHECKPOINT_FORMAT", "check_format", "checkpoint_dirs", "identity_changes", "save_best_weights", "save_checkpoint", "start_or_resume"]
 
-_STEP_DIR = re.compile(r"^step-(\d+)$")
 #: The layout of ``trainer_state.json`` / ``state.pt`` this oelm writes and reads (``format`` in
 #: ``trainer_state.json``); a checkpoint of another format is refused on resume (:func:`check_format`).
 CHECKPOINT_FORMAT = 1
@@ -39,12 +37,9 @@ CHECKPOINT_FORMAT = 1
 _IDENTITY_DEFAULTS = {"gradient_accumulation_steps": 1, "num_processes": 1}
 
 
-def checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
-    """``(step, path)`` of every ``step-<N>`` directory under ``root``, newest first."""
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
-    return sorted(found, reverse=True)
+#: ``(step, path)`` of every ``step-<N>`` directory under a run's ``checkpoints/``, newest first
+#: (the layout is the record layer's: :func:`oelm.records.step_checkpoints`).
+checkpoint_dirs = step_checkpoints
 
 
 def _fill_checkpoint(tmp: Path, unwrapped: nn.Module, best_state: dict[str, torch.Tensor] | None,

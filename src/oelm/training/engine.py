@@ -27,7 +27,7 @@ from oelm.timing import PhaseTimer, StepTimer
 from oelm.training.metrics_log import MetricsLog
 from oelm.training.precision import Precision
 
-__all__ = ["Engine", "build_engine", "build_optimizer", "compile_mode", "compiled_graphs", "direct_step_safe",
+__all__ = ["Engine", "build_engine", "build_optimizer", "check_warmup", "compile_mode", "compiled_graphs", "direct_step_safe",
            "make_scheduler", "optimizer_steps_per_epoch", "planned_total_steps", "use_fused_adamw", "with_learning_rate"]
 
 #: Device types whose fused AdamW kernel the engine uses (one kernel per step instead of one per tensor).
@@ -96,12 +96,7 @@ def make_scheduler(optimizer: torch.optim.Optimizer, config: TrainingConfig, tot
     """
     from transformers import get_scheduler, get_wsd_schedule
 
-    if config.warmup_steps is not None and config.warmup_steps > total_steps:
-        raise ConfigError(
-            f"training.warmup_steps={config.warmup_steps} is longer than the run's {total_steps} planned optimizer "
-            "steps (the learning rate would never reach its peak); lower training.warmup_steps or use "
-            "training.warmup_ratio"
-        )
+    check_warmup(config, total_steps)
     warmup = config.warmup_steps if config.warmup_steps is not None else int(config.warmup_ratio * total_steps)
     if config.schedule == "wsd":
         decay = min(max(1, math.ceil(config.decay_ratio * total_steps)), max(1, total_steps - warmup))
@@ -109,6 +104,25 @@ def make_scheduler(optimizer: torch.optim.Optimizer, config: TrainingConfig, tot
                                 num_training_steps=total_steps, decay_type="cosine")
     return get_scheduler("constant_with_warmup" if config.schedule == "constant" else config.schedule,
                          optimizer=optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
+
+
+def check_warmup(config: TrainingConfig, total_steps: int, where: str = "") -> None:
+    """Refuse a ``warmup_steps`` longer than the run's ``total_steps`` optimizer steps. The matrix
+    driver calls it before any data is read when ``max_steps`` fixes the count; with an
+    epoch-based count, :func:`make_scheduler` does once the data is there.
+
+    Args:
+        where: appended to the message when the settings are a method's (``" (method oelm)"``).
+
+    Raises:
+        ConfigError: naming both numbers and the fix (the rate would stay a small fraction of its peak).
+    """
+    if config.warmup_steps is not None and config.warmup_steps > total_steps:
+        raise ConfigError(
+            f"training.warmup_steps={config.warmup_steps} is longer than the run's {total_steps} planned optimizer "
+            f"steps{where} (the learning rate would never reach its peak); lower training.warmup_steps or use "
+            "training.warmup_ratio"
+        )
 
 
 def optimizer_steps_per_epoch(micro_batches_per_epoch: int, accumulation: int) -> int:
