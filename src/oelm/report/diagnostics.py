@@ -20,6 +20,7 @@ import numpy as np
 from oelm.errors import OELMError
 from oelm.io import read_json_object
 from oelm.records import MatrixFolder, RunFolder, RunRecord
+from oelm.report.stats import sound_runs
 
 __all__ = ["QUANTITIES", "recorded_diagnostics", "diagnostics_comparison", "diagnostics_blocks", "entropy_plot"]
 
@@ -93,20 +94,16 @@ def diagnostics_comparison(comparison: dict[str, Any], results: Mapping[str, lis
     """
     found: dict[str, dict[int, dict[str, Any]]] = {}
     notes: list[str] = []
-    for name, runs in results.items():
-        keep = set((comparison["methods"].get(name) or {}).get("included_seeds") or [])
-        for r in runs:
-            if r.seed not in keep or not r.name:
-                continue
-            try:
-                d = recorded_diagnostics(MatrixFolder(out).run(r.name) if out is not None else None, r)
-            except OELMError as exc:
-                notes.append(f"{name} seed {r.seed}: {exc}")
-                continue
-            if d is None:
-                notes.append(f"{name} seed {r.seed}: no diagnostics (run `oelm diagnose` on the output directory)")
-            else:
-                found.setdefault(name, {})[r.seed] = d
+    for name, r in sound_runs(results, comparison):
+        try:
+            d = recorded_diagnostics(MatrixFolder(out).run(r.name) if out is not None else None, r)
+        except OELMError as exc:
+            notes.append(f"{name} seed {r.seed}: {exc}")
+            continue
+        if d is None:
+            notes.append(f"{name} seed {r.seed}: no diagnostics (run `oelm diagnose` on the output directory)")
+        else:
+            found.setdefault(name, {})[r.seed] = d
     if not found:
         return {}
     first = next(iter(next(iter(found.values())).values()))

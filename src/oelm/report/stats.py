@@ -21,7 +21,7 @@ Methods (all over seeds, i.e. over independent runs of one method):
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from oelm.metrics import METRICS, get_metric
 __all__ = [
     "CHANCE_MARGIN_POINTS",
     "percent_change",
+    "sound_runs",
     "summarize",
     "paired_difference",
     "step_time_stats",
@@ -45,6 +46,15 @@ __all__ = [
 #: majority-class share when that is higher (a constant predictor scores it: SST-2 validation is
 #: 50.92% positive).
 CHANCE_MARGIN_POINTS = 2.0
+
+
+def sound_runs(results: Mapping[str, list[RunRecord]], comparison: dict[str, Any]) -> Iterator[tuple[str, RunRecord]]:
+    """``(method, record)`` for each named final run of a sound seed: a seed in the method's
+    ``included_seeds`` in ``comparison["methods"]`` (collapsed and failed seeds left out), the
+    seeds every per-seed section of the report (intervals, diagnostics) reads."""
+    for name, runs in results.items():
+        keep = set((comparison["methods"].get(name) or {}).get("included_seeds") or [])
+        yield from ((name, r) for r in runs if r.seed in keep and r.name)
 
 
 def _finite(values: Iterable[Any]) -> list[float]:

@@ -42,7 +42,7 @@ import numpy as np
 from oelm.errors import OELMError
 from oelm.records import MatrixFolder, RunRecord
 from oelm.predictions import RunPredictions, read_predictions
-from oelm.report.stats import summarize
+from oelm.report.stats import sound_runs, summarize
 
 __all__ = [
     "BOOTSTRAP_REPLICATES", "hierarchical_bootstrap", "mcnemar", "seeds_needed", "paired_outcomes",
@@ -205,18 +205,14 @@ def _read_all(results: Mapping[str, list[RunRecord]], comparison: dict[str, Any]
               notes: list[str]) -> dict[str, dict[int, RunPredictions]]:
     """method -> seed -> saved predictions, for the sound seeds; damaged files become notes."""
     found: dict[str, dict[int, RunPredictions]] = {}
-    for name, runs in results.items():
-        keep = set((comparison["methods"].get(name) or {}).get("included_seeds") or [])
-        for r in runs:
-            if r.seed not in keep or not r.name:
-                continue
-            try:
-                p = read_predictions(MatrixFolder(out).run(r.name).path, r)
-            except OELMError as exc:
-                notes.append(f"{name} seed {r.seed}: {exc}")
-                continue
-            if p is not None:
-                found.setdefault(name, {})[r.seed] = p
+    for name, r in sound_runs(results, comparison):
+        try:
+            p = read_predictions(MatrixFolder(out).run(r.name).path, r)
+        except OELMError as exc:
+            notes.append(f"{name} seed {r.seed}: {exc}")
+            continue
+        if p is not None:
+            found.setdefault(name, {})[r.seed] = p
     return found
 
 
