@@ -184,8 +184,14 @@ def run_pool(config: str, out: Path, overrides: list[str], lanes: int, stop_at: 
     done: list[dict] = []
     tried: set[str] = set()
     queue = ready_runs(config, out, overrides)
+    replan = False  # a run finished: others may be ready (asked of `oelm plan` once no lane trains)
     while True:
         queue = [n for n in queue if n not in tried]
+        # `oelm plan` takes the output folder's exclusive lock, which the `--only` runs hold shared
+        # while they train: ask it only when no lane trains (else it fails "in use by another oelm run")
+        if replan and not running and not queue and time.time() < stop_at:
+            queue = [n for n in ready_runs(config, out, overrides) if n not in tried]
+            replan = False
         while queue and len(running) < lanes and time.time() < stop_at:
             name = queue.pop(0)
             tried.add(name)
@@ -216,8 +222,7 @@ def run_pool(config: str, out: Path, overrides: list[str], lanes: int, stop_at: 
                              "stopped_at_deadline": stopped and proc.returncode != 0})
                 print(f"gpu-lanes: {name} exited {proc.returncode} after {time.time() - began:.0f} s", flush=True)
                 del running[name]
-                if not stopped:
-                    queue += ready_runs(config, out, overrides)  # a finished run may make others ready
+                replan = replan or not stopped
     return done
 
 
