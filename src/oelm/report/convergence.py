@@ -237,11 +237,10 @@ def convergence_blocks(comparison: dict[str, Any]) -> list[tuple[str, list[tuple
 def convergence_plot(section: Mapping[str, Any], metric: str) -> bytes:
     """PNG: validation ``metric`` against training seconds, one step-wise line per seed in its
     method's colour, the method's mean AUCC (seconds) in the legend, the common budget dashed."""
-    import io
 
     from matplotlib.figure import Figure  # here: matplotlib only when a report draws this plot (~0.6 s)
 
-    from oelm.report.plots import method_colors
+    from oelm.report.plots import figure_png, method_colors
 
     fig = Figure(figsize=(8, 4.8))
     ax = fig.subplots()
@@ -261,6 +260,4 @@ def convergence_plot(section: Mapping[str, Any], metric: str) -> bytes:
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    return buf.getvalue()
+    return figure_png(fig)

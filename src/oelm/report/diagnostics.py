@@ -160,11 +160,10 @@ def diagnostics_blocks(comparison: dict[str, Any]) -> list[tuple[str, list[tuple
 def entropy_plot(section: Mapping[str, Any]) -> bytes:
     """PNG: mean attention entropy per layer (site) for each method, seed spread as error bars, and
     a uniform attention's entropy dashed."""
-    import io
 
     from matplotlib.figure import Figure  # here: matplotlib only when a report draws this plot
 
-    from oelm.report.plots import method_colors
+    from oelm.report.plots import figure_png, method_colors
 
     fig = Figure(figsize=(8, 4.4))
     ax = fig.subplots()
@@ -187,6 +186,4 @@ def entropy_plot(section: Mapping[str, Any]) -> bytes:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    return buf.getvalue()
+    return figure_png(fig)
