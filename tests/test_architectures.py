@@ -88,12 +88,13 @@ FAMILIES = {
 }
 FUSED = ["gpt2", "gpt_neox"]
 # The research methods (issue 36) run through the same property tests on an encoder, the fused
-# decoders and oelm's GPT; fixed_attention exists in oelm's GPT only (refused elsewhere: test_structural.py).
+# decoders and oelm's GPT; fixed_attention and the mimetic value/output methods exist in oelm's GPT only
+# (refused elsewhere: test_structural.py, test_method.py).
 NEW_METHODS = ["oelm_pretrained_frozen", "oelm_rescaled", "oelm_mimetic", "mimetic_trained", "reservoir"]
 NEW_METHOD_CASES = [(f, m) for f in ("bert", "gpt2", "gpt_neox", "oelm-gpt") for m in NEW_METHODS] + [
-    ("oelm-gpt", "fixed_attention")
+    ("oelm-gpt", "fixed_attention"), ("oelm-gpt", "oelm_mimetic_vo"), ("oelm-gpt", "mimetic_vo_trained")
 ]
-NOTHING_FROZEN = ("baseline", "baseline_fused", "mimetic_trained")
+NOTHING_FROZEN = ("baseline", "baseline_fused", "mimetic_trained", "mimetic_vo_trained")
 
 
 def build(family: str, **overrides) -> nn.Module:

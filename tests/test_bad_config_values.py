@@ -442,6 +442,10 @@ def test_more_threads_per_run_than_cores_is_refused_before_any_data(capsys, tmp_
 @pytest.mark.parametrize("model, methods, expected", [
     ({"pretrained": "sentence-transformers/all-MiniLM-L6-v2"}, [{"name": "fixed_attention"}],
      "method 'fixed_attention': fixed_attention replaces the attention scores inside oelm's own GPT"),
+    ({"pretrained": "sentence-transformers/all-MiniLM-L6-v2"}, [{"name": "mimetic_vo_trained"}],
+     "method 'mimetic_vo_trained': mimetic_value_output sets the value/output projections of oelm's own GPT"),
+    (TINY_GPT, [{"name": "m", "base": "oelm_freeze", "mimetic_value_output": True}],
+     "true only with init='mimetic'"),
     (TINY_GPT, [{"name": "reservoir", "reservoir_layers": [0, 3]}], "reservoir_layers [0, 3] names layer(s) [3]"),
     (TINY_GPT, [{"name": "reservoir", "reservoir_layers": "every_other"}], "reservoir_layers"),
     (TINY_GPT, [{"name": "m", "base": "oelm_freeze", "init": "mimetic", "targets": ["key"]}],

@@ -94,6 +94,7 @@ BUILDERS = {"bert": tiny_bert, "gpt": tiny_gpt}
         ("gpt", "oelm_rescaled", None),
         ("gpt", "fixed_attention", 3),
         ("gpt", "reservoir", 4),
+        ("gpt", "oelm_mimetic_vo", 6),  # V/O drawn after the Q/K, trained: stored, while the Q/K regenerate
     ],
 )
 def test_round_trip_is_bit_identical(tmp_path, kind, method, seed):
@@ -168,6 +169,7 @@ def test_wrong_seed_is_refused_naming_the_tensor(tmp_path):
         ("bert", "reservoir", "bert.encoder.layer.1.attention.self.query.weight"),  # layer 1 of 2, redrawn whole
         ("gpt", "fixed_attention", "transformer.h.0.attn.fixed_logits"),
         ("gpt", "reservoir", "transformer.h.1.attn.q_proj.weight"),
+        ("gpt", "oelm_mimetic_vo", "transformer.h.0.attn.q_proj.weight"),
     ],
 )
 def test_every_random_research_method_is_regenerated_from_its_seed_and_checked(tmp_path, kind, method, first):
@@ -227,6 +229,19 @@ def test_seed_none_with_random_init_stores_frozen_tensors(tmp_path, method):
     with pytest.warns(UserWarning, match="cannot be regenerated"):
         save_pretrained(loaded, tmp_path / "again")
     assert_bit_identical(model, load_oelm(tmp_path / "again", base_model=tiny_bert(seed=6)))
+
+
+def test_mimetic_value_output_with_seed_none_restores_the_trained_value_output(tmp_path):
+    """Seed None: the frozen Q/K are stored and the recipe is re-applied without drawing; the V/O draw
+    must not be repeated over the trained V/O the checkpoint restores."""
+    model = tiny_gpt()
+    apply_oelm(model, "oelm_mimetic_vo")
+    train_steps(model, random_batches("gpt"))
+    with pytest.warns(UserWarning, match="cannot be regenerated"):
+        save_pretrained(model, tmp_path)
+    loaded = load_oelm(tmp_path, base_model=tiny_gpt(seed=5))
+    assert_bit_identical(model, loaded)
+    assert loaded.oelm_config == model.oelm_config and loaded.oelm_config.mimetic_value_output
 
 
 def test_deterministic_init_with_seed_none_stays_lean(tmp_path):

@@ -13,11 +13,14 @@ from oelm.init import (
     INITS,
     MIMETIC_IDENTITY,
     MIMETIC_NOISE,
+    MIMETIC_VO_IDENTITY,
+    MIMETIC_VO_NOISE,
     global_orthogonal_,
     head_wise_orthogonal_,
     matched_std,
     max_orthogonality_error,
     mimetic_,
+    mimetic_value_output_,
     normal_,
     rescaled_head_wise_orthogonal_,
 )
@@ -186,6 +189,30 @@ def test_mimetic_heads_are_the_best_rank_head_dim_approximation_and_lean_towards
 def test_mimetic_refuses_grouped_query_shapes():
     with pytest.raises(ValueError, match="grouped-query"):
         mimetic_(torch.empty(32, 32), torch.empty(16, 32), 4)
+
+
+def test_mimetic_value_output_map_is_minus_identity_plus_noise_across_heads():
+    """The value-output half: a token attending only to itself is mapped by x value^T output^T, which
+    must equal 0.4 Z - 0.4 I (one Z for the whole module, not per head) with the same draws."""
+    hidden = 48
+    v, o = torch.empty(hidden, hidden), torch.empty(hidden, hidden)
+    mimetic_value_output_(v, o, generator=torch.Generator().manual_seed(5))
+    m = v.double().T @ o.double().T  # [hidden, hidden]: row vector x -> x @ m
+    z = torch.randn(hidden, hidden, generator=torch.Generator().manual_seed(5)).double() / math.sqrt(hidden)
+    assert torch.allclose(m, MIMETIC_VO_NOISE * z - MIMETIC_VO_IDENTITY * torch.eye(hidden, dtype=torch.float64), atol=1e-5)
+    x = torch.randn(3, hidden, generator=torch.Generator().manual_seed(1))
+    through = torch.nn.functional.linear(torch.nn.functional.linear(x, v), o)  # what nn.Linear v_proj then o_proj do
+    assert torch.allclose(through.double(), x.double() @ m, atol=1e-5)
+    cosine = torch.trace(m) / (torch.linalg.matrix_norm(m) * math.sqrt(hidden))
+    assert cosine < -0.5, cosine  # leans towards -I (0.4 / sqrt(0.4^2 + 0.4^2) ~ 0.71)
+    v2, o2 = torch.empty_like(v), torch.empty_like(o)
+    mimetic_value_output_(v2, o2, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(v, v2) and torch.equal(o, o2)
+
+
+def test_mimetic_value_output_refuses_non_square_weights():
+    with pytest.raises(ValueError, match="square"):
+        mimetic_value_output_(torch.empty(16, 32), torch.empty(32, 16))
 
 
 # ---------------------------------------------------------------- the init table

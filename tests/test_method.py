@@ -255,6 +255,47 @@ def test_mimetic_qk_lean_towards_the_identity_per_head_frozen_or_trained():
             assert torch.linalg.matrix_rank(m) == 16
 
 
+def test_mimetic_value_output_in_oelm_gpt_is_drawn_after_the_same_qk_and_stays_trainable():
+    """oelm_mimetic_vo = oelm_mimetic's Q/K (the same draws: V/O come last) plus each attention module's
+    value-output map ~ 0.4 Z - 0.4 I (Trockman & Kolter 2023), trained; mimetic_vo_trained freezes nothing."""
+    from oelm.init import MIMETIC_VO_IDENTITY, MIMETIC_VO_NOISE
+    from oelm.models.gpt import build_gpt
+
+    def gpt():
+        torch.manual_seed(0)
+        return build_gpt("gpt-tiny", vocab_size=100, num_layers=2)
+
+    qk_only, vo, vo_trained, plain = gpt(), gpt(), gpt(), gpt()
+    apply_oelm(qk_only, "oelm_mimetic", seed=3)
+    apply_oelm(vo, "oelm_mimetic_vo", seed=3)
+    apply_oelm(vo_trained, "mimetic_vo_trained", seed=3)
+    hidden = vo.config.hidden_size
+    z_draws = torch.Generator().manual_seed(3)  # replay: per layer, num_heads Q/K draws, then per layer one V/O draw
+    for _ in range(2 * vo.config.num_heads):
+        torch.randn(hidden, hidden, generator=z_draws)
+    for layer, (a, b, c, p) in enumerate(zip(qk_only.transformer.h, vo.transformer.h, vo_trained.transformer.h, plain.transformer.h)):
+        a, b, c, p = a.attn, b.attn, c.attn, p.attn
+        assert torch.equal(a.q_proj.weight, b.q_proj.weight) and torch.equal(a.k_proj.weight, b.k_proj.weight)
+        assert torch.equal(a.v_proj.weight, p.v_proj.weight) and torch.equal(a.o_proj.weight, p.o_proj.weight)  # oelm_mimetic leaves V/O
+        m = b.v_proj.weight.double().T @ b.o_proj.weight.double().T
+        z = torch.randn(hidden, hidden, generator=z_draws).double() / hidden ** 0.5
+        assert torch.allclose(m, MIMETIC_VO_NOISE * z - MIMETIC_VO_IDENTITY * torch.eye(hidden, dtype=torch.float64), atol=1e-5), layer
+        assert torch.equal(b.v_proj.weight, c.v_proj.weight) and torch.equal(b.o_proj.weight, c.o_proj.weight)
+        assert not b.q_proj.weight.requires_grad and b.v_proj.weight.requires_grad and b.o_proj.weight.requires_grad
+    assert all(p.requires_grad for p in vo_trained.parameters())
+
+
+def test_mimetic_value_output_is_refused_on_a_library_model_and_without_the_mimetic_init():
+    model = tiny_bert()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(UnsupportedModelError, match="mimetic_value_output .*oelm's own GPT.*BertForSequenceClassification") as err:
+        apply_oelm(model, "oelm_mimetic_vo", seed=0)
+    assert "\n" not in str(err.value) and getattr(model, "oelm_config", None) is None
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    with pytest.raises(ConfigError, match="mimetic_value_output=True .*only with init='mimetic'.*'orthogonalize'"):
+        METHODS["oelm_freeze"].replace(mimetic_value_output=True)
+
+
 @pytest.mark.parametrize("layers, chosen", [("alternate", {1, 3}), ((0, 2), {0, 2}), ((3,), {3})])
 def test_reservoir_freezes_exactly_the_chosen_layers_at_a_fresh_random_draw(layers, chosen):
     model = BertForSequenceClassification(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,

@@ -19,8 +19,8 @@ from oelm.suite import DEFAULT_SEEDS, GRIDS
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 PRETRAINED = ["baseline", "oelm_freeze", "oelm_random", "oelm_random_orthogonal", "oelm_random_matched",
               "oelm_pretrained_frozen", "oelm_rescaled", "oelm_mimetic"]
-SCRATCH = ["baseline", "oelm_freeze", "oelm_random", "oelm_global", "oelm_mimetic", "mimetic_trained", "fixed_attention",
-           "reservoir"]
+SCRATCH = ["baseline", "oelm_freeze", "oelm_random", "oelm_global", "oelm_mimetic", "mimetic_trained", "mimetic_vo_trained",
+           "fixed_attention", "reservoir"]
 
 
 def _init(tmp_path: Path, model: str, task: str, *extra: str) -> Path:

@@ -188,6 +188,12 @@ class ExperimentConfig(StrictModel):
                     f"model.pretrained {self.model.pretrained!r} keeps its library's attention code; use model.gpt "
                     "(e.g. gpt-tiny) or drop this method"
                 )
+            if cfg.mimetic_value_output and self.model.gpt is None:
+                raise ValueError(
+                    f"method {m.name!r}: mimetic_value_output sets the value/output projections of oelm's own GPT, but "
+                    f"model.pretrained {self.model.pretrained!r} is a library model whose value/output projections oelm "
+                    "does not know; use model.gpt (e.g. gpt-tiny) or drop mimetic_value_output"
+                )
             if cfg.reservoir_layers and num_layers is not None:
                 try:
                     reservoir_indices(cfg.reservoir_layers, range(num_layers))

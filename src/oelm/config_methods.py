@@ -57,6 +57,9 @@ class MethodEntry(StrictModel):
         "'alternate' = 1, 3, 5, ...).")
     fixed_attention: bool | None = Field(
         None, description="OELMConfig.fixed_attention: a frozen random attention map per head (oelm GPT only).")
+    mimetic_value_output: bool | None = Field(
+        None, description="OELMConfig.mimetic_value_output: with init: mimetic, the value/output half too "
+        "(Trockman & Kolter 2023; oelm GPT only).")
     split_fused: bool | None = Field(
         None,
         description="OELMConfig.split_fused: false keeps a fused Q/K/V module (GPT-2 c_attn, GPT-NeoX "
@@ -120,7 +123,8 @@ class MethodEntry(StrictModel):
         from oelm.structural import ALTERNATE
 
         changes: dict[str, Any] = {"method": self.name}
-        for key in ("init", "normal_std", "freeze", "freeze_bias", "split_fused", "fixed_attention"):
+        for key in ("init", "normal_std", "freeze", "freeze_bias", "split_fused", "fixed_attention",
+                    "mimetic_value_output"):
             if getattr(self, key) is not None:
                 changes[key] = getattr(self, key)
         if self.reservoir_layers is not None:

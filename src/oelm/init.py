@@ -19,7 +19,8 @@ expected norm 1 so the comparison isolates orthogonality.
 
 Two more structured inits serve the controls: :func:`rescaled_head_wise_orthogonal_` (orthogonal
 rows at each head's own scale: the temperature control) and :func:`mimetic_` (Trockman & Kolter
-2023: the query-key product close to the identity).
+2023: the query-key product close to the identity), with its value/output half
+:func:`mimetic_value_output_` (the value-output product close to minus the identity).
 
 The init kinds a method can name (``OELMConfig.init``) live in ONE table, :data:`INITS` (name ->
 :class:`InitKind`: the function, whether it draws random numbers, its source). The method
@@ -45,6 +46,9 @@ __all__ = [
     "global_orthogonal_",
     "normal_",
     "mimetic_",
+    "mimetic_value_output_",
+    "MIMETIC_VO_NOISE",
+    "MIMETIC_VO_IDENTITY",
     "matched_std",
     "max_orthogonality_error",
     "InitKind",
@@ -262,6 +266,10 @@ def max_orthogonality_error(weight: torch.Tensor, num_heads: int) -> float:
 #: beta_2 = 0.4 for V/O), as recalled from the paper, not re-derived or tuned for language here.
 MIMETIC_NOISE = 0.7
 MIMETIC_IDENTITY = 0.7
+#: Mimetic initialization's constants for value/output (alpha_2 = beta_2 = 0.4, the same source and
+#: the same caveat as :data:`MIMETIC_NOISE`): ``W_v^T W_o^T ≈ MIMETIC_VO_NOISE * Z - MIMETIC_VO_IDENTITY * I``.
+MIMETIC_VO_NOISE = 0.4
+MIMETIC_VO_IDENTITY = 0.4
 
 
 def _sign_fixed_svd(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -300,8 +308,8 @@ def mimetic_(
     with ``k = head_dim`` (the top singular triplets), so ``W_q,h^T W_k,h = U_k S_k V_k^T``, the best
     rank-``head_dim`` approximation of ``M_h``; with ``head_dim == hidden`` it is ``M_h`` itself.
     In ``nn.Linear`` layout the attention logit of tokens ``x_i, x_j`` in head ``h`` is
-    ``x_i W_q,h^T W_k,h x_j^T / sqrt(head_dim)``. Value/output projections are left as they are (the
-    paper's ``W_v W_o ≈ -I`` half is not implemented). Draws are made on the CPU in float32 from
+    ``x_i W_q,h^T W_k,h x_j^T / sqrt(head_dim)``. Value/output projections are left as they are: the
+    paper's ``W_v W_o ≈ -I`` half is :func:`mimetic_value_output_`. Draws are made on the CPU in float32 from
     ``generator`` (as :func:`normal_`), the SVD in float64.
 
     Args:
@@ -336,6 +344,59 @@ def mimetic_(
     query.copy_(q_out.view_as(query).to(device=query.device, dtype=query.dtype))
     key.copy_(k_out.view_as(key).to(device=key.device, dtype=key.dtype))
     return query, key
+
+
+@torch.no_grad()
+def mimetic_value_output_(
+    value: torch.Tensor,
+    output: torch.Tensor,
+    *,
+    noise: float = MIMETIC_VO_NOISE,
+    identity: float = MIMETIC_VO_IDENTITY,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mimetic initialization of a value/output pair (in place): the value-output map ``≈ noise * Z - identity * I``.
+
+    The second half of Trockman & Kolter, "Mimetic Initialization of Self-Attention Layers", ICML
+    2023 (arXiv 2305.09828): in pretrained vision transformers the product of the value and the
+    attention-output projections is close to a negative multiple of the identity. Unlike the
+    query-key product it spans all heads at once (the heads' values are concatenated before the
+    output projection), so one ``Z`` ([hidden, hidden], entries N(0, 1/hidden)) is drawn per
+    attention module and ``M = noise * Z - identity * I`` is factored by a (sign-fixed) SVD
+    ``M = U S V^T``; in ``nn.Linear`` layout::
+
+        value  = sqrt(S) U^T        # [hidden, hidden] (num_heads * head_dim == hidden)
+        output = V sqrt(S)          # [hidden, hidden]
+
+    so a token that attends only to itself is mapped to ``x value^T output^T = x U S V^T = x M``
+    (row vectors, biases aside). Draws are made on the CPU in float32 from ``generator``, the SVD in
+    float64, as :func:`mimetic_`. Biases are left as they are.
+
+    Args:
+        value: the value projection's weight, [hidden_size, hidden_size].
+        output: the attention-output projection's weight, [hidden_size, hidden_size].
+        noise / identity: the constants (defaults :data:`MIMETIC_VO_NOISE`, :data:`MIMETIC_VO_IDENTITY`).
+        generator: optional CPU ``torch.Generator``.
+
+    Returns:
+        ``(value, output)``, modified in place.
+
+    Raises:
+        ValueError: either weight is not square, or their shapes differ (a value projection
+            narrower than the model, as under grouped-query attention, is not supported).
+    """
+    if value.dim() != 2 or value.shape[0] != value.shape[1] or value.shape != output.shape:
+        raise ValueError(
+            f"mimetic value/output initialization needs square [hidden, hidden] value and output weights; got value "
+            f"{tuple(value.shape)} and output {tuple(output.shape)}"
+        )
+    hidden = value.shape[1]
+    z = torch.randn(hidden, hidden, generator=generator, dtype=torch.float32).to(torch.float64) / math.sqrt(hidden)
+    u, s, vh = _sign_fixed_svd(noise * z - identity * torch.eye(hidden, dtype=torch.float64))
+    root = s.sqrt()  # (hidden,)
+    value.copy_((u.T * root.unsqueeze(1)).to(device=value.device, dtype=value.dtype))
+    output.copy_((vh.T * root.unsqueeze(0)).to(device=output.device, dtype=output.dtype))
+    return value, output
 
 
 # --------------------------------------------------------------------------------------------

@@ -31,6 +31,8 @@ Named methods (:data:`METHODS`):
                           Frobenius norm: the temperature control
 ``oelm_mimetic``          mimetic Q/K (Trockman & Kolter 2023: ``W_q^T W_k ≈ 0.7 I + 0.7 Z``), frozen
 ``mimetic_trained``       mimetic Q/K as the initialization, trained
+``oelm_mimetic_vo``       ``oelm_mimetic`` plus mimetic V/O (``≈ 0.4 Z - 0.4 I``, trained); oelm's GPT only
+``mimetic_vo_trained``    the paper's whole mimetic init (Q/K and V/O), trained; oelm's GPT only
 ``fixed_attention``       a frozen random attention map per head (Synthesizer "Random", Tay et al.
                           2021), oelm's GPT only; its unused Q/K frozen
 ``reservoir``             every other layer (1, 3, ...) drawn at random and frozen whole (Reservoir
@@ -83,37 +85,20 @@ from oelm.init import INIT_NAMES, INITS, InitName, max_orthogonality_error
 from oelm.merge import OELM_ATTRIBUTES, merge_and_unload
 from oelm.parameters import ParameterReport, group_of, parameter_report, print_trainable_parameters, require_module
 from oelm.recipe import attach_checkpoint_hooks
-from oelm.structural import ALTERNATE, find_layers, fixed_attention_, fixed_attention_modules, reservoir_, reservoir_indices
+from oelm.structural import (ALTERNATE, find_layers, fixed_attention_, fixed_attention_modules, mimetic_value_output_all_,
+                             reservoir_, reservoir_indices, value_output_modules)
 from oelm.treated import mark_parts, part_line, refuse_wrapper, treated_line
 
 __all__ = [
-    "OELMConfig",
-    "METHODS",
-    "get_method",
-    "PARAMETER_GROUPS",
-    "FUSED_LAYOUTS",
-    "ArchitectureSpec",
-    "AttentionSpec",
-    "ARCHITECTURES",
-    "register_architecture",
-    "architecture_from_dict",
-    "load_architecture",
-    "ProjectionSite",
-    "find_attention_projections",
-    "SplitQKV",
-    "split_fused_projections",
-    "ParameterReport",
-    "parameter_report",
-    "apply_oelm",
-    "get_oelm_model",
-    "print_trainable_parameters",
-    "merge_and_unload",
-    "OELM_ATTRIBUTES",
+    "OELMConfig", "METHODS", "get_method", "PARAMETER_GROUPS", "FUSED_LAYOUTS", "ArchitectureSpec", "AttentionSpec",
+    "ARCHITECTURES", "register_architecture", "architecture_from_dict", "load_architecture", "ProjectionSite",
+    "find_attention_projections", "SplitQKV", "split_fused_projections", "ParameterReport", "parameter_report",
+    "apply_oelm", "get_oelm_model", "print_trainable_parameters", "merge_and_unload", "OELM_ATTRIBUTES",
 ]
 
 #: Fields added after checkpoints and run records existed: :meth:`OELMConfig.to_dict` leaves them out
 #: while they hold these defaults, so earlier methods keep their recorded form (and fingerprints).
-_LATER_FIELDS = {"reservoir_layers": (), "fixed_attention": False}
+_LATER_FIELDS = {"reservoir_layers": (), "fixed_attention": False, "mimetic_value_output": False}
 
 
 @dataclass(frozen=True)
@@ -151,6 +136,11 @@ class OELMConfig:
         default=False,
         metadata={"help": "Replace each head's attention scores by a frozen random map (Synthesizer Random); "
                   "oelm's GPT only."},
+    )
+    mimetic_value_output: bool = field(
+        default=False,
+        metadata={"help": "With init='mimetic': also set each attention module's value/output projections so their "
+                  "product is ~0.4 Z - 0.4 I (Trockman & Kolter 2023's second half); they still train. oelm's GPT only."},
     )
     split_fused: bool = field(
         default=True,
@@ -205,6 +195,9 @@ class OELMConfig:
                               f"'{ALTERNATE}', got {layers!r}")
         if not isinstance(self.fixed_attention, bool):
             raise ConfigError(f"OELMConfig.fixed_attention must be true or false, got {self.fixed_attention!r}")
+        if not isinstance(self.mimetic_value_output, bool) or self.mimetic_value_output and self.init != "mimetic":
+            raise ConfigError(f"OELMConfig.mimetic_value_output={self.mimetic_value_output!r} must be true or false, and "
+                              f"true only with init='mimetic' (its value/output half; init is {self.init!r})")
 
     @property
     def draws_random(self) -> bool:
@@ -246,6 +239,8 @@ METHODS: dict[str, OELMConfig] = {
     "oelm_rescaled": OELMConfig(method="oelm_rescaled", init="orthogonalize_rescaled"),
     "oelm_mimetic": OELMConfig(method="oelm_mimetic", init="mimetic"),
     "mimetic_trained": OELMConfig(method="mimetic_trained", init="mimetic", freeze=False),
+    "oelm_mimetic_vo": OELMConfig(method="oelm_mimetic_vo", init="mimetic", mimetic_value_output=True),
+    "mimetic_vo_trained": OELMConfig(method="mimetic_vo_trained", init="mimetic", freeze=False, mimetic_value_output=True),
     "fixed_attention": OELMConfig(method="fixed_attention", init="none", fixed_attention=True),
     "reservoir": OELMConfig(method="reservoir", init="none", targets=(), freeze=False, reservoir_layers=ALTERNATE),
 }
@@ -273,12 +268,8 @@ def _resolve_config(config: Any, seed: Any, func: str) -> OELMConfig:
     if isinstance(config, str):
         config = get_method(config)
     elif not isinstance(config, OELMConfig):
-        if isinstance(config, dict):
-            hint = "; for a mapping, pass OELMConfig(**mapping)"
-        elif hasattr(config, "oelm_config"):
-            hint = "; for a config's method entry, pass entry.oelm_config()"
-        else:
-            hint = ""
+        hint = ("; for a mapping, pass OELMConfig(**mapping)" if isinstance(config, dict) else
+                "; for a config's method entry, pass entry.oelm_config()" if hasattr(config, "oelm_config") else "")
         raise TypeError(f"oelm.{func}: config must be an OELMConfig or a method name ({', '.join(METHODS)}), "
                         f"got {type(config).__name__}{hint}")
     if seed is not None:
@@ -352,6 +343,8 @@ def _refuse_before_changes(model: nn.Module, config: OELMConfig, target_modules:
     try:
         if config.fixed_attention:
             fixed_attention_modules(model)  # a model without oelm's attention (a Hugging Face one): one line
+        if config.mimetic_value_output:
+            value_output_modules(model)  # likewise
         if config.reservoir_layers:  # an index the model lacks (its layers found through the spec above)
             reservoir_indices(config.reservoir_layers, set(find_layers(model).values()))
     except Exception:
@@ -465,12 +458,15 @@ def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, se
     _refuse_before_changes(model, config, target_modules, num_heads)
     sites = _split_and_find(model, config, target_modules)
     generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
-    # Draw order (a lean checkpoint repeats it): reservoir layers, the fixed map, then Q/K per site.
+    # Draw order (a lean checkpoint repeats it): reservoir layers, the fixed map, Q/K per site, then V/O.
     if config.reservoir_layers:
         reservoir_(model, config.reservoir_layers, generator)
     if config.fixed_attention:
         fixed_attention_(model, generator)
-    return _finish(model, config, _init_and_freeze(sites, config, generator))
+    projections = _init_and_freeze(sites, config, generator)
+    if config.mimetic_value_output:  # drawn last, so the Q/K draws do not depend on it
+        mimetic_value_output_all_(model, generator)
+    return _finish(model, config, projections)
 
 
 def get_oelm_model(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, seed: int | None = None,

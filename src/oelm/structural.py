@@ -18,6 +18,11 @@ set (methods ``reservoir`` and ``fixed_attention``, :data:`oelm.method.METHODS`)
 
 Both draw from the method's seeded generator, so a lean checkpoint regenerates them exactly and
 checks them by sha256 like the frozen Q/K (:mod:`oelm.checkpoint`).
+
+- **Mimetic value/output** (``OELMConfig.mimetic_value_output``, methods ``oelm_mimetic_vo`` and
+  ``mimetic_vo_trained``): the value-output half of Trockman & Kolter's mimetic initialization
+  (:func:`oelm.init.mimetic_value_output_`) on every attention module of oelm's GPT, drawn after the
+  Q/K. These projections train, so a checkpoint stores them; only their starting point is drawn.
 """
 
 from __future__ import annotations
@@ -28,9 +33,10 @@ from torch import nn
 
 from oelm.architectures import architecture_of
 from oelm.errors import ConfigError, UnsupportedModelError
+from oelm.init import mimetic_value_output_
 
 __all__ = ["ALTERNATE", "RESERVOIR_STD", "FIXED_ATTENTION_STD", "find_layers", "reservoir_indices", "reservoir_",
-           "fixed_attention_", "fixed_attention_modules"]
+           "fixed_attention_", "fixed_attention_modules", "mimetic_value_output_all_", "value_output_modules"]
 
 #: ``reservoir_layers`` value meaning every other layer, starting with the second (indices 1, 3, 5, ...),
 #: so the first layer, which reads the embeddings, and alternate layers after it train.
@@ -160,7 +166,7 @@ def fixed_attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     Raises:
         UnsupportedModelError: none (a Hugging Face model), in one line.
     """
-    targets = [(n, m) for n, m in model.named_modules() if callable(getattr(m, "set_fixed_attention", None))]
+    targets = _gpt_attention_modules(model)
     if not targets:
         raise UnsupportedModelError(
             f"fixed_attention replaces the attention scores inside oelm's own GPT (model.gpt, e.g. gpt-tiny); "
@@ -169,3 +175,43 @@ def fixed_attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
         )
     return targets
 
+
+
+def value_output_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The attention modules of oelm's GPT whose value / output projections (``v_proj``, ``o_proj``:
+    ``nn.Linear(hidden_size, hidden_size)``) the mimetic value/output init sets, by name.
+
+    Raises:
+        UnsupportedModelError: none (a Hugging Face model: the architecture registry names its query
+            and key projections only), in one line.
+    """
+    targets = [(n, m) for n, m in _gpt_attention_modules(model)
+               if isinstance(getattr(m, "v_proj", None), nn.Linear) and isinstance(getattr(m, "o_proj", None), nn.Linear)]
+    if not targets:
+        raise UnsupportedModelError(
+            f"mimetic_value_output sets the value and attention-output projections of oelm's own GPT (model.gpt, e.g. "
+            f"gpt-tiny); the registry knows only the query/key projections of {type(model).__name__}: use an oelm GPT, "
+            "or init: mimetic without mimetic_value_output"
+        )
+    return targets
+
+
+def _gpt_attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The attention modules of oelm's GPT (they offer ``set_fixed_attention``), by name; [] for none."""
+    return [(n, m) for n, m in model.named_modules() if callable(getattr(m, "set_fixed_attention", None))]
+
+
+def mimetic_value_output_all_(model: nn.Module, generator: torch.Generator | None) -> list[str]:
+    """Mimetic value/output initialization (:func:`oelm.init.mimetic_value_output_`) of every
+    attention module of oelm's GPT, in layer order, from ``generator``; the projections stay trainable.
+
+    Returns:
+        The names of the attention modules changed.
+
+    Raises:
+        UnsupportedModelError: as :func:`value_output_modules`.
+    """
+    targets = value_output_modules(model)
+    for _, module in targets:
+        mimetic_value_output_(module.v_proj.weight, module.o_proj.weight, generator=generator)
+    return [n for n, _ in targets]

@@ -18,7 +18,8 @@ example; ``oelm run PATH`` trains it and ends with the report.
 * a model trained from scratch (``M`` an oelm GPT preset: gpt-tiny, gpt-medium-512) gets the
   structured inits of ``configs/research/gpt_tiny_inits.yaml``: baseline, oelm_freeze, oelm_random,
   oelm_global (one QR over the whole Q/K matrix: the original project's Phase 2 variant),
-  oelm_mimetic (frozen) and mimetic_trained, fixed_attention (a frozen random attention map per
+  oelm_mimetic (frozen), mimetic_trained and mimetic_vo_trained (the paper's whole init, value/output
+  included), fixed_attention (a frozen random attention map per
   head: Synthesizer "Random", Tay et al., ICML 2021) and reservoir (every other layer frozen at its
   random init: Shen et al., ACL 2021).
 
@@ -67,6 +68,7 @@ _SCRATCH = (
     ("oelm_global", {}, "one QR over the whole Q/K matrix, frozen: the original's Phase 2 variant"),
     ("oelm_mimetic", {}, "W_q,h^T W_k,h ~ identity per head (Trockman & Kolter, ICML 2023), frozen"),
     ("mimetic_trained", {}, "the same mimetic Q/K as the initialization, trained"),
+    ("mimetic_vo_trained", {}, "the paper's whole mimetic init (Q/K and V/O ~ -identity), trained"),
     ("fixed_attention", {}, "a frozen random attention map per head (Synthesizer Random, Tay et al. 2021)"),
     ("reservoir", {}, "every other layer frozen whole at its random init (Shen et al., ACL 2021)"),
 )
