@@ -166,39 +166,33 @@ def fixed_attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     Raises:
         UnsupportedModelError: none (a Hugging Face model), in one line.
     """
-    targets = _gpt_attention_modules(model)
-    if not targets:
-        raise UnsupportedModelError(
-            f"fixed_attention replaces the attention scores inside oelm's own GPT (model.gpt, e.g. gpt-tiny); "
-            f"{type(model).__name__} keeps its library's attention code, which oelm does not rewrite: use an oelm GPT "
-            "or another method"
-        )
-    return targets
-
+    return _oelm_gpt_attention(
+        model, f"fixed_attention replaces the attention scores inside oelm's own GPT (model.gpt, e.g. gpt-tiny); "
+        f"{type(model).__name__} keeps its library's attention code, which oelm does not rewrite: use an oelm GPT or "
+        "another method")
 
 
 def value_output_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The attention modules of oelm's GPT whose value / output projections (``v_proj``, ``o_proj``:
+    """The attention modules of oelm's GPT, whose value / output projections (``v_proj``, ``o_proj``:
     ``nn.Linear(hidden_size, hidden_size)``) the mimetic value/output init sets, by name.
 
     Raises:
         UnsupportedModelError: none (a Hugging Face model: the architecture registry names its query
             and key projections only), in one line.
     """
-    targets = [(n, m) for n, m in _gpt_attention_modules(model)
-               if isinstance(getattr(m, "v_proj", None), nn.Linear) and isinstance(getattr(m, "o_proj", None), nn.Linear)]
+    return _oelm_gpt_attention(
+        model, f"mimetic_value_output sets the value and attention-output projections of oelm's own GPT (model.gpt, "
+        f"e.g. gpt-tiny); the registry knows only the query/key projections of {type(model).__name__}: use an oelm "
+        "GPT, or init: mimetic without mimetic_value_output")
+
+
+def _oelm_gpt_attention(model: nn.Module, refusal: str) -> list[tuple[str, nn.Module]]:
+    """The attention modules of oelm's GPT (``CausalSelfAttention``: they offer ``set_fixed_attention``)
+    by name, or :class:`UnsupportedModelError` with ``refusal`` when there is none."""
+    targets = [(n, m) for n, m in model.named_modules() if callable(getattr(m, "set_fixed_attention", None))]
     if not targets:
-        raise UnsupportedModelError(
-            f"mimetic_value_output sets the value and attention-output projections of oelm's own GPT (model.gpt, e.g. "
-            f"gpt-tiny); the registry knows only the query/key projections of {type(model).__name__}: use an oelm GPT, "
-            "or init: mimetic without mimetic_value_output"
-        )
+        raise UnsupportedModelError(refusal)
     return targets
-
-
-def _gpt_attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The attention modules of oelm's GPT (they offer ``set_fixed_attention``), by name; [] for none."""
-    return [(n, m) for n, m in model.named_modules() if callable(getattr(m, "set_fixed_attention", None))]
 
 
 def mimetic_value_output_all_(model: nn.Module, generator: torch.Generator | None) -> list[str]:
