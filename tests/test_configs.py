@@ -129,7 +129,7 @@ def test_research_configs_are_issue_36s_matrices():
     assert methods["sst2_mechanism"] == ["baseline", "oelm_freeze", "oelm_random", "oelm_random_orthogonal",
                                          "oelm_random_matched", "oelm_pretrained_frozen", "oelm_rescaled"]
     assert methods["gpt_tiny_inits"] == ["baseline", "oelm_freeze", "oelm_random", "oelm_global", "oelm_mimetic",
-                                         "mimetic_trained", "fixed_attention", "reservoir"]
+                                         "mimetic_trained", "mimetic_vo_trained", "fixed_attention", "reservoir"]
     assert methods["variants_sst2"] == ["baseline", "oelm_qk_ffn", "oelm_ffn_only"]
     assert methods["gutenberg_lm"] == ["baseline", "oelm_freeze", "oelm_random"]
     assert methods["xnli_en"] == ["baseline", "oelm_freeze", "oelm_random"]  # the plan's phase-1 table

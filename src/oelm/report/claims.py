@@ -178,6 +178,9 @@ RESEARCH: tuple[Claim, ...] = (
               _INITS, lm=True, setting="W_q W_kᵀ ≈ I per head (Trockman & Kolter 2023) vs random orthogonal, both frozen"),
     _question("mimetic_trained", "(ours) from scratch: mimetic initialization, trained, vs baseline", "mimetic_trained",
               "baseline", _INITS, lm=True, setting="Trockman & Kolter 2023 report faster, better training"),
+    _question("mimetic_vo_trained", "(ours) from scratch: the whole mimetic initialization (Q/K and V/O), trained, vs "
+              "baseline", "mimetic_vo_trained", "baseline", _INITS, lm=True,
+              setting="W_q W_kᵀ ≈ I per head and W_v W_o ≈ −I (Trockman & Kolter 2023), everything trained"),
     _question("fixed_attention", "(ours) from scratch: a frozen random attention map vs baseline", "fixed_attention",
               "baseline", _INITS, lm=True, setting="Synthesizer Random (Tay et al. 2021)"),
     _question("reservoir", "(ours) from scratch: reservoir layers vs baseline", "reservoir", "baseline", _INITS, lm=True,
