@@ -7,6 +7,7 @@ Tiny random-weight models from their configs (nothing downloaded), AdamW with we
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -163,7 +164,7 @@ LORA_TARGETS = {
 def oelm_plus_lora(family: str):
     base = FAMILIES[family][0]()
     oelm.apply_oelm(base, "oelm_freeze", seed=0)  # step 1
-    return peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, **LORA_TARGETS[family]))  # step 2
+    return peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, **copy.deepcopy(LORA_TARGETS[family])))  # step 2
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -213,3 +214,93 @@ def test_research_lora_config_and_its_lora_step():
     with pytest.raises(oelm.ConfigError, match=r"lora needs target_modules and takes only"):
         config_from_dict({"name": "x", "task": {"dataset": "sst2"},
                           "methods": [{"name": "l", "base": "baseline", "lora": {"rank": 8, "target_modules": ["value"]}}]})
+
+
+# ---------------------------------------------------------------- LoRA module names checked, not left to PEFT
+
+
+def test_peft_alone_accepts_a_typo_beside_a_valid_target():
+    """Why oelm checks every name: PEFT refuses only a target_modules that matches nothing, so a
+    list with one typo trains LoRA on fewer modules than the config says, silently."""
+    model = peft.get_peft_model(bert(), peft.LoraConfig(r=4, target_modules=["valu", "attention.output.dense"]))
+    adapted = {n.split(".lora_")[0] for n, p in model.named_parameters() if "lora_" in n}
+    assert adapted and not any(n.endswith(".value") for n in adapted)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_add_lora_refuses_a_name_that_matches_no_module(family):
+    from oelm.peft import add_lora
+
+    good = {k: v for k, v in LORA_TARGETS[family].items() if k != "task_type"}
+    model = FAMILIES[family][0]()
+    report = oelm.apply_oelm(model, "oelm_freeze", seed=0)  # gpt2: c_attn split, so c_attn.value exists now
+    wrapped, _ = add_lora(model, {"r": 4, **good}, report)
+    assert any("lora_" in n for n, _ in wrapped.named_parameters())
+
+    typo = {**good, "target_modules": [good["target_modules"][0] + "x", *good["target_modules"][1:]]}
+    model = FAMILIES[family][0]()
+    oelm.apply_oelm(model, "oelm_freeze", seed=0)
+    with pytest.raises(oelm.ConfigError, match=rf"lora.target_modules: '{good['target_modules'][0]}x' names no module of ") as info:
+        add_lora(model, {"r": 4, **typo})
+    hint = str(info.value).split("leaf modules end with")[1]  # the names to choose from, the intended one among them
+    intended = good["target_modules"][0].split(".")[-1]
+    assert "\n" not in str(info.value) and any(item.strip().split(".")[-1] == intended for item in hint.split(","))
+    assert not any("lora_" in n for n, _ in model.named_parameters())  # refused before PEFT touched the model
+    with pytest.raises(oelm.ConfigError, match=r"lora.modules_to_save: 'classifer' names no module"):
+        add_lora(model, {"r": 4, **good, "modules_to_save": ["classifer"]})
+    with pytest.raises(oelm.ConfigError, match=r"lora.target_modules: the regex '\.\*nothing' matches no module name"):
+        add_lora(model, {"r": 4, "target_modules": ".*nothing"})
+
+
+def test_add_lora_leaves_the_callers_mapping_as_it_was():
+    """PEFT extends a SEQ_CLS config's modules_to_save list in place (classifier, score); a matrix
+    builds every run of a method from one ``lora:`` mapping, so add_lora must hand PEFT a copy."""
+    from oelm.peft import add_lora
+
+    lora = {"r": 4, "target_modules": ["value"], "modules_to_save": ["classifier"], "task_type": "SEQ_CLS"}
+    for seed in (0, 1):
+        model = bert(seed)
+        add_lora(model, lora, oelm.apply_oelm(model, "oelm_freeze", seed=seed))
+        assert lora["modules_to_save"] == ["classifier"]
+
+
+def test_lora_typo_in_a_config_is_refused_before_data(tmp_path, monkeypatch):
+    """`oelm run` on the shipped LoRA matrix with one misspelt target: one line naming the method and
+    the name, from the model's weightless skeleton, before any data is read or the folder written."""
+    import yaml
+
+    from oelm.config import config_from_dict
+    from oelm.matrix.driver import run_matrix
+
+    source = Path(__file__).resolve().parents[1] / "configs" / "research" / "lora_sst2.yaml"
+    raw = yaml.safe_load(source.read_text())
+    oelm_lora = next(m for m in raw["methods"] if m["name"] == "oelm_freeze_lora")
+    oelm_lora["lora"] = {**oelm_lora["lora"], "target_modules": ["value", "attention.output.dens"]}
+    monkeypatch.setenv("OELM_DATA_DIR", str(tmp_path / "no-data-here"))  # data read first would fail differently
+    out = tmp_path / "out"
+    with pytest.raises(oelm.ConfigError) as info:
+        run_matrix(config_from_dict(raw), out, log=lambda _: None)
+    msg = str(info.value)
+    assert msg.startswith("method 'oelm_freeze_lora': lora.target_modules: 'attention.output.dens' names no module of "
+                          "sentence-transformers/all-MiniLM-L6-v2; fix the name(s)")
+    assert "output.dense" in msg and "\n" not in msg and not out.exists()
+
+
+def test_skeleton_names_include_the_split_children_of_a_fused_module(tmp_path):
+    """GPT-2's c_attn is split by every method (split_fused), so a LoRA on ``c_attn.value`` is valid
+    before data although the checkpoint's own module tree has no such name."""
+    from oelm.config import config_from_dict
+    from oelm.matrix.driver import check_lora_targets
+    from oelm.models.build import skeleton_module_names
+
+    gpt2().save_pretrained(tmp_path / "gpt2")
+    base = {"name": "x", "task": {"dataset": "tinystories", "block_size": 32}, "model": {"pretrained": str(tmp_path / "gpt2")}}
+    good = {"name": "l", "base": "oelm_freeze", "lora": {"r": 4, "target_modules": ["c_attn.value", "attn.c_proj"]}}
+    config = config_from_dict({**base, "methods": [good]})
+    names = skeleton_module_names(config)
+    assert "transformer.h.1.attn.c_attn.value" in names and "transformer.h.1.attn.c_attn" in names
+    assert "transformer.h.1.attn.c_proj.value" not in names  # only fused modules get split children
+    check_lora_targets(config)
+    bad = {**good, "lora": {"r": 4, "target_modules": ["c_attn.values"]}}
+    with pytest.raises(oelm.ConfigError, match=r"method 'l': lora.target_modules: 'c_attn.values' names no module"):
+        check_lora_targets(config_from_dict({**base, "methods": [bad]}))

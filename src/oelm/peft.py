@@ -42,6 +42,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import copy
+
 import torch
 from peft import LoraConfig, PeftConfig, get_peft_model
 from peft.tuners.tuners_utils import BaseTuner, BaseTunerLayer
@@ -49,6 +51,7 @@ from torch import nn
 
 from oelm.checkpoint.common import check_frozen, mismatch_causes
 from oelm.config import LORA_KEYS
+from oelm.config_methods import lora_target_message, lora_target_problems
 from oelm.errors import CheckpointError, ConfigError
 from oelm.method import METHODS, OELMConfig, ParameterReport, apply_oelm, get_method, merge_and_unload, parameter_report
 from oelm.recipe import tensor_sha256
@@ -199,15 +202,20 @@ def add_lora(model: nn.Module, lora: dict[str, Any], report: ParameterReport | N
     report (``report``'s method name and Q/K projections kept).
 
     Raises:
-        ConfigError: a field LoraConfig does not know, or a value it refuses (the message names it).
+        ConfigError: a field LoraConfig does not know, a value it refuses, or a ``target_modules`` /
+            ``modules_to_save`` entry that names no module of ``model`` (the message names it).
     """
     unknown = sorted(set(lora) - LORA_KEYS)
     if unknown:
         raise ConfigError(f"lora: unknown field(s) {unknown}; allowed: {sorted(LORA_KEYS)}")
-    try:
-        config = LoraConfig(**lora)
+    try:  # a copy: PEFT extends modules_to_save in place (SEQ_CLS adds classifier, score), and a matrix reuses `lora`
+        config = LoraConfig(**copy.deepcopy(lora))
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"lora: {exc}") from None
+    names = [name for name, _ in model.named_modules()]
+    problems = lora_target_problems(lora, names)
+    if problems:  # PEFT refuses only a target_modules that matches nothing at all
+        raise ConfigError(lora_target_message(problems, names, type(model).__name__))
     wrapped = get_peft_model(model, config)
     new = parameter_report(wrapped, method=report.method if report is not None else "")
     new.projections = report.projections if report is not None else []

@@ -21,7 +21,8 @@ from oelm.data.registry import get_dataset_spec
 from oelm.distributed import barrier, is_main_process, num_processes
 from oelm.errors import ConfigError, OELMError
 from oelm.lock import hold_output_lock, hold_shared_lock
-from oelm.models.build import check_sequence_length
+from oelm.models.build import check_sequence_length, skeleton_module_names
+from oelm.config_methods import lora_target_message, lora_target_problems
 from oelm.trackers import check_installed
 from oelm.training import check_warmup
 
@@ -36,7 +37,7 @@ from oelm.matrix.plan import (
 from oelm.matrix.run_one import RunContext, mark_final, placement_record, train_planned_run, verify_kept
 from oelm.records import MatrixFolder, RunRecord
 
-__all__ = ["run_matrix", "plan_matrix", "run_only", "collect", "task_metric", "check_before_data"]
+__all__ = ["run_matrix", "plan_matrix", "run_only", "collect", "task_metric", "check_before_data", "check_lora_targets"]
 
 
 def task_metric(config: ExperimentConfig) -> str:
@@ -48,7 +49,8 @@ def check_before_data(config: ExperimentConfig) -> None:
     """What a config can be refused for without its data, before the output folder is written:
     ``task.max_length`` / ``task.block_size`` against the model, the trackers of
     ``training.report_to``, and each method's ``warmup_steps`` against ``max_steps`` when that fixes
-    the run's length (an epoch-based length needs the data: checked when the run starts, and a
+    the run's length, and each LoRA adapter's module names against the model's skeleton
+    (:func:`check_lora_targets`; an epoch-based length needs the data: checked when the run starts, and a
     folder whose runs hold no result is then taken over by the corrected config, see
     :func:`oelm.matrix.output.start_output`).
 
@@ -56,12 +58,33 @@ def check_before_data(config: ExperimentConfig) -> None:
         ConfigError: one line naming the key, its value and the fix.
     """
     check_sequence_length(config)
+    check_lora_targets(config)
     check_installed(n for m in config.methods for n in config.training_for(m).report_to)  # W&B, MLflow: before any data
     for m in config.methods:
         training = config.training_for(m)
         if training.max_steps is not None:
             overridden = {"warmup_steps", "max_steps"} & set(m.training)
             check_warmup(training, training.max_steps, f" of method {m.name}" if overridden else "")
+
+
+def check_lora_targets(config: ExperimentConfig) -> None:
+    """Refuse a method whose ``lora:`` names a module the model does not have
+    (:func:`oelm.config_methods.lora_target_problems`, PEFT's matching rules), from the model's
+    weightless skeleton, before any data is prepared. PEFT itself refuses only a ``target_modules``
+    that matches nothing, so one typo in a list would train a different model than the config says.
+
+    Raises:
+        ConfigError: one line naming the method, the unmatched entries and the module names to use.
+    """
+    with_lora = [m for m in config.methods if m.lora is not None]
+    names = skeleton_module_names(config) if with_lora else None
+    if names is None:
+        return
+    model = config.model.pretrained or f"gpt {config.model.gpt!r}"
+    for m in with_lora:
+        problems = lora_target_problems(m.lora, names)
+        if problems:
+            raise ConfigError(f"method {m.name!r}: {lora_target_message(problems, names, model)}")
 
 
 def _output_dir(config: ExperimentConfig, output_dir: str | Path | None) -> Path:

@@ -11,16 +11,17 @@ from typing import TYPE_CHECKING
 import torch
 
 from oelm.architectures import ARCHITECTURES, architecture_from_dict, register_architecture
+from oelm.architectures.sites import find_attention_projections
 from oelm.config import ExperimentConfig
 from oelm.data.registry import get_dataset_spec
-from oelm.errors import ConfigError
+from oelm.errors import ConfigError, OELMError
 from oelm.models.gpt import build_gpt
 from oelm.models.pretrained import load_pretrained, resolve_pretrained
 
 if TYPE_CHECKING:
     from oelm.data.prepare import PreparedData
 
-__all__ = ["build_model", "check_sequence_length", "pretrained_max_positions", "MAX_GPT_CONTEXT"]
+__all__ = ["build_model", "check_sequence_length", "pretrained_max_positions", "skeleton_module_names", "MAX_GPT_CONTEXT"]
 
 # An oelm GPT's context length defaults to task.max_length / block_size, and its position table
 # (and attention) grow with it: cap it, so a typo such as max_length=100000000 is an error, not a
@@ -89,6 +90,39 @@ def check_sequence_length(config: ExperimentConfig) -> None:
         fix = f"lower {key} to at most {limit}"
     if length > limit:
         raise ConfigError(f"{key}={length} is longer than the model takes ({limit:,} tokens, {source}); {fix}")
+
+
+def skeleton_module_names(config: ExperimentConfig) -> list[str] | None:
+    """Every module name of the model ``config`` builds, from a weightless skeleton (``accelerate``'s
+    ``init_empty_weights``: no memory, no data, no RNG draw), so a name in a config can be checked
+    before any data is prepared. A fused query/key/value module appears with the ``.query`` /
+    ``.key`` / ``.value`` children oelm's split gives it (:class:`oelm.fused.SplitQKV`), as every
+    method sees it after ``apply_oelm``. None when the skeleton cannot be built here (an unreadable
+    or missing checkpoint: the model loader reports that when the run starts)."""
+    from accelerate import init_empty_weights  # with transformers below: kept out of `import oelm`
+
+    hf_task = "causal_lm" if get_dataset_spec(config.task.dataset).task_type == "language_modeling" else "sequence_classification"
+    try:
+        with torch.random.fork_rng(devices=[]), init_empty_weights():
+            if config.model.pretrained:
+                from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+                if config.model.architecture:
+                    register_architecture(architecture_from_dict(config.model.architecture, source="model.architecture"))
+                hf_config = AutoConfig.from_pretrained(resolve_pretrained(config.model.pretrained),
+                                                       trust_remote_code=config.model.trust_remote_code)
+                auto = AutoModelForCausalLM if hf_task == "causal_lm" else AutoModelForSequenceClassification
+                model = auto.from_config(hf_config, trust_remote_code=config.model.trust_remote_code)
+            else:
+                model = build_gpt(config.model.gpt, hf_task, **config.model.gpt_overrides)
+    except (OSError, ValueError, TypeError):
+        return None
+    names = [name for name, _ in model.named_modules() if name]
+    try:
+        fused = [s.fused_name or s.query_name for s in find_attention_projections(model) if s.fused]
+    except OELMError:  # a model OELM cannot treat: apply_oelm says so when the run starts
+        fused = []
+    return names + [f"{name}.{part}" for name in fused for part in ("query", "key", "value")]
 
 
 def build_model(config: ExperimentConfig, data: "PreparedData | None", *, task_type: str | None = None, num_labels: int | None = None):
