@@ -182,6 +182,33 @@ def test_only_never_trains_beside_a_driver(local, tmp_path, capsys):
     assert not (out / "runs" / "oelm_random-seed0" / "result.json").exists()
 
 
+def test_plan_runs_beside_only_jobs_but_a_grown_grid_waits_for_them(local, tmp_path, capsys):
+    """A batch system plans the next runs while earlier --only jobs still train (they hold the
+    folder's shared lock): the same config plans beside them; a grown grid (experiment.json
+    rewritten) and a driver still need the folder to themselves."""
+    from oelm.lock import hold_shared_lock
+
+    cfg, _ = local
+    out = tmp_path / "out"
+    first = _plan(cfg, out)
+    with hold_shared_lock(out):  # what `oelm run --only NAME` holds while it trains
+        assert _plan(cfg, out) == first
+        grown = write_config(tmp_path, CONFIG.replace("learning_rates: [1.0e-4, 3.0e-3]", "learning_rates: [1.0e-4, 3.0e-3, 1.0e-2]"))
+        capsys.readouterr()
+        assert main(["plan", str(grown), "--output-dir", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "is in use by another oelm run" in err and "--only` processes" in err
+    experiment = json.loads((out / "experiment.json").read_text())
+    assert "grid_growth" not in experiment  # the refused plan recorded nothing
+    fd = acquire(out)  # an `oelm run` driving this folder
+    try:
+        assert main(["plan", str(cfg), "--output-dir", str(out)]) == 2
+        assert "in use by an oelm run that drives the whole matrix" in capsys.readouterr().err
+    finally:
+        release(fd, out)
+    assert "baseline-lr0.01-seed0" in {x["name"] for x in _plan(grown, out)}  # once the jobs are done, the grid grows
+
+
 def test_results_record_their_executor_and_a_matrix_with_overlaps_is_not_timing_grade(local):
     """The local executor: each result says where it ran and that nothing overlapped it; the
     comparison is timing-grade. The same results marked as sharing their node (as runs of a

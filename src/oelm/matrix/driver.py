@@ -28,7 +28,7 @@ from oelm.training import check_warmup
 
 from oelm.matrix.executors import make_executor
 from oelm.matrix.output import (
-    _check_fingerprint, _quiet, config_fingerprint, interruptible, open_output_dir, prepare_matrix_data, start_output,
+    _check_fingerprint, _experiment, _quiet, config_fingerprint, interruptible, open_output_dir, prepare_matrix_data, start_output,
     write_selection,
 )
 from oelm.matrix.plan import (
@@ -214,20 +214,42 @@ def _check_started(config: ExperimentConfig, out: Path) -> None:
                           f"--output-dir {out}` first, so that the growth is recorded")
 
 
+def _started_with(config: ExperimentConfig, out: Path) -> bool:
+    """Whether ``out`` was started by exactly this config (same fingerprint, no grid grown): then
+    planning rewrites only what its runs determine (``sweep.json``, ``plan.json``, sweep runs marked
+    final), which ``--only`` jobs never write, so it may run beside them."""
+    if not MatrixFolder(out).experiment.is_file():
+        return False
+    try:
+        stored, grown = _check_fingerprint(out, config_fingerprint(config))
+        return not grown and stored == _experiment(out).get("fingerprint")  # nothing for start_output to record
+    except OELMError:  # another config, or a damaged experiment.json: start_output says so, exclusively
+        return False
+
+
 def plan_matrix(config: ExperimentConfig, output_dir: str | Path | None = None,
                 log: Callable[[str], None] = print) -> list[RunTask]:
     """Start (or check) the output folder, write the selection state and ``plan.json``, and return
     the runs ready now (``oelm plan``: one JSON object a line). No data is prepared, nothing trains.
 
+    A folder this config started already is planned under the shared lock, beside running
+    ``oelm run --only`` jobs (a batch system plans the next runs while others still train); starting
+    a folder, taking one over or recording a grown grid needs it exclusively.
+
     Raises:
-        ConfigError, OutputLockedError: as :func:`run_matrix`.
+        ConfigError, OutputLockedError: as :func:`run_matrix` (the latter also when the folder must
+            be started or its grid grows while ``--only`` jobs hold it).
     """
     out = _output_dir(config, output_dir)
     check_before_data(config)
     open_output_dir(out)
-    with hold_output_lock(out):
+    started = _started_with(config, out)
+    with hold_shared_lock(out) if started else hold_output_lock(out):
         MatrixFolder(out).set_aside_damaged(log)
-        start_output(config, out, log)
+        if started:
+            _check_started(config, out)  # again under the lock: a driver may have changed it since
+        else:
+            start_output(config, out, log)
         results = MatrixFolder(out).results()
         ready, selection = ready_runs(config, task_metric(config), results)
         write_selection(out, config, selection, log, set())
