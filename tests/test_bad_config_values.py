@@ -454,3 +454,13 @@ def test_more_threads_per_run_than_cores_is_refused_before_any_data(capsys, tmp_
 ])
 def test_research_method_misuse_is_refused_in_one_line(model, methods, expected):
     assert expected in _refused(_config(model=model, methods=[{"name": "baseline"}, *methods]))
+
+
+@pytest.mark.parametrize("key", ["none", "int", "str", "bool", "float"])
+def test_an_unknown_key_named_like_a_type_is_named(key):
+    """Pydantic labels union branches `none`, `int`, ... in error locations, and those labels are
+    dropped from the line; a user's own key of that name is not a label (found by
+    tests/test_properties.py: {"none": None} raised IndexError instead of ConfigError)."""
+    assert _refused(_config(**{key: None})).startswith(f"  - {key}: unknown key; valid keys: name,")
+    task = _config()["task"] | {key: 1}
+    assert _refused(_config(task=task)).startswith(f"  - task.{key}: unknown key; valid keys: dataset,")

@@ -42,7 +42,8 @@ def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | 
 
 
 # Pydantic names the branch of a union in an error's location (`normal_std.literal['matched']`,
-# `parallel.function-before[...]`): not a key the user wrote.
+# `parallel.function-before[...]`): not a key the user wrote. Never the first part of a location (a
+# field of the root model), nor the last of an unknown-key error (the key as the user wrote it).
 _UNION_BRANCH = re.compile(r"^(function-\w+\[.*\]|literal\[.*\]|int|float|str|bool|none|list\[.*\]|dict\[.*\]|tuple\[.*\])$")
 
 
@@ -69,7 +70,9 @@ def format_validation_error(err: ValidationError, source: str, root: type[BaseMo
     seen: dict[str, int] = {}
     blamed_lines = 0
     for e in err.errors():
-        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and _UNION_BRANCH.match(p)))
+        last = len(e["loc"]) - 1  # an unknown key ends its location, and may be named like a branch ("none")
+        loc = tuple(p for i, p in enumerate(e["loc"]) if i == 0 or (i == last and e["type"] == "extra_forbidden")
+                    or not (isinstance(p, str) and _UNION_BRANCH.match(p)))
         path = ".".join(str(p) for p in loc) or "(top level)"
         e = dict(e, msg=e["msg"].removeprefix("Value error, "))
         blamed = _blamed("" if path == "(top level)" else path, e["msg"], overrides or {})
