@@ -652,8 +652,32 @@ def test_finetuning_with_another_tokenizer_than_pretraining_is_refused(tmp_path,
 def test_missing_pretraining_run_is_a_clear_error(tmp_path, data_dir, capsys):
     cfg = _protocol_config(tmp_path, "[{name: baseline}]", extra=f"init_from: {tmp_path / 'nothing'}\n", name="noinit")
     assert main(["run", str(cfg), "--output-dir", str(tmp_path / "o"), "seeds=[0]"]) == 2
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert "init_from" in err and "nothing" in err
+    assert "preparing data" not in out and not (tmp_path / "o").exists()  # said before any data is read
+
+
+def test_a_pretraining_of_another_size_is_refused_before_any_data(tmp_path, data_dir, capsys):
+    """init_from a pretraining with hidden_size 32 into a model with 48: the shapes come from the
+    checkpoint's header and the model's weightless skeleton, so the fine-tuning config is refused in
+    one line naming the tensor and both shapes, before its data is read or its folder written."""
+    gpt = "{{gpt: gpt-tiny, gpt_overrides: {{hidden_size: {h}, num_layers: 1, num_heads: 2, intermediate_size: 64, dropout: 0.0, context_length: 32}}}}"
+    common = ("methods: [{name: oelm_freeze, learning_rate: 1.0e-3}]\nseeds: [0]\n"
+              "training: {max_steps: 2, batch_size: 8, eval_every: 2, log_every: 2, progress_bar: false, tensorboard: false}\n")
+    pre = tmp_path / "pre.yaml"
+    pre.write_text("name: pre\ntask: {dataset: tinystories, tokenizer: gpt2, train_samples: 20, validation_samples: 10, block_size: 32}\n"
+                   f"model: {gpt.format(h=32)}\n" + common)
+    assert main(["run", str(pre), "--output-dir", str(tmp_path / "pre")]) == 0
+    task = "task: {dataset: sst2, tokenizer: gpt2, train_samples: 32, validation_samples: 16, max_length: 32}\n"
+    fine = tmp_path / "fine.yaml"
+    fine.write_text(f"name: fine\ninit_from: {tmp_path / 'pre'}\n{task}model: {gpt.format(h=48)}\n" + common)
+    capsys.readouterr()
+    assert main(["run", str(fine), "--output-dir", str(tmp_path / "fine")]) == 2
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and "oelm_freeze-seed0/checkpoint/model.safetensors: " in err
+    assert "transformer.wpe.weight has shape (32, 32) there but (32, 48) here" in err  # the first tensor, in model order
+    assert "model sizes (model.gpt / gpt_overrides)" in err
+    assert "preparing data" not in out and not (tmp_path / "fine").exists()
 
 
 @pytest.fixture(scope="module")

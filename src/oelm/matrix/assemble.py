@@ -15,13 +15,13 @@ from oelm.config import ExperimentConfig, MethodEntry
 from oelm.config_io import safetensors_problem
 from oelm.errors import ConfigError
 from oelm.method import apply_oelm
-from oelm.models.build import build_model
+from oelm.models.build import SKELETON_VOCAB, build_model, skeleton_model
 from oelm.records import MatrixFolder, RunFolder
 
 if TYPE_CHECKING:
     from oelm.data.prepare import PreparedData
 
-__all__ = ["build_run_model", "resolve_init_from", "check_init_tokenizer", "load_init_weights"]
+__all__ = ["build_run_model", "resolve_init_from", "check_init_tokenizer", "check_init_shapes", "load_init_weights"]
 
 
 def resolve_init_from(config: ExperimentConfig, method: str, seed: int) -> Path | None:
@@ -101,6 +101,49 @@ def check_init_tokenizer(checkpoint: Path, tokenizer: dict[str, Any]) -> bool:
     )
 
 
+def _shape_mismatch(path: Path, name: str, there: tuple[int, ...], here: tuple[int, ...]) -> ConfigError:
+    return ConfigError(
+        f"init_from {path}: {name} has shape {there} there but {here} here; use the same tokenizer (task.tokenizer), "
+        "context length (model.gpt_overrides.context_length) and model sizes (model.gpt / gpt_overrides) as the pretraining config"
+    )
+
+
+def check_init_shapes(config: ExperimentConfig) -> None:
+    """Before any data: resolve every ``init_from`` checkpoint of the matrix (each method and seed,
+    :func:`resolve_init_from`) and compare its tensor shapes, read from the safetensors header only,
+    with the model's weightless skeleton (:func:`oelm.models.build.skeleton_model`). Tensors whose
+    shape follows the tokenizer (the embedding and the LM head) wait for the data
+    (:func:`load_init_weights` checks them when a run starts), as does the tokenizer itself
+    (:func:`check_init_tokenizer`).
+
+    Raises:
+        ConfigError: a checkpoint is missing (the pretraining has no finished final run of that
+            method and seed), a tensor has another shape, or no tensor name matches the model.
+        ChecksumError: a checkpoint does not match the sha256 its run recorded.
+    """
+    from safetensors import safe_open
+
+    if not config.init_from:
+        return
+    paths = {resolve_init_from(config, m.name, seed) for m in config.methods
+             for seed in dict.fromkeys([*config.sweep_seed_list(), *config.seeds])}
+    skeleton = skeleton_model(config)
+    if skeleton is None:
+        return
+    own = {name: tuple(t.shape) for name, t in skeleton.state_dict().items()}
+    for path in sorted(p for p in paths if p is not None):
+        with safe_open(str(path), framework="pt") as f:
+            there = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+        if "transformer.wte.weight" not in there and "lm_head.weight" in there:
+            there["transformer.wte.weight"] = there["lm_head.weight"]
+        common = [n for n in own if n in there]
+        if not common:
+            raise ConfigError(f"init_from {path}: no tensor name matches the model; is it a checkpoint of the same architecture?")
+        for name in common:
+            if SKELETON_VOCAB not in own[name] and there[name] != own[name]:
+                raise _shape_mismatch(path, name, there[name], own[name])
+
+
 def load_init_weights(model: torch.nn.Module, path: Path) -> dict[str, Any]:
     """Copy every tensor of ``path`` (safetensors) whose name and shape match into ``model``.
 
@@ -128,11 +171,7 @@ def load_init_weights(model: torch.nn.Module, path: Path) -> dict[str, Any]:
             skipped.append(name)
             continue
         if src.shape != tensor.shape:
-            raise ConfigError(
-                f"init_from {path}: {name} has shape {tuple(src.shape)} there but {tuple(tensor.shape)} here; "
-                "use the same tokenizer (task.tokenizer) and context length (model.gpt_overrides.context_length) "
-                "as the pretraining config"
-            )
+            raise _shape_mismatch(path, name, tuple(src.shape), tuple(tensor.shape))
         loaded.append(name)
     if not loaded:
         raise ConfigError(f"init_from {path}: no tensor name matches the model; is it a checkpoint of the same architecture?")

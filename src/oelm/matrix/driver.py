@@ -17,15 +17,16 @@ from typing import Any, Callable
 
 from oelm import report  # light: its statistics and plots load on first use
 from oelm.config import ExecutorConfig, ExperimentConfig
+from oelm.config_methods import lora_target_message, lora_target_problems
 from oelm.data.registry import get_dataset_spec
 from oelm.distributed import barrier, is_main_process, num_processes
 from oelm.errors import ConfigError, OELMError
 from oelm.lock import hold_output_lock, hold_shared_lock
 from oelm.models.build import check_sequence_length, skeleton_module_names
-from oelm.config_methods import lora_target_message, lora_target_problems
 from oelm.trackers import check_installed
 from oelm.training import check_warmup
 
+from oelm.matrix.assemble import check_init_shapes
 from oelm.matrix.executors import make_executor
 from oelm.matrix.output import (
     _check_fingerprint, _experiment, _quiet, config_fingerprint, interruptible, open_output_dir, prepare_matrix_data, start_output,
@@ -48,17 +49,20 @@ def task_metric(config: ExperimentConfig) -> str:
 def check_before_data(config: ExperimentConfig) -> None:
     """What a config can be refused for without its data, before the output folder is written:
     ``task.max_length`` / ``task.block_size`` against the model, the trackers of
-    ``training.report_to``, and each method's ``warmup_steps`` against ``max_steps`` when that fixes
-    the run's length, and each LoRA adapter's module names against the model's skeleton
-    (:func:`check_lora_targets`; an epoch-based length needs the data: checked when the run starts, and a
+    ``training.report_to``, each method's ``warmup_steps`` against ``max_steps`` when that fixes
+    the run's length (an epoch-based length needs the data: checked when the run starts, and a
     folder whose runs hold no result is then taken over by the corrected config, see
-    :func:`oelm.matrix.output.start_output`).
+    :func:`oelm.matrix.output.start_output`), each LoRA adapter's module names
+    (:func:`check_lora_targets`), and every ``init_from`` checkpoint: there, and shaped like the
+    model (:func:`oelm.matrix.assemble.check_init_shapes`).
 
     Raises:
         ConfigError: one line naming the key, its value and the fix.
+        ChecksumError: an ``init_from`` checkpoint differs from the sha256 its run recorded.
     """
     check_sequence_length(config)
     check_lora_targets(config)
+    check_init_shapes(config)
     check_installed(n for m in config.methods for n in config.training_for(m).report_to)  # W&B, MLflow: before any data
     for m in config.methods:
         training = config.training_for(m)

@@ -21,7 +21,7 @@ from oelm.models.pretrained import load_pretrained, resolve_pretrained
 if TYPE_CHECKING:
     from oelm.data.prepare import PreparedData
 
-__all__ = ["build_model", "check_sequence_length", "pretrained_max_positions", "skeleton_module_names", "MAX_GPT_CONTEXT"]
+__all__ = ["build_model", "check_sequence_length", "pretrained_max_positions", "skeleton_model", "skeleton_module_names", "MAX_GPT_CONTEXT", "SKELETON_VOCAB"]
 
 # An oelm GPT's context length defaults to task.max_length / block_size, and its position table
 # (and attention) grow with it: cap it, so a typo such as max_length=100000000 is an error, not a
@@ -92,16 +92,23 @@ def check_sequence_length(config: ExperimentConfig) -> None:
         raise ConfigError(f"{key}={length} is longer than the model takes ({limit:,} tokens, {source}); {fix}")
 
 
-def skeleton_module_names(config: ExperimentConfig) -> list[str] | None:
-    """Every module name of the model ``config`` builds, from a weightless skeleton (``accelerate``'s
-    ``init_empty_weights``: no memory, no data, no RNG draw), so a name in a config can be checked
-    before any data is prepared. A fused query/key/value module appears with the ``.query`` /
-    ``.key`` / ``.value`` children oelm's split gives it (:class:`oelm.fused.SplitQKV`), as every
-    method sees it after ``apply_oelm``. None when the skeleton cannot be built here (an unreadable
-    or missing checkpoint: the model loader reports that when the run starts)."""
+#: The vocabulary size a skeleton gets when the tokenizer is not known yet (before any data): a
+#: prime no model dimension equals, so the tensors whose shape follows the vocabulary show it.
+SKELETON_VOCAB = 65_521
+
+
+def skeleton_model(config: ExperimentConfig):
+    """The model ``config`` builds, as a weightless skeleton (``accelerate``'s ``init_empty_weights``:
+    no memory, no data, no RNG draw), so names and shapes in a config can be checked before any data
+    is prepared. An oelm GPT whose vocabulary follows the tokenizer gets :data:`SKELETON_VOCAB` ids
+    and the context length :func:`build_model` gives it. None when it cannot be built here (an
+    unreadable or missing checkpoint: the model loader reports that when the run starts)."""
     from accelerate import init_empty_weights  # with transformers below: kept out of `import oelm`
 
-    hf_task = "causal_lm" if get_dataset_spec(config.task.dataset).task_type == "language_modeling" else "sequence_classification"
+    spec = get_dataset_spec(config.task.dataset)
+    lm = spec.task_type == "language_modeling"
+    hf_task = "causal_lm" if lm else "sequence_classification"
+    labels = {} if lm or not spec.label_names else {"num_labels": len(spec.label_names)}  # else the data says
     try:
         with torch.random.fork_rng(devices=[]), init_empty_weights():
             if config.model.pretrained:
@@ -111,11 +118,24 @@ def skeleton_module_names(config: ExperimentConfig) -> list[str] | None:
                     register_architecture(architecture_from_dict(config.model.architecture, source="model.architecture"))
                 hf_config = AutoConfig.from_pretrained(resolve_pretrained(config.model.pretrained),
                                                        trust_remote_code=config.model.trust_remote_code)
-                auto = AutoModelForCausalLM if hf_task == "causal_lm" else AutoModelForSequenceClassification
-                model = auto.from_config(hf_config, trust_remote_code=config.model.trust_remote_code)
-            else:
-                model = build_gpt(config.model.gpt, hf_task, **config.model.gpt_overrides)
+                if labels:
+                    hf_config.num_labels = labels["num_labels"]
+                auto = AutoModelForCausalLM if lm else AutoModelForSequenceClassification
+                return auto.from_config(hf_config, trust_remote_code=config.model.trust_remote_code)
+            overrides = labels | {"vocab_size": SKELETON_VOCAB,
+                         "context_length": max(config.task.block_size if lm else config.task.max_length, 1)}
+            return build_gpt(config.model.gpt, hf_task, **(overrides | dict(config.model.gpt_overrides)))
     except (OSError, ValueError, TypeError):
+        return None
+
+
+def skeleton_module_names(config: ExperimentConfig) -> list[str] | None:
+    """Every module name of the model ``config`` builds (:func:`skeleton_model`). A fused
+    query/key/value module appears with the ``.query`` / ``.key`` / ``.value`` children oelm's
+    split gives it (:class:`oelm.fused.SplitQKV`), as every method sees it after ``apply_oelm``.
+    None when the skeleton cannot be built here."""
+    model = skeleton_model(config)
+    if model is None:
         return None
     names = [name for name, _ in model.named_modules() if name]
     try:
