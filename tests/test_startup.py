@@ -52,7 +52,7 @@ def test_measured_peak_is_written_to_the_cache_and_reused_by_a_later_process(cac
     assert rec["peak_flops"] == first and rec["peak_source"] == "measured-probe"
 
 
-def _fixed_probe(device, size, dtype, min_seconds):
+def _fixed_probe(device, size, dtype, min_seconds, repeats=5):
     return {"gflops": 7.0, "size": size, "dtype": "float32", "device": "cpu", "seconds": 0.2, "matmuls": 1}
 
 
@@ -134,7 +134,7 @@ def test_a_peak_measured_under_load_is_measured_again_when_a_run_beats_it(cache,
     environment.measured_peak_flops("cpu", "fp32")  # 7 GFLOP/s, cached
     monkeypatch.setattr(peaks, "matmul_probe", _no_probe)
     assert environment.mfu_record(5.0e6, 1000.0, "cpu", "fp32")["mfu"] == pytest.approx(5.0 / 7.0)  # 5 GFLOP/s
-    quiet = lambda device, size, dtype, min_seconds: {**_fixed_probe(device, size, dtype, min_seconds), "gflops": 20.0}  # noqa: E731
+    quiet = lambda device, size, dtype, min_seconds, repeats: {**_fixed_probe(device, size, dtype, min_seconds), "gflops": 20.0}  # noqa: E731
     monkeypatch.setattr(peaks, "matmul_probe", quiet)
     rec = environment.mfu_record(1.0e7, 1000.0, "cpu", "fp32")  # 10 GFLOP/s > the cached 7
     assert rec["peak_flops"] == 20.0e9 and rec["mfu"] == pytest.approx(0.5)

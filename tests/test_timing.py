@@ -288,11 +288,38 @@ def test_phase_timer_synchronizes_cuda_at_boundaries(monkeypatch):
 
 def test_matmul_probe_positive_gflops():
     result = matmul_probe("cpu", size=128, min_seconds=0.02)
-    assert result["gflops"] > 0
+    assert result["gflops"] > 0 and len(result["gflops_windows"]) == 5
     assert result["seconds"] >= 0.02
     assert result["size"] == 128 and result["dtype"] == "float32" and result["device"] == "cpu"
-    expected = 2 * 128**3 * result["matmuls"] / result["seconds"] / 1e9
-    assert result["gflops"] == pytest.approx(expected)
+    assert result["gflops"] == pytest.approx(np.median(result["gflops_windows"]))
+    slowest = 2 * 128**3 * result["matmuls"] / result["seconds"] / 1e9  # all windows as one mean: between min and max
+    assert min(result["gflops_windows"]) <= slowest * (1 + 1e-9) and slowest <= max(result["gflops_windows"]) * (1 + 1e-9)
+    with pytest.raises(ValueError, match="repeats must be at least 1"):
+        matmul_probe("cpu", size=16, repeats=0)
+
+
+def test_a_stall_lands_in_one_probe_window_and_the_median_leaves_it_out():
+    """A real stall: SIGALRM fires once inside the probe and its handler sleeps 150 ms (the
+    process off the CPU, as when the scheduler runs something else). The window it lands in reads
+    far slower than the others, and the probe reports the windows' median, not a mean over
+    the whole time that would carry the stall."""
+    import signal
+
+    def stall(signum, frame):
+        time.sleep(0.15)
+
+    previous = signal.signal(signal.SIGALRM, stall)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.12)  # inside the third of five 50 ms windows
+        result = matmul_probe("cpu", size=256, min_seconds=0.25)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    windows = result["gflops_windows"]
+    # the stall was inside a timed window (which then ended at once: 150 ms is past its 50 ms)
+    assert result["seconds"] >= 4 * 0.05 + 0.15
+    assert min(windows) < 0.5 * float(np.median(windows))  # 150 ms of nothing in one window
+    assert result["gflops"] == pytest.approx(float(np.median(windows))) and result["gflops"] > min(windows)
 
 
 def test_matmul_probe_leaves_global_rng_alone():

@@ -16,6 +16,7 @@ import os
 import platform
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -40,19 +41,31 @@ def matmul_probe(
     size: int = 1024,
     dtype: torch.dtype = torch.float32,
     min_seconds: float = 0.2,
+    repeats: int = 5,
 ) -> dict:
-    """Achieved dense matmul throughput (GFLOP/s) of ``size x size`` matrices on ``device``.
+    """Achieved dense matmul throughput (GFLOP/s) of ``size x size`` matrices on ``device``: the
+    median of ``repeats`` timed windows.
 
     One ``size x size`` by ``size x size`` matmul counts ``2 * size**3`` FLOPs. After one
-    warm-up matmul, matmuls are repeated until at least ``min_seconds`` of wall time has
+    warm-up matmul, each window repeats matmuls until ``min_seconds / repeats`` of wall time has
     passed; on CUDA they are issued in doubling batches with a synchronize after each batch,
-    so launch and sync overhead stay small. Inputs come from a private generator: the global
-    RNG state (and with it a run's seeding) is untouched. About 0.2-0.5 s on a small CPU.
+    so launch and sync overhead stay small. A stall confined to one window (the scheduler handing
+    the core to another process for a moment, a cold thread pool in the first window) does not
+    move the median of the windows' rates, where one mean over the whole time read a 50 ms stall
+    in a 0.2 s probe as a 20% slower machine. Load that lasts the whole probe still shows, as it
+    should. Inputs come from a private generator: the global RNG state (and with it a run's
+    seeding) is untouched. About 0.2-0.5 s on a small CPU.
 
     Returns:
-        ``{"gflops": GFLOP/s, "size": n, "dtype": "float32", "device": "cpu",
-        "seconds": timed wall seconds, "matmuls": count}``.
+        ``{"gflops": median GFLOP/s, "gflops_windows": [GFLOP/s of each window], "size": n,
+        "dtype": "float32", "device": "cpu", "seconds": timed wall seconds (all windows),
+        "matmuls": count (all windows)}``.
+
+    Raises:
+        ValueError: ``repeats`` below 1.
     """
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
     device = torch.device(device)
     generator = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(size, size, generator=generator).to(device=device, dtype=dtype)
@@ -61,26 +74,30 @@ def matmul_probe(
     torch.matmul(a, b, out=out)  # warm-up: kernel selection, allocator, thread pool start
     cuda_synchronize_if_needed(device)
 
-    batch = 1
-    count = 0
-    start = time.perf_counter()
-    while True:
-        for _ in range(batch):
-            torch.matmul(a, b, out=out)
-        cuda_synchronize_if_needed(device)
-        count += batch
-        elapsed = time.perf_counter() - start
-        if elapsed >= min_seconds:
-            break
-        if device.type != "cpu":
-            batch *= 2  # asynchronous devices: amortize the synchronize
+    windows: list[tuple[int, float]] = []  # (matmuls, seconds) per window
+    for _ in range(repeats):
+        batch, count = 1, 0
+        start = time.perf_counter()
+        while True:
+            for _ in range(batch):
+                torch.matmul(a, b, out=out)
+            cuda_synchronize_if_needed(device)
+            count += batch
+            elapsed = time.perf_counter() - start
+            if elapsed >= min_seconds / repeats:
+                break
+            if device.type != "cpu":
+                batch *= 2  # asynchronous devices: amortize the synchronize
+        windows.append((count, elapsed))
+    rates = [2.0 * size**3 * count / seconds / 1e9 for count, seconds in windows]
     return {
-        "gflops": 2.0 * size**3 * count / elapsed / 1e9,
+        "gflops": statistics.median(rates),
+        "gflops_windows": rates,
         "size": int(size),
         "dtype": str(dtype).removeprefix("torch."),
         "device": str(device),
-        "seconds": elapsed,
-        "matmuls": count,
+        "seconds": sum(seconds for _, seconds in windows),
+        "matmuls": sum(count for count, _ in windows),
     }
 
 

@@ -145,7 +145,7 @@ def _write_peak_cache(key: str, result: dict) -> None:
 
 def probe_peak(device: torch.device | str, dtype: str = "fp32", budget_seconds: float = 1.0) -> dict:
     """One measurement of the matmul peak, uncached: :func:`matmul_probe` at square sizes 256, 512,
-    1024, ... (0.1 s each) until one matmul takes over 0.1 s, ``budget_seconds`` have passed, or the
+    1024, ... (0.1 s each, the median of 3 windows) until one matmul takes over 0.1 s, ``budget_seconds`` have passed, or the
     size reaches 16384. Returns the best probe's record plus ``measured_utc`` and ``load_1min`` (the
     machine's 1-minute load average then, None where the OS has none): a peak taken under load is
     too low, and an MFU divided by it too high."""
@@ -155,7 +155,7 @@ def probe_peak(device: torch.device | str, dtype: str = "fp32", budget_seconds: 
     start = time.perf_counter()
     size = 256
     while True:
-        result = matmul_probe(device, size=size, dtype=_TORCH_DTYPES[column], min_seconds=0.1)
+        result = matmul_probe(device, size=size, dtype=_TORCH_DTYPES[column], min_seconds=0.1, repeats=3)
         if best is None or result["gflops"] > best["gflops"]:
             best = result
         one_matmul = result["seconds"] / result["matmuls"]
