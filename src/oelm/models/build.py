@@ -21,7 +21,10 @@ from oelm.models.pretrained import load_pretrained, resolve_pretrained
 if TYPE_CHECKING:
     from oelm.data.prepare import PreparedData
 
-__all__ = ["build_model", "check_sequence_length", "pretrained_max_positions", "skeleton_model", "skeleton_module_names", "MAX_GPT_CONTEXT", "SKELETON_VOCAB"]
+__all__ = [
+    "build_model", "check_sequence_length", "pretrained_max_positions", "skeleton_model", "skeleton_module_names",
+    "MAX_GPT_CONTEXT", "SKELETON_VOCAB",
+]
 
 # An oelm GPT's context length defaults to task.max_length / block_size, and its position table
 # (and attention) grow with it: cap it, so a typo such as max_length=100000000 is an error, not a
