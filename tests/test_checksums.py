@@ -113,6 +113,28 @@ def test_init_from_checks_the_pretrained_runs_checkpoint(swept, tmp_path):
     assert str(info.value).startswith(f"{bad} is corrupted") and f"rerun the pretraining config with --output-dir {out}" in str(info.value)
 
 
+def test_a_damaged_header_is_left_to_the_checksum_not_a_traceback_before_data(swept, tmp_path):
+    """The pre-data shape check reads only safetensors headers and hashes nothing: an intact
+    pretraining passes it, and a checkpoint whose header is damaged is skipped there (no
+    traceback) and named by the sha256 check when the data is prepared."""
+    from oelm.matrix.assemble import check_init_shapes
+
+    cfg, out = swept
+    fine = tmp_path / "fine.yaml"
+    fine.write_text(cfg.read_text().replace("name: sum\n", f"name: fine\ninit_from: {out}\n"))
+    config = load_config(fine)
+    check_init_shapes(config)
+    ckpt = _ckpt(out)
+    before = ckpt.read_bytes()
+    try:
+        ckpt.write_bytes(before[:8] + b"X" + before[9:])  # the header's JSON no longer parses; same size
+        check_init_shapes(config)
+        with pytest.raises(ChecksumError, match=f"{ckpt} is corrupted"):
+            resolve_init_from(config, "baseline", 0)
+    finally:
+        ckpt.write_bytes(before)
+
+
 def test_results_without_a_recorded_sha256_are_accepted(swept, tmp_path):
     cfg, out = swept
     path = out / "runs" / SELECTED / "result.json"

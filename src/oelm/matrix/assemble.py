@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 __all__ = ["build_run_model", "resolve_init_from", "check_init_tokenizer", "check_init_shapes", "load_init_weights"]
 
 
-def resolve_init_from(config: ExperimentConfig, method: str, seed: int) -> Path | None:
+def resolve_init_from(config: ExperimentConfig, method: str, seed: int, *, verify: bool = True) -> Path | None:
     """The safetensors file a run of ``method`` / ``seed`` starts from (``config.init_from``).
 
     ``{method}`` and ``{seed}`` are substituted. A directory is an ``oelm run`` output folder:
@@ -32,7 +32,8 @@ def resolve_init_from(config: ExperimentConfig, method: str, seed: int) -> Path 
     provides ``checkpoint/model.safetensors``.
 
     The run's checkpoint is checked against the sha256 its ``result.json`` records (results
-    written before oelm recorded one are used unchecked).
+    written before oelm recorded one are used unchecked); ``verify=False`` only finds it (what a
+    check that reads the file's header needs, without hashing every checkpoint twice).
 
     Raises:
         ConfigError: the file, or a finished final run of that method and seed, does not exist.
@@ -52,6 +53,8 @@ def resolve_init_from(config: ExperimentConfig, method: str, seed: int) -> Path 
         for run, r in pretraining.iter_results("restore it from a copy, or rerun `oelm run` with that --output-dir "
                                                "to train the run again"):
             if r.method == method and r.seed == seed and r.stage in (None, "final") and r.finished:
+                if not verify and run.best_weights.is_file():
+                    return run.best_weights
                 ckpt = run.verify_weights(r, (
                     f"init_from cannot use it: delete {run.path} and rerun the pretraining config with "
                     f"--output-dir {path} to train that run again"))
@@ -119,19 +122,20 @@ def check_init_shapes(config: ExperimentConfig) -> None:
     Raises:
         ConfigError: a checkpoint is missing (the pretraining has no finished final run of that
             method and seed), a tensor has another shape, or no tensor name matches the model.
-        ChecksumError: a checkpoint does not match the sha256 its run recorded.
     """
     from safetensors import safe_open
 
     if not config.init_from:
         return
-    paths = {resolve_init_from(config, m.name, seed) for m in config.methods
+    paths = {resolve_init_from(config, m.name, seed, verify=False) for m in config.methods  # hashed when data is prepared
              for seed in dict.fromkeys([*config.sweep_seed_list(), *config.seeds])}
     skeleton = skeleton_model(config)
     if skeleton is None:
         return
     own = {name: tuple(t.shape) for name, t in skeleton.state_dict().items()}
     for path in sorted(p for p in paths if p is not None):
+        if safetensors_problem(path):  # a damaged header: the sha256 check names the file when data is prepared
+            continue
         with safe_open(str(path), framework="pt") as f:
             there = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
         if "transformer.wte.weight" not in there and "lm_head.weight" in there:

@@ -58,7 +58,6 @@ def check_before_data(config: ExperimentConfig) -> None:
 
     Raises:
         ConfigError: one line naming the key, its value and the fix.
-        ChecksumError: an ``init_from`` checkpoint differs from the sha256 its run recorded.
     """
     check_sequence_length(config)
     check_lora_targets(config)
