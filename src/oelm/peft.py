@@ -39,10 +39,9 @@ types, so this is a two-step recipe, tested in ``tests/test_peft.py``)::
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any, Optional
-
-import copy
 
 import torch
 from peft import LoraConfig, PeftConfig, get_peft_model

@@ -39,17 +39,25 @@ _POSITION_FIELDS = ("max_position_embeddings", "n_positions", "max_seq_len", "ma
 _PADDING_OFFSET_TYPES = {"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "longformer", "data2vec-text", "mpnet", "ibert"}
 
 
+def _pretrained_config(name: str, trust_remote_code: bool):
+    """The transformers config of pretrained checkpoint ``name`` (its config.json only, no weights),
+    or None when it cannot be read here: the model loader names the problem when a run starts."""
+    from transformers import AutoConfig  # kept out of `import oelm`
+
+    try:
+        return AutoConfig.from_pretrained(resolve_pretrained(name), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError):
+        return None
+
+
 def pretrained_max_positions(name: str, *, trust_remote_code: bool = False) -> tuple[int, str] | None:
     """The longest input (tokens) of pretrained checkpoint ``name`` and the config.json field it
     comes from, read from its config only (no weights): the field its registered architecture
     names (:attr:`oelm.ArchitectureSpec.max_positions`, less ``pad_token_id + 1`` when
     ``padded_positions``), else the common fields. None when the config cannot be read or has no
     such field (relative positions, e.g. T5): the model loader reports a missing checkpoint."""
-    from transformers import AutoConfig
-
-    try:
-        hf_config = AutoConfig.from_pretrained(resolve_pretrained(name), trust_remote_code=trust_remote_code)
-    except (OSError, ValueError):
+    hf_config = _pretrained_config(name, trust_remote_code)
+    if hf_config is None:
         return None
     model_type = getattr(hf_config, "model_type", None)
     spec = ARCHITECTURES.get(model_type)
@@ -115,12 +123,13 @@ def skeleton_model(config: ExperimentConfig):
     try:
         with torch.random.fork_rng(devices=[]), init_empty_weights():
             if config.model.pretrained:
-                from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+                from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
                 if config.model.architecture:
                     register_architecture(architecture_from_dict(config.model.architecture, source="model.architecture"))
-                hf_config = AutoConfig.from_pretrained(resolve_pretrained(config.model.pretrained),
-                                                       trust_remote_code=config.model.trust_remote_code)
+                hf_config = _pretrained_config(config.model.pretrained, config.model.trust_remote_code)
+                if hf_config is None:
+                    return None
                 if labels:
                     hf_config.num_labels = labels["num_labels"]
                 auto = AutoModelForCausalLM if lm else AutoModelForSequenceClassification
