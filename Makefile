@@ -9,6 +9,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.oelm-installed
+TRACKERS := $(VENV)/.oelm-trackers
 
 # Real data: ../shared/data when it exists; override with `make demo OELM_DATA_DIR=/path`.
 OELM_DATA_DIR ?= $(if $(wildcard ../shared/data/MANIFEST.md),$(abspath ../shared/data),)
@@ -30,6 +31,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
 	$(BIN)/python -m pip install --quiet -e ".[test,ray]"
 	touch $(STAMP)
+
+# The experiment trackers' extras (wandb, mlflow-skinny; ~+160 MB installed, ~15 s from the mirror) for
+# tests/test_trackers*.py, which would otherwise be skipped: the tests install them, the demo does not.
+$(TRACKERS): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e ".[wandb,mlflow]"
+	touch $(TRACKERS)
 
 # The main job on the local executor (the default): one run after another in this process, every
 # core's threads each. Ray was 1.11x slower for it here (docs/scaling.md, "The demo in lanes").
@@ -71,10 +78,10 @@ bench: $(STAMP)
 # tests first. --durations: the 30 slowest, so CI logs show where the time goes.
 PYTEST_PARALLEL := -n auto --dist loadfile --no-loadscope-reorder
 
-test: $(STAMP) browser
+test: $(STAMP) $(TRACKERS) browser
 	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) --durations=30
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(TRACKERS)
 	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) -m "not slow"
 
 clean:
