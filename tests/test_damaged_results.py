@@ -71,6 +71,26 @@ def test_read_json_names_a_damaged_file_and_the_fix(tmp_path):
         read_json_object(path)
 
 
+def test_report_of_a_matrix_with_only_sweep_runs_finished_says_so(sst2, capsys):
+    """A matrix still in its learning-rate sweep has result.json files but no final run: `oelm
+    report` says that, with the count, instead of claiming there are no results."""
+    finals = [p for p in sst2.glob("runs/*/result.json") if read_record(p).stage == "final"]
+    assert finals and len(finals) < len(list(sst2.glob("runs/*/result.json")))
+    for path in finals:
+        shutil.rmtree(path.parent)
+    sweep = len(list(sst2.glob("runs/*/result.json")))
+    before = (sst2 / "comparison.json").read_bytes()
+    assert main(["report", str(sst2)]) == 2
+    line = _error_line(capsys)
+    assert line.startswith(f"oelm: error: no final runs yet under {sst2 / 'runs'}: {sweep} sweep run(s) have a result")
+    assert f"rerun `oelm run` with --output-dir {sst2}" in line
+    assert (sst2 / "comparison.json").read_bytes() == before  # nothing written over the last comparison
+    for path in sst2.glob("runs/*"):
+        shutil.rmtree(path)
+    assert main(["report", str(sst2)]) == 2
+    assert "no runs under" in _error_line(capsys)
+
+
 def test_report_on_a_truncated_result_json_names_the_file(sst2, capsys):
     path = _first_result(sst2)
     path.write_text(path.read_text()[:300])

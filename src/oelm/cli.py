@@ -197,7 +197,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     results: dict[str, list[RunRecord]] = {m.name: [] for m in config.methods}
     results.update(load_results(out))
     if not any(results.values()):
-        raise OELMError(f"no runs under {folder.runs} (no runs/*/result.json); run `oelm run` with --output-dir {out} first")
+        if not (finished := folder.results()):
+            raise OELMError(f"no runs under {folder.runs} (no runs/*/result.json); run `oelm run` with --output-dir {out} "
+                            "first")
+        # sweep runs only: a selected one becomes a final run (test split evaluated) once its method's sweep is chosen
+        raise OELMError(f"no final runs yet under {folder.runs}: {len(finished)} sweep run(s) have a result, and the "
+                        "comparison reads final runs (the selected learning rate's, test split evaluated); rerun "
+                        f"`oelm run` with --output-dir {out} to finish the matrix (`oelm monitor {out}` shows what is left)")
     comparison = write_comparison(config, results, out)
     header, rows = comparison_rows(comparison)
     print_table(f"{config.name}", header, rows)
