@@ -364,6 +364,19 @@ def test_oelm_diagnose_writes_the_file_for_a_run_without_them(tiny_matrix, tmp_p
     assert json.loads(file.read_text())["checkpoint_sha256"] == written["checkpoint_sha256"]
 
 
+def test_oelm_diagnose_of_a_matrix_still_in_its_sweep_says_no_final_run_has_finished(tiny_matrix, tmp_path, capsys):
+    out = tmp_path / "out"
+    shutil.copytree(tiny_matrix[0], out)
+    for path in out.glob("runs/*/result.json"):
+        if json.loads(path.read_text())["stage"] == "final":
+            shutil.rmtree(path.parent)
+    assert list(out.glob("runs/*/result.json"))  # the sweep runs are left
+    capsys.readouterr()
+    assert main(["diagnose", str(out)]) == 0
+    assert f"nothing to do: no final run under {out} has finished yet" in capsys.readouterr().out
+    assert not list(out.glob("runs/*/diagnostics.json"))
+
+
 # ------------------------------------------------------------------------------------ the report
 
 

@@ -130,20 +130,21 @@ def diagnose_output(out: str | Path, log: Callable[[str], None] = print, *, forc
         raise OELMError(f"{out} is not an oelm output directory (no config.yaml); pass the --output-dir of `oelm run`")
     config = load_config(matrix.config)
     todo = []
-    for runs in load_results(out).values():
-        for record in runs:
-            if not record.finished or not record.name:
-                continue
-            folder = matrix.run(record.name)
-            try:
-                kept = not force and recorded_diagnostics(folder, record) is not None
-            except OELMError as exc:  # damaged, or computed from weights trained again since
-                log(f"[{folder.name}] {str(exc).split('; ')[0]}: computing it again")
-                kept = False
-            if kept:
-                log(f"[{folder.name}] has diagnostics already; kept")
-                continue
-            todo.append((folder, record))
+    finals = [record for runs in load_results(out).values() for record in runs if record.finished and record.name]
+    for record in finals:
+        folder = matrix.run(record.name)
+        try:
+            kept = not force and recorded_diagnostics(folder, record) is not None
+        except OELMError as exc:  # damaged, or computed from weights trained again since
+            log(f"[{folder.name}] {str(exc).split('; ')[0]}: computing it again")
+            kept = False
+        if kept:
+            log(f"[{folder.name}] has diagnostics already; kept")
+            continue
+        todo.append((folder, record))
+    if not finals:
+        log(f"nothing to do: no final run under {out} has finished yet (diagnostics are of final runs)")
+        return []
     if not todo:
         log(f"nothing to do: every finished final run under {out} has its diagnostics")
         return []
