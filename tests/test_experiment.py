@@ -154,6 +154,7 @@ def test_missing_pretrained_model_is_a_clear_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "no-such-org/no-such-model" in err and "local directory" in err
     assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and "Hub is disabled (HF_HUB_OFFLINE=1; `oelm run --online` or HF_HUB_OFFLINE=0 enables it)" in err, err
 
 
 def test_rerun_with_changed_config_is_refused(sst2_run, capsys):

