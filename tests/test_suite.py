@@ -8,6 +8,7 @@ section included. Bad flags are one line."""
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -70,12 +71,18 @@ def test_bad_suite_flags_are_one_line(tmp_path, capsys, argv, needle):
     assert not (tmp_path / "x.yaml").exists()
 
 
-# A 2-step run of each: the config as written, with a budget fit for a test (2 optimizer steps, small
-# data samples, one seed, one rate: the grid is the config's top-level learning_rates).
-_SMALL = {
-    "gpt-tiny": ["task.train_samples=16", "task.validation_samples=8", "task.test_samples=8", "learning_rates=[1.0e-3]"],
-    MINILM: ["task.train_samples=64", "task.validation_samples=32", "task.test_samples=32", "learning_rates=[1.0e-4]"],
-}
+# The smoke run the config's header gives (2 optimizer steps, one seed and rate, 64 evaluation examples,
+# its own output folder), with smaller samples to fit a test (later overrides win).
+_SMALL = {"gpt-tiny": ["task.train_samples=16", "task.validation_samples=8", "task.test_samples=8"],
+          MINILM: ["task.train_samples=64", "task.validation_samples=32", "task.test_samples=32"]}
+
+
+def _smoke_argv(path: Path) -> list[str]:
+    """The header's smoke command for the config at ``path``, as `oelm` arguments."""
+    line = next(line for line in path.read_text().splitlines() if "--output-dir" in line and "max_steps=2" in line)
+    argv = shlex.split(line.lstrip("# "))
+    assert argv[:3] == ["oelm", "run", "THIS_FILE"]
+    return ["run", str(path), *argv[3:]]
 
 
 @pytest.mark.parametrize(("model", "task", "methods"), [
@@ -85,9 +92,11 @@ _SMALL = {
 def test_a_two_step_run_of_the_suite_ends_with_its_report(tmp_path, data_dir, monkeypatch, model, task, methods):
     monkeypatch.chdir(tmp_path)
     path = _init(tmp_path, model, task)
-    out = tmp_path / "out"
-    assert main(["run", str(path), "--output-dir", str(out), "training.max_steps=2", "seeds=[0]",
-                 "training.progress_bar=false", *_SMALL[model]]) == 0
+    argv = _smoke_argv(path)
+    assert {"training.max_steps=2", "seeds=[0]", "task.validation_samples=64", "task.test_samples=64"} <= set(argv)
+    assert main([*argv, "training.progress_bar=false", *_SMALL[model]]) == 0
+    out = tmp_path / "outputs" / f"{task}-suite-smoke"
+    assert not (tmp_path / "outputs" / f"{task}-suite").exists()  # the full run's folder is left to the full run
     comparison = json.loads((out / "comparison.json").read_text())
     assert list(comparison["methods"]) == methods
     assert all(m["runs"][0]["status"] == "finished" and m["runs"][0]["test"] is not None for m in comparison["methods"].values())

@@ -120,6 +120,26 @@ def _labelled_test(spec) -> bool:
     return any(label is not None and label >= 0 for label in labels)
 
 
+def smoke_command(name: str, spec, grid: tuple[float, ...]) -> str:
+    """The smoke-run command the suite's header gives: every method of the config at 2 optimizer
+    steps, seed 0 and the grid's middle rate, 64 validation (and test) examples, into
+    ``outputs/<name>-smoke`` so that the full run's ``outputs/<name>`` is not claimed by these
+    settings. ``spec``: the task's :class:`oelm.data.DatasetSpec`."""
+    test = " task.test_samples=64" if _labelled_test(spec) or _holdout_rows(spec) else ""
+    return (f"oelm run THIS_FILE --output-dir outputs/{name}-smoke training.max_steps=2 'seeds=[0]' "
+            f"'learning_rates=[{grid[len(grid) // 2]:g}]' task.validation_samples=64{test}")
+
+
+def _holdout_rows(spec) -> int | None:
+    """The validation rows a task without a labelled test split holds half of out as its test set
+    (None: unknown, or too few to split)."""
+    train_rows = spec.local_rows.get("train") or spec.official_rows.get("train")
+    rows = spec.local_rows.get("validation")
+    if rows is None and spec.validation_holdout is not None and train_rows:
+        rows = max(1, round(spec.validation_holdout * train_rows))
+    return rows if rows and rows >= 4 else None
+
+
 def _task_lines(spec, scratch: bool) -> list[str]:
     """The ``task:`` block: the test split where labelled, else half of validation held out as
     test (when its size is known), a CPU-sized training subset, the tokenizer of a GPT from scratch."""
@@ -134,10 +154,7 @@ def _task_lines(spec, scratch: bool) -> list[str]:
     if _labelled_test(spec):
         lines.append(_line("  test_split: test", "evaluated once per final run, never used for selection"))
         return lines
-    rows = spec.local_rows.get("validation")
-    if rows is None and spec.validation_holdout is not None and train_rows:
-        rows = max(1, round(spec.validation_holdout * train_rows))
-    if rows and rows >= 4:
+    if rows := _holdout_rows(spec):
         lines += [_line(f"  validation_samples: {rows // 2}",
                         f"selection on half of the {rows:,} validation {'documents' if lm else 'examples'} ..."),
                   _line("  test_split: validation", f"... and the held-out rest ({rows - rows // 2:,}) tested once: the task "
@@ -204,7 +221,10 @@ def suite_config(suite: str, model: str, task: str, name: str, seeds: int = DEFA
         f"# Written by `oelm init --suite {suite} --model {model} --task {task}`{f' (oelm {version})' if version else ''}:",
         f"# what in frozen query/key projections carries (or costs) quality, on {kind}.",
         "# Methods, their sources and the grid rule: oelm.suite (docs/research.md). Train and report:",
-        "#   oelm run THIS_FILE            (a 2-step smoke run first: oelm run THIS_FILE training.max_steps=2)",
+        f"#   oelm run THIS_FILE          (into outputs/{name}/; rerunning it continues there)",
+        "# First a smoke run: every method for 2 steps, one seed and rate, 64 evaluation examples, in its own",
+        "# folder (a run with other settings may not share outputs/NAME; 2-3 min on 2 busy CPU cores):",
+        f"#   {smoke_command(name, spec, grid)}",
         f"# Learning rates: one grid for every method, fixed before any test: {_flow(list(grid))}, a factor 2",
         f"# around {centre}; swept on the first seed, selected on validation only.",
     ]
