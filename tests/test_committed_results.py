@@ -5,6 +5,7 @@ committed comparison.json numbers (so a report cannot silently drift from the co
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -147,3 +148,21 @@ def test_total_time_over_different_step_counts_is_warned(tmp_path):
     assert rebuilt["methods"]["baseline"]["steps"]["mean"] == base
     warning = next(w for w in rebuilt["warnings"] if w.startswith("total seconds"))
     assert f"oelm_freeze {base - 16:,.0f}" in warning and f"baseline {base:,.0f}" in warning
+
+
+_COMPUTE = re.compile(r"\*\*Measured compute\*\*: (\d+) runs, ([\d.]+) wall-clock hours, ([\d.]+) core-hours")
+
+
+@pytest.mark.parametrize("name", [p.parent.name for p in sorted(RESULTS.glob("*/README.md"))
+                                  if _COMPUTE.search(p.read_text())])
+def test_a_results_readme_states_the_compute_its_runs_measured(name):
+    """A results folder's README states its matrix's measured compute by hand; it is what
+    oelm.report.compute sums from the committed runs (every run, the sweep's too), to 2 decimals."""
+    from oelm.records import MatrixFolder
+    from oelm.report.compute import matrix_compute
+
+    runs, hours, core_hours = _COMPUTE.search((RESULTS / name / "README.md").read_text()).groups()
+    compute = matrix_compute(MatrixFolder(RESULTS / name).results().values())
+    assert compute["runs"] == compute["timed_runs"] == int(runs)
+    assert f"{compute['run_seconds'] / 3600:.2f}" == hours
+    assert f"{compute['cpu_core_seconds'] / 3600:.2f}" == core_hours

@@ -492,3 +492,27 @@ def test_an_at_chance_baseline_is_shown_marked_and_kept_in_the_learning_curves(c
     assert {s: v for s, (v, _) in curves["baseline"]["at_chance"]["eval"][0].items()} == evals  # the run's real curve
     without = {m: {k: v for k, v in parts.items() if k != "at_chance"} for m, parts in curves.items()}
     assert learning_curves(curves, "accuracy") != learning_curves(without, "accuracy")  # drawn, not dropped
+
+
+def test_matrix_compute_sums_every_run_by_its_threads_processes_and_device():
+    """Run-hours, CPU core-hours and GPU-hours from hand-made records: threads and processes
+    multiply a CPU run's seconds, processes a GPU run's; a run without a recorded time adds nothing
+    but is counted; the report's sentence says so."""
+    from oelm.records import RunRecord
+    from oelm.report.compute import compute_line, matrix_compute
+
+    records = [
+        RunRecord({"timing": {"total_seconds": 1800.0, "device": "cpu"}, "environment": {"torch_num_threads": 2}}),
+        RunRecord({"timing": {"total_seconds": 900.0, "device": "cpu", "num_processes": 2},
+                   "environment": {"torch_num_threads": 1}}),
+        RunRecord({"timing": {"total_seconds": 3600.0, "device": "cuda:0", "num_processes": 4},
+                   "environment": {"torch_num_threads": 8}}),
+        RunRecord({"status": "failed", "timing": {}}),
+    ]
+    c = matrix_compute(records)
+    assert (c["runs"], c["timed_runs"]) == (4, 3)
+    assert c["run_seconds"] == 1800 + 900 + 3600
+    assert c["cpu_core_seconds"] == 1800 * 2 + 900 * 1 * 2
+    assert c["gpu_seconds"] == 3600 * 4
+    assert compute_line(c) == ("4 runs (sweep and final): 1.75 run-hours, 1.50 CPU core-hours, 4.00 GPU-hours "
+                               "(1 run(s) without a recorded time add nothing)")

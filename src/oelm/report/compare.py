@@ -19,6 +19,7 @@ from oelm.io import read_jsonl
 from oelm.metrics import get_metric
 from oelm.records import MatrixFolder, RunRecord, grid_edge, read_sweep, superseded_final_runs
 from oelm.report.caveats import warnings_of
+from oelm.report.compute import matrix_compute
 from oelm.report.convergence import time_to_quality_comparison
 from oelm.report.diagnostics import diagnostics_comparison
 from oelm.report.targets import targets_comparison
@@ -208,12 +209,7 @@ def compare_results(config, results: dict[str, list[RunRecord]], out: str | Path
         "vs_baseline": _gaps_to_baseline(methods),
         "time_to_target": _time_to_target(methods, records_of, metric, higher) if out is not None else None,
         "collapsed": collapsed,
-        "collapse_rule": {
-            "chance_margin_points": CHANCE_MARGIN_POINTS,
-            "num_labels": next((n for n in (num_labels_of(r) for r in all_results) if n), None),
-            "validation_majority_class_percent": max(
-                (p for p in (majority_percent_of(r) for r in all_results) if p is not None), default=None),
-        },
+        "collapse_rule": _collapse_rule(all_results),
         "sweep": sweep,
         "superseded": superseded_final_runs(out) if out is not None else [],
         "best_at_last_step": still_improving,
@@ -222,6 +218,7 @@ def compare_results(config, results: dict[str, list[RunRecord]], out: str | Path
         "environment": _environment(all_results),
         "execution": _execution(all_results),
         "host": platform.node(),
+        "compute": matrix_compute(MatrixFolder(out).results().values()) if out is not None else None,  # sweep too
     }
     # sections only where the runs recorded what they need (saved predictions; training seconds per
     # validation): {} for results of older oelm versions, whose comparison stays as it was
@@ -416,6 +413,16 @@ def _execution(results: list[RunRecord]) -> dict[str, Any]:
         "shared_node_runs": shared,
         "most_overlapped_runs": most,  # the most other runs one final run overlapped on its node
         "timing_grade": not shared,
+    }
+
+
+def _collapse_rule(results: list[RunRecord]) -> dict[str, Any]:
+    """The chance line the collapse rule used: its margin (points), the labels, the validation majority class (%)."""
+    return {
+        "chance_margin_points": CHANCE_MARGIN_POINTS,
+        "num_labels": next((n for n in (num_labels_of(r) for r in results) if n), None),
+        "validation_majority_class_percent": max(
+            (p for p in (majority_percent_of(r) for r in results) if p is not None), default=None),
     }
 
 

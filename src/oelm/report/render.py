@@ -16,6 +16,7 @@ from typing import Any
 
 from oelm.records import format_rates
 from oelm.report.compare import metrics_records, mfu_reference
+from oelm.report.compute import compute_line
 from oelm.report.convergence import convergence_blocks
 from oelm.report.diagnostics import diagnostics_blocks
 from oelm.report.targets import targets_blocks
@@ -372,7 +373,8 @@ def _environment_section(c: dict[str, Any]) -> Section:
     env = c.get("environment") or {}
     s = Section("Environment")
     pk = env.get("packages") or {}
-    items = [f"Devices: {'; '.join(env.get('devices') or []) or '–'}",
+    compute = [f"Compute: {compute_line(c['compute'])}"] if c.get("compute") else []  # older comparisons have none
+    items = [*compute, f"Devices: {'; '.join(env.get('devices') or []) or '–'}",
              f"Python {env.get('python') or '–'} on {env.get('platform') or '–'}; torch threads {env.get('torch_num_threads', '–')}",
              "Packages: " + ", ".join(f"{k} {v}" for k, v in pk.items() if v),
              f"Mixed precision: {', '.join(env.get('mixed_precision') or []) or '–'}"]
@@ -381,6 +383,8 @@ def _environment_section(c: dict[str, Any]) -> Section:
     items.append(f"Report host: {c.get('host', '–')}")
     s.items(items)
     probe = env.get("probe") or []
+    if compute:
+        s.text(f"Compute counts {c['compute']['rule']}.")
     if probe:
         s.table(["run", "probe GFLOP/s before", "after", "drift %"],
                 [[p["run"], _num(p["gflops_before"], 1), _num(p["gflops_after"], 1), _signed(p["drift_percent"], 1)] for p in probe])

@@ -1,0 +1,60 @@
+"""What a matrix cost: its runs' measured time summed into run-hours, CPU core-hours and GPU-hours.
+
+Papers state the compute behind a comparison (GPU-hours, core-hours); a reviewer weighs a verdict
+against it, and a reader plans a rerun by it. oelm sums the time every run measured itself
+(``timing.total_seconds``: training, validation, checkpoints and the test evaluation, after the
+warm-up step; model building and data preparation are not in it) over *every* run with a result,
+sweep and final, failed included: the learning-rate sweep is part of what the comparison cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from oelm.records import RunRecord
+
+RULE = ("timing.total_seconds of every run with a result (sweep and final, failed included): training, validation, "
+        "checkpoints and test, after the warm-up step; model building and data preparation excluded. CPU core-seconds = "
+        "seconds x torch threads x processes; GPU-seconds = seconds x processes (one GPU each)")
+
+
+def matrix_compute(records: Iterable[RunRecord]) -> dict[str, Any]:
+    """The compute of the runs ``records`` (every run of a matrix: :meth:`oelm.records.MatrixFolder.results`).
+
+    Returns:
+        ``{"runs", "timed_runs", "run_seconds", "cpu_core_seconds", "gpu_seconds", "rule"}``:
+        ``runs`` counts the records, ``timed_runs`` those with a ``total_seconds`` (a run that failed
+        before its timing was written has none, and adds nothing); ``run_seconds`` is the plain sum
+        (s); ``cpu_core_seconds`` the CPU runs' seconds x ``environment.torch_num_threads`` x
+        ``timing.num_processes`` (1 where not recorded); ``gpu_seconds`` the CUDA runs' seconds x
+        processes. Divide by 3,600 for hours.
+    """
+    runs = timed = 0
+    seconds = core = gpu = 0.0
+    for record in records:
+        runs += 1
+        total = record.total_seconds
+        if total is None:
+            continue
+        timed += 1
+        seconds += total
+        processes = int(record.timing.get("num_processes") or 1)
+        if str(record.device or "cpu").startswith("cuda"):
+            gpu += total * processes
+        else:
+            core += total * int(record.torch_num_threads or 1) * processes
+    return {"runs": runs, "timed_runs": timed, "run_seconds": seconds, "cpu_core_seconds": core, "gpu_seconds": gpu,
+            "rule": RULE}
+
+
+def compute_line(compute: dict[str, Any]) -> str:
+    """One sentence for the report: ``"15 runs (sweep and final): 0.53 run-hours, 1.06 CPU core-hours"``."""
+    parts = [f"{compute['run_seconds'] / 3600:.2f} run-hours"]
+    if compute["cpu_core_seconds"]:
+        parts.append(f"{compute['cpu_core_seconds'] / 3600:.2f} CPU core-hours")
+    if compute["gpu_seconds"]:
+        parts.append(f"{compute['gpu_seconds'] / 3600:.2f} GPU-hours")
+    untimed = compute["runs"] - compute["timed_runs"]
+    tail = f" ({untimed} run(s) without a recorded time add nothing)" if untimed else ""
+    return f"{compute['runs']} runs (sweep and final): {', '.join(parts)}{tail}"
