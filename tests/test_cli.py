@@ -359,6 +359,18 @@ def test_inspect_shows_every_named_method_and_says_which_do_not_apply(capsys):
     assert "trainable params: 20,939,136" in out.split("/ oelm_rescaled\n")[1].split("== ")[0]
 
 
+def test_inspect_gpt_preset_alone_shows_every_named_method(capsys):
+    """`oelm inspect --gpt PRESET` without --method shows every method of oelm.METHODS (its help's
+    default), as `oelm inspect MODEL` does; it showed baseline alone."""
+    from oelm.method import METHODS
+
+    assert main(["inspect", "--gpt", "gpt-tiny"]) == 0
+    out = capsys.readouterr().out
+    shown = [line.split(" / ")[1].split(":")[0] for line in out.splitlines() if line.startswith("== oelm-gpt-tiny / ")]
+    assert shown == list(METHODS)
+    assert "/ fixed_attention\n" in out and "not applicable" not in out.split("/ fixed_attention\n")[1].split("== ")[0]
+
+
 def test_inspect_gpt_preset_with_the_gpt_only_method_and_a_refusal_by_name(capsys):
     assert main(["inspect", "--gpt", "gpt-tiny", "--method", "fixed_attention", "--method", "oelm_mimetic"]) == 0
     out = capsys.readouterr().out

@@ -152,15 +152,24 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         config = config_from_dict(
             {"name": "inspect", "task": {"dataset": "sst2"}, "model": model_cfg, "methods": [{"name": "baseline"}]}
         )
-    methods = args.method or [m.name for m in config.methods]
-    entries = {m.name: m for m in config.methods}
+    # a config: its methods; --gpt / --model alone: every named method, as for MODEL (those that do not
+    # apply are named, not fatal); --method: those, and a refusal is the answer
+    every = not is_config and not args.method
+    methods = args.method or (list(METHODS) if every else [m.name for m in config.methods])
+    entries = {m.name: m for m in config.methods} if is_config else {}
     for name in methods:
         set_seed(0)
         model, _ = build_model(config, None, task_type="classification", num_labels=args.num_labels)
         cfg = entries[name].oelm_config() if name in entries else METHODS.get(name)
         if cfg is None:
             raise OELMError(f"unknown method {name!r}; named methods: {', '.join(METHODS)}")
-        report = apply_oelm(model, cfg, seed=0)
+        try:
+            report = apply_oelm(model, cfg, seed=0)
+        except UnsupportedModelError as exc:
+            if not every:
+                raise
+            print(f"\n== {config.model.display_name} / {name}: not applicable: {exc}")
+            continue
         print(f"\n== {config.model.display_name} / {name}")
         if report.projections:
             rows = [
