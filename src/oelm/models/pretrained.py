@@ -171,7 +171,8 @@ def _not_found(name: str, exc: Exception) -> OELMError:
 
     # with the Hub off, transformers' own text only says it could not connect (over several lines): left out
     offline = hub_offline()
-    where = "the Hub is disabled (HF_HUB_OFFLINE=1; `oelm run --online` or HF_HUB_OFFLINE=0 enables it)" if offline else "the Hub could not provide it"
+    where = ("the Hub is disabled (HF_HUB_OFFLINE=1; `oelm run --online` or HF_HUB_OFFLINE=0 enables it)" if offline
+             else "the Hub could not provide it")
     cause = "" if offline else f" ({' '.join(str(exc).split())})"
     return DataNotFoundError(
         f"pretrained model {name!r} not found: it is not a local directory, not a packaged checkpoint, "
