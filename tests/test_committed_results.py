@@ -166,3 +166,15 @@ def test_a_results_readme_states_the_compute_its_runs_measured(name):
     assert compute["runs"] == compute["timed_runs"] == int(runs)
     assert f"{compute['run_seconds'] / 3600:.2f}" == hours
     assert f"{compute['cpu_core_seconds'] / 3600:.2f}" == core_hours
+
+
+def test_the_in_progress_table_counts_the_runs_each_carried_folder_holds():
+    """docs/results/in-progress/README.md's "Carried now" table says how many runs of each carried
+    matrix have a result; that is the number of runs/*/result.json in its folder, and every carried
+    folder has a row."""
+    progress = RESULTS / "in-progress"
+    rows = dict(re.findall(r"^\| `([\w-]+)` \|.*?\| (\d+) of \d+ \|", (progress / "README.md").read_text(), re.M))
+    carried = {p.name for p in progress.iterdir() if p.is_dir()}
+    assert set(rows) == carried
+    for name, count in rows.items():
+        assert len(list((progress / name).glob("runs/*/result.json"))) == int(count), name
