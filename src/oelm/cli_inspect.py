@@ -94,12 +94,48 @@ def _shipped(name: str) -> bool:
     return True
 
 
-def cmd_inspect(args: argparse.Namespace) -> int:
+def _inspect_checkpoint(name: str, args: argparse.Namespace) -> int:
+    """``oelm inspect MODEL``: the checkpoint ``name`` (its weights, or random ones with
+    ``--config-only``), the Q/K projections found, and per method (``--method``, else every named
+    method, naming those that do not apply) the parameter table."""
     import copy
 
     from accelerate.utils import set_seed
 
     from oelm.method import METHODS, apply_oelm, find_attention_projections
+
+    set_seed(0)
+    model = _inspect_model_source(name, args.config_only)
+    base = copy.deepcopy(model)
+    sites = find_attention_projections(model)
+    weights = "random weights from config.json" if args.config_only else "checkpoint weights"
+    print(f"{name}: {type(model).__name__} (model_type={model.config.model_type!r}, {weights})")
+    _print_sites("attention query/key projections found", sites)
+    for method in args.method or list(METHODS):
+        if method not in METHODS:
+            raise OELMError(f"unknown method {method!r}; named methods: {', '.join(METHODS)}")
+        model = copy.deepcopy(base)
+        try:
+            report = apply_oelm(model, METHODS[method], seed=0)
+        except UnsupportedModelError as exc:
+            if args.method:  # asked for by name: the refusal is the answer
+                raise
+            print(f"\n== {name} / {method}: not applicable: {exc}")  # e.g. fixed_attention (oelm's GPT only)
+            continue
+        print(f"\n== {name} / {method}")
+        if report.projections:
+            worst = max(p["max_orthogonality_error"] for p in report.projections)
+            frozen = sum(p["frozen"] for p in report.projections)
+            print(f"{frozen}/{len(report.projections)} projections frozen; max |WWᵀ-I| per head: {worst:.1e}")
+        print(report.table())
+        print(report)
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from accelerate.utils import set_seed
+
+    from oelm.method import METHODS, apply_oelm
 
     target = args.target
     if target is not None and Path(target).suffix in YAML_SUFFIXES:
@@ -110,33 +146,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         raise OELMError(f"{target}: no such file or directory (give a model directory, a Hub id or an experiment YAML)")
     is_config = target is not None and Path(target).is_file() and Path(target).suffix in YAML_SUFFIXES
     if target is not None and not is_config or (target is None and args.model and args.config_only):
-        name = target or args.model
-        set_seed(0)
-        model = _inspect_model_source(name, args.config_only)
-        base = copy.deepcopy(model)
-        sites = find_attention_projections(model)
-        weights = "random weights from config.json" if args.config_only else "checkpoint weights"
-        print(f"{name}: {type(model).__name__} (model_type={model.config.model_type!r}, {weights})")
-        _print_sites("attention query/key projections found", sites)
-        for method in args.method or list(METHODS):
-            if method not in METHODS:
-                raise OELMError(f"unknown method {method!r}; named methods: {', '.join(METHODS)}")
-            model = copy.deepcopy(base)
-            try:
-                report = apply_oelm(model, METHODS[method], seed=0)
-            except UnsupportedModelError as exc:
-                if args.method:  # asked for by name: the refusal is the answer
-                    raise
-                print(f"\n== {name} / {method}: not applicable: {exc}")  # e.g. fixed_attention (oelm's GPT only)
-                continue
-            print(f"\n== {name} / {method}")
-            if report.projections:
-                worst = max(p["max_orthogonality_error"] for p in report.projections)
-                frozen = sum(p["frozen"] for p in report.projections)
-                print(f"{frozen}/{len(report.projections)} projections frozen; max |WWᵀ-I| per head: {worst:.1e}")
-            print(report.table())
-            print(report)
-        return 0
+        return _inspect_checkpoint(target or args.model, args)
 
     from oelm.config import load_config
     from oelm.models.build import build_model
