@@ -514,5 +514,5 @@ def test_matrix_compute_sums_every_run_by_its_threads_processes_and_device():
     assert c["run_seconds"] == 1800 + 900 + 3600
     assert c["cpu_core_seconds"] == 1800 * 2 + 900 * 1 * 2
     assert c["gpu_seconds"] == 3600 * 4
-    assert compute_line(c) == ("4 runs (sweep and final): 1.75 run-hours, 1.50 CPU core-hours, 4.00 GPU-hours "
-                               "(1 run(s) without a recorded time add nothing)")
+    assert compute_line(c) == ("4 runs in all (the sweep's too, where there is one): 1.75 run-hours, 1.50 CPU "
+                               "core-hours, 4.00 GPU-hours (1 run(s) without a recorded time add nothing)")

@@ -49,7 +49,8 @@ def matrix_compute(records: Iterable[RunRecord]) -> dict[str, Any]:
 
 
 def compute_line(compute: dict[str, Any]) -> str:
-    """One sentence for the report: ``"15 runs (sweep and final): 0.53 run-hours, 1.06 CPU core-hours"``."""
+    """One sentence for the report, e.g. ``"15 runs in all (the sweep's too, where there is one): 0.53
+    run-hours, 1.06 CPU core-hours"``."""
     parts = [f"{compute['run_seconds'] / 3600:.2f} run-hours"]
     if compute["cpu_core_seconds"]:
         parts.append(f"{compute['cpu_core_seconds'] / 3600:.2f} CPU core-hours")
@@ -57,4 +58,4 @@ def compute_line(compute: dict[str, Any]) -> str:
         parts.append(f"{compute['gpu_seconds'] / 3600:.2f} GPU-hours")
     untimed = compute["runs"] - compute["timed_runs"]
     tail = f" ({untimed} run(s) without a recorded time add nothing)" if untimed else ""
-    return f"{compute['runs']} runs (sweep and final): {', '.join(parts)}{tail}"
+    return f"{compute['runs']} runs in all (the sweep's too, where there is one): {', '.join(parts)}{tail}"
