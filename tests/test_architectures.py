@@ -23,6 +23,7 @@ from safetensors import safe_open
 from torch import nn
 
 import oelm
+from _tiny_model import TinyCustomLM
 from oelm import (
     ARCHITECTURES,
     METHODS,
@@ -428,51 +429,6 @@ def test_trainer_smoke_run(family, tmp_path):
 
 
 # ---------------------------------------------------------------- unsupported and custom
-
-
-class TinyBlock(nn.Module):
-    def __init__(self, hidden: int, heads: int, kv_heads: int, fused: bool):
-        super().__init__()
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, hidden // heads
-        kv = kv_heads * self.head_dim
-        self.attn = nn.Module()
-        if fused:
-            self.attn.wqkv = nn.Linear(hidden, hidden + 2 * kv)
-        else:
-            self.attn.wq, self.attn.wk, self.attn.wv = nn.Linear(hidden, hidden), nn.Linear(hidden, kv), nn.Linear(hidden, kv)
-        self.attn.wo = nn.Linear(hidden, hidden)
-        self.mlp = nn.Sequential(nn.Linear(hidden, 2 * hidden), nn.GELU(), nn.Linear(2 * hidden, hidden))
-        self.fused = fused
-
-    def forward(self, x):  # (B, T, hidden)
-        B, L, H = x.shape
-        if self.fused:
-            q, k, v = self.attn.wqkv(x).split([H, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], -1)
-        else:
-            q, k, v = self.attn.wq(x), self.attn.wk(x), self.attn.wv(x)
-        q = q.view(B, L, self.heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
-        k = k.view(B, L, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
-        v = v.view(B, L, self.kv_heads, self.head_dim).transpose(1, 2)
-        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        x = x + self.attn.wo(y.transpose(1, 2).reshape(B, L, H))
-        return x + self.mlp(x)
-
-
-class TinyCustomLM(nn.Module):
-    """A decoder no registry entry knows: no Hugging Face config, own module names."""
-
-    def __init__(self, fused: bool = False, kv_heads: int = 2):
-        super().__init__()
-        torch.manual_seed(0)
-        self.embed = nn.Embedding(VOCAB, 32)
-        self.blocks = nn.ModuleList(TinyBlock(32, 4, kv_heads, fused) for _ in range(LAYERS))
-        self.out = nn.Linear(32, VOCAB)
-
-    def forward(self, ids):
-        x = self.embed(ids)
-        for b in self.blocks:
-            x = b(x)
-        return self.out(x)
 
 
 def test_unsupported_model_error_lists_types_and_both_ways_to_register():

@@ -40,6 +40,7 @@ import transformers as T
 from torch import nn
 
 import oelm
+from _tiny_model import TinyCustomLM
 from oelm.architectures import ARCHITECTURES, SplitQKV
 from oelm.data import DATASETS
 from oelm.merge import OELM_ATTRIBUTES
@@ -202,46 +203,6 @@ def test_readme_trainer_example_trains_and_saves_a_stock_checkpoint(minilm, data
 # ------------------------------------------------------------------------------------------------
 
 
-class _Attention(nn.Module):
-    def __init__(self, dim: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.wq, self.wk, self.wv, self.wo = (nn.Linear(dim, dim, bias=False) for _ in range(4))
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = (w(x).view(b, t, self.heads, -1).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
-        return self.wo(nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d))
-
-
-class _Block(nn.Module):
-    def __init__(self, dim: int, heads: int):
-        super().__init__()
-        self.norm = nn.LayerNorm(dim)
-        self.attn = _Attention(dim, heads)
-        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
-
-    def forward(self, x):
-        x = x + self.attn(self.norm(x))
-        return x + self.mlp(x)
-
-
-class _TinyCustom(nn.Module):
-    """A model with no config: attention children ``wq``/``wk``/``wv``/``wo``, 4 heads."""
-
-    def __init__(self, vocab: int = 50, dim: int = 32, heads: int = 4, layers: int = 2):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, dim)
-        self.layers = nn.ModuleList(_Block(dim, heads) for _ in range(layers))
-        self.head = nn.Linear(dim, vocab)
-
-    def forward(self, ids):
-        x = self.embed(ids)
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(x)
-
-
 def _tiny_llama():
     return T.LlamaForCausalLM(T.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
@@ -256,7 +217,7 @@ def _tiny_gpt2():
 _TARGET_LINES = {
     0: (_tiny_llama, r"self_attn\.(q_proj|k_proj)\.", (4, 2)),
     1: (_tiny_gpt2, r"attn\.c_attn\.(query|key)\.", (4, 4)),
-    2: (_TinyCustom, r"attn\.(wq|wk)\.", (4, 4)),
+    2: (lambda: TinyCustomLM(kv_heads=4), r"attn\.(wq|wk)\.", (4, 4)),  # a config-less model, wq/wk children
 }
 
 
