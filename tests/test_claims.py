@@ -252,7 +252,7 @@ def stand_in_results(tmp_path_factory, data_dir):
 
 
 def test_a_comparison_with_predictions_gets_the_seeds_by_examples_interval(stand_in_results):
-    """The claim's interval is the hierarchical bootstrap of the report's uncertainty section (the
+    """The claim's interval is the seeds × examples interval of the report's uncertainty section (the
     same estimate and interval, computed again from the committed predictions), and the row says so;
     a method without predictions keeps the seed-only interval."""
     results, comparison = stand_in_results

@@ -96,7 +96,7 @@ def _correct(out: Path, labels: np.ndarray, method: str, seed: int) -> np.ndarra
     return right
 
 
-def test_interval_matches_a_brute_force_bootstrap(matrix):
+def test_interval_matches_an_independent_computation_and_the_bootstrap_a_brute_force_one(matrix):
     out, labels, results = matrix
     c = compare_results(_config(list(results)), results, out)
     u = c["uncertainty"]
@@ -112,18 +112,64 @@ def test_interval_matches_a_brute_force_bootstrap(matrix):
     # brute force, written from the definition: draw 3 seeds with replacement, then 872 examples with
     # replacement (one draw for every seed and both methods), average the drawn seeds' accuracy gaps
     rng = np.random.default_rng(12345)
-    reps = []
+    reps, test_reps = [], []
     for _ in range(3000):
         seeds = rng.integers(0, 3, 3)
         rows = rng.integers(0, 872, 872)
         reps.append(np.mean([100 * (other[s][rows].mean() - base[s][rows].mean()) for s in seeds]))
+        test_reps.append(np.mean([100 * (other[s][rows].mean() - base[s][rows].mean()) for s in SEEDS]))
     low, high = np.percentile(reps, [2.5, 97.5])
     se = np.std(reps, ddof=1)
-    assert freeze["se"] == pytest.approx(se, rel=0.08)
-    assert abs(freeze["ci95"][0] - low) < 0.25 * se and abs(freeze["ci95"][1] - high) < 0.25 * se
-    # the seed-only interval leaves the test set out: the Student-t interval over the 3 per-seed gaps
+    assert freeze["bootstrap"]["se"] == pytest.approx(se, rel=0.08)
+    assert abs(freeze["bootstrap"]["ci95"][0] - low) < 0.25 * se and abs(freeze["bootstrap"]["ci95"][1] - high) < 0.25 * se
+    # the reported interval: each source with its own Student-t factor, in quadrature
+    test_se = np.std(test_reps, ddof=1) * math.sqrt(872 / 871)
+    assert freeze["test_se"] == pytest.approx(test_se, rel=0.08)
+    seed_half = stats.t.ppf(0.975, 2) * stats.sem(gaps)
+    half = math.sqrt(seed_half ** 2 + (stats.t.ppf(0.975, 871) * test_se) ** 2)
+    assert freeze["ci95"][0] == pytest.approx(np.mean(gaps) - half, abs=0.05 * half)
+    assert freeze["ci95"][1] == pytest.approx(np.mean(gaps) + half, abs=0.05 * half)
+    # the seed-only interval leaves the test set out: the Student-t interval over the 3 per-seed gaps,
+    # and the seeds × examples interval contains it
     t_low, t_high = stats.t.interval(0.95, 2, loc=np.mean(gaps), scale=stats.sem(gaps))
     assert freeze["seed_only"]["ci95"] == pytest.approx([t_low, t_high], abs=1e-9)
+    assert freeze["ci95"][0] <= t_low and freeze["ci95"][1] >= t_high
+
+
+def test_the_interval_is_the_seed_t_interval_without_test_noise_and_wide_on_two_documents():
+    """No spread across examples: the interval is exactly the Student-t interval over seeds. Two
+    test documents: the test set's part carries t(0.975, 1) = 12.7, not a normal 1.96."""
+    from oelm.report.uncertainty import paired_interval
+
+    per_seed = np.array([1.0, 2.5, 0.4])
+    flat = np.repeat(per_seed[:, None], 50, axis=1)  # every example of a seed has the same gap
+    got = paired_interval(flat, replicates=2000)
+    assert got["test_se"] == pytest.approx(0.0, abs=1e-12)
+    assert got["ci"] == pytest.approx(list(stats.t.interval(0.95, 2, loc=per_seed.mean(), scale=stats.sem(per_seed))))
+
+    two_docs = np.array([[0.30, 0.10], [0.28, 0.12], [0.31, 0.09]])  # summed NLL differences of 2 books, 3 seeds
+    tokens = np.array([1000.0, 1000.0])
+    got = paired_interval(two_docs, tokens, transform="ratio", replicates=4000)
+    gaps = np.exp(two_docs.sum(1) / tokens.sum())
+    assert got["estimate"] == pytest.approx(gaps.mean())
+    assert got["test_half_width"] == pytest.approx(stats.t.ppf(0.975, 1) * got["test_se"])
+    assert got["ci"][1] - got["ci"][0] > 10 * (got["bootstrap"]["ci"][1] - got["bootstrap"]["ci"][0]) / 2
+
+
+def test_a_bootstrap_over_three_seeds_can_be_narrower_than_their_t_interval_and_the_reported_one_is_not():
+    """Why the report does not use the seed-resampling bootstrap as its interval: from 3 seeds it
+    draws 10 distinct seed sets and comes out narrower than the plain Student-t interval over them."""
+    from oelm.report.uncertainty import paired_interval
+
+    rng = np.random.default_rng(3)
+    per_seed = np.array([-6.0, -3.0, -1.5])
+    numerators = per_seed[:, None] / 100 + rng.normal(0, 0.3, size=(3, 800))  # accuracy-like gaps, a little test noise
+    got = paired_interval(numerators, transform="points", replicates=4000)
+    gaps = np.array(got["seed_gaps"])
+    t_low, t_high = stats.t.interval(0.95, 2, loc=gaps.mean(), scale=stats.sem(gaps))
+    boot_low, boot_high = got["bootstrap"]["ci"]
+    assert boot_high - boot_low < t_high - t_low
+    assert got["ci"][0] <= t_low and got["ci"][1] >= t_high
 
 
 def test_per_seed_example_draws_match_their_brute_force_and_are_narrower(matrix):
@@ -206,5 +252,9 @@ def test_seeds_needed_is_the_smallest_n_whose_t_interval_fits():
     assert n == next(k for k in range(2, 100) if stats.t.ppf(0.975, k - 1) * s / math.sqrt(k) <= x)
     assert stats.t.ppf(0.975, n - 2) * s / math.sqrt(n - 1) > x
     # the test set's own error is a floor that more seeds cannot lower
-    assert seeds_needed(s, x, test_se=0.3) > n
+    with_test = seeds_needed(s, x, test_se=0.3, test_examples=872)
+    test_half = stats.t.ppf(0.975, 871) * 0.3
+    assert with_test == next(k for k in range(2, 100) if math.hypot(stats.t.ppf(0.975, k - 1) * s / math.sqrt(k), test_half) <= x)
+    assert with_test > n
     assert seeds_needed(s, x, test_se=x / 1.9) is None and seeds_needed(None, x) is None
+    assert seeds_needed(s, x, test_se=0.1, test_examples=2) is None  # 12.7 x 0.1 > 1: two documents cannot get there

@@ -12,9 +12,10 @@ committed GPU checks; :mod:`oelm.report.claims_rows`), never typed by hand;
 Our gap (:func:`measure`): ``method − reference`` over the seeds both ran, in accuracy points or,
 for perplexity, percent of the reference (``100 (method / reference − 1)``), with a 95% interval:
 
-* **seeds × examples** where both methods' runs saved predictions of the split (the hierarchical
-  bootstrap of :mod:`oelm.report.uncertainty`, paired by seed and by example: it covers the test
-  set's sampling error as well as the seeds');
+* **seeds × examples** where both methods' runs saved predictions of the split
+  (:func:`oelm.report.uncertainty.paired_interval`, paired by seed and by example: the seeds'
+  Student-t half-width and the test set's, from its bootstrap SE, added in quadrature; it covers
+  the test set's sampling error as well as the seeds');
 * **seed-only** otherwise (results written before oelm saved predictions): the paired Student-t
   interval over seeds (:func:`oelm.report.stats.paired_difference`).
 The paired t-test's p is shown either way.
@@ -260,16 +261,16 @@ def _scale(comparison: dict[str, Any], method: str) -> str | None:
 
 def hierarchical_gap(claim: Claim, results: Path, comparison: dict[str, Any], seeds: list[int]) -> dict[str, Any] | None:
     """The seeds × examples interval of ``claim.method − claim.reference`` over ``seeds`` from the
-    committed runs' ``predictions.npz`` (:func:`oelm.report.uncertainty.hierarchical_bootstrap`,
-    paired by seed and example), in the claim's unit; None when a run of either method saved no
-    predictions of the split (then the row keeps the seed-only interval).
+    committed runs' ``predictions.npz`` (:func:`oelm.report.uncertainty.paired_interval`, paired by
+    seed and example), in the claim's unit; None when a run of either method saved no predictions of
+    the split, or there is one seed (then the row keeps the seed-only interval).
 
     Raises:
         ChecksumError / DamagedFileError / RecordedFileMissingError: a committed predictions file does not
             match its result.json (one line naming it).
     """
     from oelm.predictions import read_predictions  # numpy + the records: only for comparisons with predictions
-    from oelm.report.uncertainty import hierarchical_bootstrap, paired_outcomes
+    from oelm.report.uncertainty import paired_interval, paired_outcomes
 
     lm = comparison.get("metric") == "perplexity"
     if not seeds or lm != claim.relative:
@@ -287,9 +288,11 @@ def hierarchical_gap(claim: Claim, results: Path, comparison: dict[str, Any], se
                 return None
             splits.setdefault(method, {})[seed] = saved.split(split)
     paired = paired_outcomes(splits[claim.reference], splits[claim.method], "language_modeling" if lm else "classification")
-    boot = hierarchical_bootstrap(paired["numerators"], paired.get("denominators"), transform="ratio" if lm else "points")
+    both = paired_interval(paired["numerators"], paired.get("denominators"), transform="ratio" if lm else "points")
+    if both["ci"] is None:
+        return None
     unit = (lambda x: 100.0 * (x - 1.0)) if lm else (lambda x: x)  # noqa: E731 - % of the reference's perplexity
-    return {"mean": unit(boot["estimate"]), "ci95": [unit(x) for x in boot["ci"]], "examples": boot["n_examples"]}
+    return {"mean": unit(both["estimate"]), "ci95": [unit(x) for x in both["ci"]], "examples": both["n_examples"]}
 
 
 def measure(claim: Claim, results: Path) -> dict[str, Any]:

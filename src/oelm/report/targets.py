@@ -4,9 +4,9 @@ on a method's gap to baseline is *pass*, *fail* or *undecided* by its 95% interv
 The gap. Classification: accuracy points, method − baseline. Language modelling: the perplexity
 ratio method / baseline. The interval, in this order of preference:
 
-* **seeds × examples** — the hierarchical bootstrap of ``comparison["uncertainty"]``
-  (:mod:`oelm.report.uncertainty`) when both methods saved predictions for every seed: it covers
-  the seeds *and* the test set's sampling error;
+* **seeds × examples** — the interval of ``comparison["uncertainty"]``
+  (:func:`oelm.report.uncertainty.paired_interval`) when both methods saved predictions for every
+  seed: it covers the seeds *and* the test set's sampling error;
 * **seed-only interval (t)** — else, the 95% Student-t interval of the per-seed gaps from each run's
   ``result.json`` value (:func:`oelm.report.stats.summarize`), paired by seed: test values when
   every paired run has one, else best validation (the selection split: optimistic, said so).
@@ -27,7 +27,7 @@ from oelm.report.stats import summarize
 
 __all__ = ["targets_comparison", "targets_blocks", "bound_result"]
 
-_HIERARCHICAL = "seeds × examples (hierarchical bootstrap)"
+_HIERARCHICAL = "seeds × examples"
 _SEED_ONLY = "seed-only interval (t)"
 
 
@@ -136,7 +136,8 @@ def targets_blocks(comparison: dict[str, Any]) -> list[tuple[str, list[tuple[str
                          f"**{c['result']}**" + (f" ({c['point']})" if c.get("point") else "")])
     text = ("Each target of the config's `targets:` block, checked against the gap to baseline "
             + ("(perplexity ratio, method / baseline)" if ratio else "(accuracy points, method − baseline)")
-            + f". {t['rule'][0].upper()}{t['rule'][1:]}. The interval is the seeds × examples bootstrap where both methods "
-            "saved predictions for every seed (it covers the test set's sampling error too), else the Student-t interval "
+            + f". {t['rule'][0].upper()}{t['rule'][1:]}. The interval is the seeds × examples one where both methods "
+            "saved predictions for every seed (the seeds' and the test set's Student-t half-widths in quadrature: it "
+            "covers the test set's sampling error too), else the Student-t interval "
             "over seeds alone (\"seed-only interval\"); a validation split is the one that selected each run's best step (optimistic).")
     return [("Targets", [("text", text), ("table", (header, rows))])]

@@ -5,6 +5,8 @@ Pure functions on arrays:
 
 * :func:`hierarchical_bootstrap` — a percentile bootstrap of a method's gap to baseline that
   resamples seeds and test examples, paired by seed and by example;
+* :func:`paired_interval` — the interval oelm reports: the seeds' Student-t half-width and the
+  test set's (from its bootstrap SE) added in quadrature;
 * :func:`mcnemar` — McNemar's test of two classifiers on the same examples (one seed pair);
 * :func:`seeds_needed` — the power line: seeds for a ± x interval at the observed spread.
 
@@ -19,6 +21,23 @@ example was drawn): ``g_s = f(sum_i w_i (y_method,s,i − y_base,s,i) / sum_i w_
 ``y`` = correct (0/1), ``n`` = 1 and ``f(x) = 100 x`` for accuracy; ``y`` = a document's summed
 NLL, ``n`` = its tokens and ``f = exp`` for the perplexity ratio. The gap is the mean of ``g_s``
 over the seeds both methods ran (with every weight 1 for the point estimate).
+
+The interval (:func:`paired_interval`). Two sources of error, crossed: the seeds (k per-seed gaps
+``g_s``, sample std ``s``) and the test set (one sample of N examples every run saw: ``SE_test``,
+the bootstrap SE of the gap with the seeds held fixed, times ``sqrt(N / (N − 1))`` because a
+bootstrap's variance of a mean is ``(N − 1) / N`` of the unbiased one). Each gets its own Student-t
+half-width and the two add in quadrature::
+
+    gap ± sqrt( (t(0.975, k − 1) · s / √k)²  +  (t(0.975, N − 1) · SE_test)² )
+
+With SE_test = 0 this is the Student-t interval over seeds, and it is never narrower than that
+interval nor than the test set's alone: more sources of error never shrink it. A test set of few
+examples (2 held-out books) counts with its own few degrees of freedom. (The Welch–Satterthwaite
+combination, one t on the summed variances, gives more degrees of freedom than the seeds have and
+can come out narrower than the seed-only interval at k = 3; so can a percentile bootstrap that
+resamples the seeds, which from 2-5 seeds draws only a handful of distinct seed sets and shrinks
+their variance by (k − 1) / k: on variants-sst2's 3 seeds it was 3.7 points wide where the seed-only
+t interval was 5.4. That bootstrap is kept beside the interval, as ``bootstrap``, not used as it.)
 
 The bootstrap. Each replicate draws ``k`` seeds with replacement from the ``k`` seed pairs, and
 ``N`` examples with replacement from the ``N`` test examples; the replicate's gap is the mean of
@@ -45,7 +64,7 @@ from oelm.predictions import RunPredictions, read_predictions
 from oelm.report.stats import sound_runs, summarize
 
 __all__ = [
-    "BOOTSTRAP_REPLICATES", "hierarchical_bootstrap", "mcnemar", "seeds_needed", "paired_outcomes",
+    "BOOTSTRAP_REPLICATES", "hierarchical_bootstrap", "paired_interval", "mcnemar", "seeds_needed", "paired_outcomes",
     "uncertainty_comparison", "uncertainty_blocks",
 ]
 
@@ -112,6 +131,52 @@ def hierarchical_bootstrap(numerators: np.ndarray, denominators: np.ndarray | No
             "example_draw": example_draw, "resample_seeds": resample_seeds, "n_seeds": k, "n_examples": n}
 
 
+def paired_interval(numerators: np.ndarray, denominators: np.ndarray | None = None, *,
+                    transform: Literal["identity", "points", "ratio"] = "identity",
+                    replicates: int = BOOTSTRAP_REPLICATES, confidence: float = 95.0) -> dict[str, Any]:
+    """The seeds × examples interval of a gap (module docstring, "The interval"): the k per-seed
+    gaps' Student-t half-width and the test set's (its bootstrap SE, N − 1 degrees of freedom),
+    added in quadrature.
+
+    Args:
+        numerators, denominators, transform: as :func:`hierarchical_bootstrap` ((k seeds, N examples)).
+
+    Returns:
+        ``{"estimate", "ci" ([low, high]; None with fewer than 2 seeds or 2 examples), "half_width",
+        "seed_half_width" (t(k − 1) · s / √k), "test_half_width" (t(N − 1) · SE_test), "seed_gaps" (k,
+        in the unit), "seed_std" (sample std; None for one seed), "test_se" (the bootstrap SE with the
+        seeds fixed, × sqrt(N / (N − 1))), "n_seeds", "n_examples", "confidence", "bootstrap" ({"ci",
+        "se"}: the percentile bootstrap over seeds and examples, kept for comparison)}``.
+
+    Raises:
+        ValueError: as :func:`hierarchical_bootstrap`.
+    """
+    from scipy import stats as st  # here, not at import (see mcnemar)
+
+    boot = hierarchical_bootstrap(numerators, denominators, transform=transform, replicates=replicates,
+                                  confidence=confidence)
+    test_only = hierarchical_bootstrap(numerators, denominators, transform=transform, confidence=confidence,
+                                       replicates=max(1000, replicates // 5), resample_seeds=False, rng_seed=1)
+    num = np.atleast_2d(np.asarray(numerators, dtype=np.float64))
+    k, n = num.shape
+    den = n if denominators is None else np.broadcast_to(np.asarray(denominators, dtype=np.float64), num.shape).sum(1)
+    gaps = _TRANSFORMS[transform](num.sum(1) / den)
+    test_se = test_only["se"] * math.sqrt(n / (n - 1)) if n > 1 else None
+    out: dict[str, Any] = {"estimate": float(gaps.mean()), "ci": None, "half_width": None, "seed_half_width": None,
+                           "test_half_width": None, "seed_gaps": [float(g) for g in gaps],
+                           "seed_std": float(gaps.std(ddof=1)) if k > 1 else None, "test_se": test_se,
+                           "n_seeds": k, "n_examples": n, "confidence": confidence,
+                           "bootstrap": {"ci": boot["ci"], "se": boot["se"]}}
+    if k < 2 or test_se is None:
+        return out
+    q = 1 - (1 - confidence / 100) / 2
+    seed_half = float(st.t.ppf(q, k - 1)) * out["seed_std"] / math.sqrt(k)
+    test_half = float(st.t.ppf(q, n - 1)) * test_se
+    half = math.hypot(seed_half, test_half)
+    return out | {"ci": [out["estimate"] - half, out["estimate"] + half], "half_width": half,
+                  "seed_half_width": seed_half, "test_half_width": test_half}
+
+
 def mcnemar(baseline_correct: Sequence[bool], method_correct: Sequence[bool]) -> dict[str, Any]:
     """McNemar's test of two classifiers on the same examples (McNemar 1947).
 
@@ -142,24 +207,26 @@ def mcnemar(baseline_correct: Sequence[bool], method_correct: Sequence[bool]) ->
             "chi2_cc": float(chi2), "p_chi2_cc": float(st.chi2.sf(chi2, 1))}
 
 
-def seeds_needed(seed_std: float | None, half_width: float, *, test_se: float = 0.0, confidence: float = 95.0,
-                 max_seeds: int = 1000) -> int | None:
-    """The power line: the fewest seeds ``n >= 2`` whose interval of a gap has half-width at most
-    ``half_width``, at the observed between-seed spread ``seed_std`` (sample std of the per-seed
-    gaps) and the test set's own standard error ``test_se`` (which more seeds cannot shrink):
-    ``t(1 − α/2, n − 1) · sqrt(seed_std² / n + test_se²) <= half_width`` (Student t; a normal
-    approximation for the test-set part). None when no ``n <= max_seeds`` reaches it (in particular
-    when ``z · test_se`` alone exceeds ``half_width``) or ``seed_std`` is unknown.
+def seeds_needed(seed_std: float | None, half_width: float, *, test_se: float = 0.0, test_examples: int | None = None,
+                 confidence: float = 95.0, max_seeds: int = 1000) -> int | None:
+    """The power line: the fewest seeds ``n >= 2`` whose interval of a gap (:func:`paired_interval`)
+    has half-width at most ``half_width``, at the observed between-seed spread ``seed_std`` (sample
+    std of the per-seed gaps) and the test set's own standard error ``test_se`` (which more seeds
+    cannot shrink): ``sqrt((t(1 − α/2, n − 1) · seed_std / √n)² + (t(1 − α/2, N − 1) · test_se)²) <=
+    half_width``, N = ``test_examples`` (None: a normal quantile for the test set's part). None when
+    no ``n <= max_seeds`` reaches it (in particular when the test set's part alone exceeds
+    ``half_width``) or ``seed_std`` is unknown.
     """
     from scipy import stats as st  # here, not at import (see mcnemar)
 
     if seed_std is None or not math.isfinite(seed_std) or half_width <= 0:
         return None
     q = 1 - (1 - confidence / 100) / 2
-    if st.norm.ppf(q) * test_se >= half_width:
+    test_half = (st.norm.ppf(q) if test_examples is None or test_examples < 2 else st.t.ppf(q, test_examples - 1)) * test_se
+    if test_half >= half_width:
         return None
     for n in range(2, max_seeds + 1):
-        if st.t.ppf(q, n - 1) * math.sqrt(seed_std ** 2 / n + test_se ** 2) <= half_width:
+        if math.hypot(st.t.ppf(q, n - 1) * seed_std / math.sqrt(n), test_half) <= half_width:
             return n
     return None
 
@@ -248,23 +315,24 @@ def _method_entry(name: str, seeds: list[int], preds: dict, split: str, task_typ
     except ValueError as exc:
         return entry | {"interval": "seed-only interval", "gap": seed_only["mean"], "ci95": seed_only["ci95"], "reason": str(exc)}
     transform = "points" if task_type == "classification" else "ratio"
-    den = paired.get("denominators")
-    boot = hierarchical_bootstrap(paired["numerators"], den, transform=transform, replicates=replicates)
-    test_only = hierarchical_bootstrap(paired["numerators"], den, transform=transform, replicates=max(1000, replicates // 5),
-                                       resample_seeds=False, rng_seed=1)
+    both = paired_interval(paired["numerators"], paired.get("denominators"), transform=transform, replicates=replicates)
     half = TARGET_HALF_WIDTH.get(metric, 1.0)
-    distance = abs(boot["estimate"] - 1.0) if transform == "ratio" else abs(boot["estimate"])  # from "no difference"
-    entry |= {"interval": "seeds × examples", "gap": boot["estimate"], "ci95": boot["ci"], "se": boot["se"],
-              "examples": boot["n_examples"], "test_se": test_only["se"],
+    distance = abs(both["estimate"] - 1.0) if transform == "ratio" else abs(both["estimate"])  # from "no difference"
+    test_se = both["test_se"] or 0.0
+    entry |= {"interval": "seeds × examples", "gap": both["estimate"], "ci95": both["ci"],
+              "half_width": {"seeds": both["seed_half_width"], "test": both["test_half_width"]},
+              "examples": both["n_examples"], "test_se": both["test_se"],
+              "bootstrap": {"ci95": both["bootstrap"]["ci"], "se": both["bootstrap"]["se"]},
               "power": {"seed_std": seed_only["std"], "target_half_width": half,
-                        "seeds_needed": seeds_needed(seed_only["std"], half, test_se=test_only["se"]),
-                        "seeds_needed_to_resolve_gap": seeds_needed(seed_only["std"], distance, test_se=test_only["se"])}}
+                        "seeds_needed": seeds_needed(seed_only["std"], half, test_se=test_se, test_examples=both["n_examples"]),
+                        "seeds_needed_to_resolve_gap": seeds_needed(seed_only["std"], distance, test_se=test_se,
+                                                                    test_examples=both["n_examples"])}}
     if task_type == "classification":
         entry["mcnemar"] = [{"seed": s, **mcnemar(paired["baseline_correct"][i], paired["method_correct"][i])}
                             for i, s in enumerate(seeds)]
     else:
-        doc = hierarchical_bootstrap(paired["document_loss"], replicates=replicates)
-        entry["document_loss"] = {"gap": doc["estimate"], "ci95": doc["ci"], "se": doc["se"]}
+        doc = paired_interval(paired["document_loss"], replicates=replicates)
+        entry["document_loss"] = {"gap": doc["estimate"], "ci95": doc["ci"]}
     return entry
 
 
@@ -306,8 +374,9 @@ def uncertainty_comparison(comparison: dict[str, Any], results: Mapping[str, lis
     unit = "accuracy points (method − baseline)" if task_type == "classification" else "perplexity ratio (method / baseline)"
     return {"uncertainty": {
         "split": split, "unit": unit, "confidence": 95.0, "replicates": replicates, "example_draw": "shared",
-        "method": ("percentile bootstrap over seeds x examples: each replicate resamples the seed pairs and, once, the "
-                   f"{split} examples (shared by every seed and both methods: paired by seed and by example)"),
+        "method": ("interval over seeds x examples: gap ± sqrt((t(k−1)·s/√k)² + (t(N−1)·SE_test)²), s the per-seed gaps' "
+                   f"sample std, SE_test the bootstrap SE over the N {split} examples with the seeds fixed (one draw shared "
+                   "by every seed and both methods: paired by seed and by example)"),
         "target_half_width": TARGET_HALF_WIDTH.get(metric, 1.0), "methods": methods, "notes": notes,
     }}
 
@@ -348,9 +417,12 @@ def uncertainty_blocks(comparison: dict[str, Any]) -> list[tuple[str, list[tuple
                      str(power.get("seeds_needed") or "–") if power else "–",
                      str(power.get("seeds_needed_to_resolve_gap") or "–") if power else "–"])
     text = (f"Gap to baseline on the {u['split']} split in {u['unit']}, with a 95% {u['method']}; "
-            f"{u['replicates']:,} replicates. \"seed-only interval\": that method has no saved predictions for every "
-            "seed, so its interval is the Student-t interval over seeds alone (it leaves out the test set's sampling "
-            "error). Test-set SE: the bootstrap SE with the seeds held fixed. "
+            f"{u['replicates']:,} bootstrap replicates. Each source of error gets its own Student-t factor, so the "
+            "interval is never narrower than the seeds' own t interval, and a test set of few examples (2 books) "
+            "widens it as it should; a percentile bootstrap that resamples 3 or 5 seeds can come out narrower than "
+            "the seed-only interval, so comparison.json keeps it only for comparison (`bootstrap`). \"seed-only "
+            "interval\": that method has no saved predictions for every seed, so its interval is the Student-t "
+            "interval over seeds alone (it leaves out the test set's sampling error). Test-set SE: SE_test. "
             + ("McNemar: exact two-sided binomial test of the discordant examples per seed pair (↑ method right where "
                "baseline was wrong, ↓ the reverse); the chi-square version with continuity correction is in comparison.json. "
                if not ratio else "Δ doc loss: the mean per-document NLL difference (nats) with its bootstrap interval. ")
