@@ -169,6 +169,33 @@ def test_only_refuses_a_run_that_is_not_ready_with_one_line(local, tmp_path, cap
     assert "run oelm_random-seed0 is done (final run, finished" in capsys.readouterr().err
 
 
+def test_only_trains_on_the_threads_cpus_per_run_gives_and_refuses_placement_flags(local, tmp_path, capsys):
+    """A batch job given one core says --cpus-per-run 1: the run trains on 1 torch thread (its
+    result records it), and this process's threads are as before afterwards. (85bc0d1's --only
+    ignored the flag: two such jobs put 4 threads on 2 cores.) Flags that place runs elsewhere are
+    one line each."""
+    import torch
+
+    cfg, _ = local
+    out = tmp_path / "out"
+    _plan(cfg, out)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert main(["run", str(cfg), "--output-dir", str(out), "--only", "oelm_random-seed0", "--cpus-per-run", "1"]) == 0
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    result = json.loads((out / "runs" / "oelm_random-seed0" / "result.json").read_text())
+    assert result["environment"]["torch_num_threads"] == 1 and result["executor"]["cpus_per_run"] == 1
+    capsys.readouterr()
+    for flags in (["--parallel", "2"], ["--executor", "ray"], ["--gpus-per-run", "1"]):
+        assert main(["run", str(cfg), "--output-dir", str(out), "--only", "oelm_freeze-seed0", *flags]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--only trains one run in this process" in err and flags[0] in err
+    assert not (out / "runs" / "oelm_freeze-seed0" / "result.json").exists()
+
+
 def test_only_never_trains_beside_a_driver(local, tmp_path, capsys):
     cfg, _ = local
     out = tmp_path / "out"

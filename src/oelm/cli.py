@@ -105,6 +105,18 @@ def _executor_config(config, args: argparse.Namespace):
         raise OELMError(f"executor: {first['msg'].removeprefix('Value error, ')}") from None
 
 
+def _only_threads(config, args: argparse.Namespace) -> float | None:
+    """``--cpus-per-run`` for ``--only`` (validated as for an executor); the flags that place runs
+    elsewhere are refused in one line: an ``--only`` job trains in this process, where its batch
+    system put it."""
+    elsewhere = [flag for flag, value in (("--executor ray", args.executor == "ray"), ("--address", args.address),
+                                          ("--parallel", args.parallel), ("--gpus-per-run", args.gpus_per_run)) if value]
+    if elsewhere:
+        raise OELMError(f"--only trains one run in this process: {', '.join(elsewhere)} do(es) not apply; "
+                        "leave them out (the batch system places the job) and keep --cpus-per-run for its threads")
+    return _executor_config(config, args).cpus_per_run if args.cpus_per_run is not None else None
+
+
 def _int(value: str, flag: str) -> int:
     try:
         return int(value)
@@ -130,7 +142,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         if args.only:
             result = run_only(config, out, args.only, retry_failed=args.retry_failed,
-                              allow_missing_weights=args.allow_missing_weights)
+                              allow_missing_weights=args.allow_missing_weights, cpus_per_run=_only_threads(config, args))
             print(f"oelm run --only {args.only}: {result.status}"
                   + (f", best validation {result.metric} {result.best_validation:.4f}" if result.best_validation is not None else "")
                   + (f", test {result.test:.4f}" if result.test is not None else ""))
@@ -322,7 +334,7 @@ def _add_run(sub, env: argparse.ArgumentParser) -> None:
     p.add_argument("--parallel", metavar="N|auto",
                    help="ray: at most N runs at once (default 1); 'auto': one per GPU on a cluster with GPUs, else 1")
     p.add_argument("--cpus-per-run", type=float,
-                   help="CPU cores and torch threads per run (default, every executor: this process's torch threads)")
+                   help="CPU cores and torch threads per run, --only jobs too (default: this process's torch threads)")
     p.add_argument("--gpus-per-run", type=float, help="ray: GPUs per run; fractions share a GPU (0.125: 8 runs per GPU)")
     p.add_argument("--only", metavar="RUN_NAME",
                    help="train exactly this run of the plan (`oelm plan` lists the ready ones), for a batch system's jobs; "

@@ -27,7 +27,7 @@ from oelm.trackers import check_installed
 from oelm.training import check_warmup
 
 from oelm.matrix.assemble import check_init_shapes
-from oelm.matrix.executors import make_executor
+from oelm.matrix.executors import make_executor, torch_threads
 from oelm.matrix.output import (
     _check_fingerprint, _experiment, _quiet, config_fingerprint, interruptible, open_output_dir, prepare_matrix_data, start_output,
     write_selection,
@@ -261,11 +261,13 @@ def plan_matrix(config: ExperimentConfig, output_dir: str | Path | None = None,
 
 
 def run_only(config: ExperimentConfig, output_dir: str | Path | None, name: str, log: Callable[[str], None] = print, *,
-             retry_failed: bool = False, allow_missing_weights: bool = False) -> RunRecord:
+             retry_failed: bool = False, allow_missing_weights: bool = False, cpus_per_run: float | None = None) -> RunRecord:
     """Train exactly the planned run ``name`` in this process (``oelm run --only NAME``), for a
     batch system that runs each of ``oelm plan``'s lines as a job. Several ``--only`` processes may
     share an output folder (its lock in shared mode; never beside a driver), each run is locked
     while it trains (``runs/<name>/.oelm.lock``), and a run writes only its own folder.
+    ``cpus_per_run`` (``--cpus-per-run``): torch threads for the run (None: this process's), as
+    the executors set them, so a job given one core by its batch system trains on one thread.
 
     Returns:
         The run's :class:`~oelm.records.RunRecord`.
@@ -289,11 +291,12 @@ def run_only(config: ExperimentConfig, output_dir: str | Path | None, name: str,
             raise ConfigError(why_not_ready(config, task_metric(config), results, name))
         run_dir = MatrixFolder(out).run(name).path
         run_dir.mkdir(parents=True, exist_ok=True)
-        with hold_output_lock(run_dir):
+        with hold_output_lock(run_dir), torch_threads(cpus_per_run):
             job = {k: os.environ[k] for k in ("SLURM_JOB_ID", "SLURM_ARRAY_TASK_ID", "PBS_JOBID") if k in os.environ}
+            placement = placement_record("only", **({"cpus_per_run": cpus_per_run} if cpus_per_run else {}),
+                                         **({"job": job} if job else {}))
             return train_planned_run(config, out, task, retry_failed=retry_failed,
-                                     allow_missing_weights=allow_missing_weights,
-                                     placement=placement_record("only", **({"job": job} if job else {})), log=log)
+                                     allow_missing_weights=allow_missing_weights, placement=placement, log=log)
 
 
 def collect(config: ExperimentConfig, output_dir: str | Path | None = None,

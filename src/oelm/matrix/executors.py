@@ -93,7 +93,9 @@ def check_cores(config: ExecutorConfig, experiment: ExperimentConfig, cores: int
 
 
 @contextlib.contextmanager
-def _torch_threads(threads: float | None) -> Iterator[None]:
+def torch_threads(threads: float | None) -> Iterator[None]:
+    """Inside the block torch uses ``int(threads)`` threads (at least 1); as before afterwards. None
+    or 0: unchanged."""
     if not threads:
         yield
         return
@@ -147,7 +149,7 @@ class LocalExecutor:
     def wait(self) -> list[tuple[RunTask, RunRecord]]:
         task, submitted = self._queue.pop(0)
         self.ctx.placement = self._placement | {"submitted_unix": submitted}
-        with _torch_threads(self.config.cpus_per_run):
+        with torch_threads(self.config.cpus_per_run):
             return [(task, execute(self.ctx, task))]
 
 
