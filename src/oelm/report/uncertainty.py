@@ -347,8 +347,11 @@ def uncertainty_comparison(comparison: dict[str, Any], results: Mapping[str, lis
     files: those runs count as without predictions) and per method but baseline: ``interval``
     ("seeds × examples" or "seed-only interval"), ``gap`` and ``ci95`` (its unit), ``seeds``,
     ``seed_only`` (mean / std / n / Student-t ci95 of the per-seed gaps from result.json),
-    ``reason`` (why seed-only), and with predictions ``se``, ``examples``, ``test_se`` (the
-    bootstrap SE with the seeds held fixed: the test set's share), ``power`` (:func:`seeds_needed`
+    ``reason`` (why seed-only), and with predictions ``half_width`` (``seeds`` and ``test``: the two
+    Student-t half-widths :func:`paired_interval` adds in quadrature), ``examples``, ``test_se`` (the
+    bootstrap SE with the seeds held fixed, × sqrt(N / (N − 1)): the test set's share),
+    ``bootstrap`` (``ci95`` and ``se`` of the percentile bootstrap over seeds and examples, kept for
+    comparison), ``power`` (:func:`seeds_needed`
     for ``TARGET_HALF_WIDTH`` and for resolving the observed gap), ``mcnemar`` per seed
     (classification) or ``document_loss`` (LM: mean per-document NLL difference, nats, with its interval).
     """
