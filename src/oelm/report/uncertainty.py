@@ -131,6 +131,18 @@ def hierarchical_bootstrap(numerators: np.ndarray, denominators: np.ndarray | No
             "example_draw": example_draw, "resample_seeds": resample_seeds, "n_seeds": k, "n_examples": n}
 
 
+def _half_widths(seed_std: float, seeds: int, test_se: float, examples: int | None,
+                 confidence: float) -> tuple[float, float]:
+    """The two Student-t half-widths :func:`paired_interval` adds in quadrature (and
+    :func:`seeds_needed` plans with): ``t(q, k − 1) · s / √k`` for ``seeds`` = k and ``t(q, N − 1) ·
+    SE_test`` for ``examples`` = N (None or N < 2: a normal quantile)."""
+    from scipy import stats as st  # here, not at import (see mcnemar)
+
+    q = 1 - (1 - confidence / 100) / 2
+    test_q = st.norm.ppf(q) if examples is None or examples < 2 else st.t.ppf(q, examples - 1)
+    return float(st.t.ppf(q, seeds - 1)) * seed_std / math.sqrt(seeds), float(test_q) * test_se
+
+
 def paired_interval(numerators: np.ndarray, denominators: np.ndarray | None = None, *,
                     transform: Literal["identity", "points", "ratio"] = "identity",
                     replicates: int = BOOTSTRAP_REPLICATES, confidence: float = 95.0) -> dict[str, Any]:
@@ -151,8 +163,6 @@ def paired_interval(numerators: np.ndarray, denominators: np.ndarray | None = No
     Raises:
         ValueError: as :func:`hierarchical_bootstrap`.
     """
-    from scipy import stats as st  # here, not at import (see mcnemar)
-
     boot = hierarchical_bootstrap(numerators, denominators, transform=transform, replicates=replicates,
                                   confidence=confidence)
     test_only = hierarchical_bootstrap(numerators, denominators, transform=transform, confidence=confidence,
@@ -169,9 +179,7 @@ def paired_interval(numerators: np.ndarray, denominators: np.ndarray | None = No
                            "bootstrap": {"ci": boot["ci"], "se": boot["se"]}}
     if k < 2 or test_se is None:
         return out
-    q = 1 - (1 - confidence / 100) / 2
-    seed_half = float(st.t.ppf(q, k - 1)) * out["seed_std"] / math.sqrt(k)
-    test_half = float(st.t.ppf(q, n - 1)) * test_se
+    seed_half, test_half = _half_widths(out["seed_std"], k, test_se, n, confidence)
     half = math.hypot(seed_half, test_half)
     return out | {"ci": [out["estimate"] - half, out["estimate"] + half], "half_width": half,
                   "seed_half_width": seed_half, "test_half_width": test_half}
@@ -217,16 +225,12 @@ def seeds_needed(seed_std: float | None, half_width: float, *, test_se: float = 
     no ``n <= max_seeds`` reaches it (in particular when the test set's part alone exceeds
     ``half_width``) or ``seed_std`` is unknown.
     """
-    from scipy import stats as st  # here, not at import (see mcnemar)
-
     if seed_std is None or not math.isfinite(seed_std) or half_width <= 0:
         return None
-    q = 1 - (1 - confidence / 100) / 2
-    test_half = (st.norm.ppf(q) if test_examples is None or test_examples < 2 else st.t.ppf(q, test_examples - 1)) * test_se
-    if test_half >= half_width:
+    if _half_widths(seed_std, 2, test_se, test_examples, confidence)[1] >= half_width:
         return None
     for n in range(2, max_seeds + 1):
-        if math.hypot(st.t.ppf(q, n - 1) * seed_std / math.sqrt(n), test_half) <= half_width:
+        if math.hypot(*_half_widths(seed_std, n, test_se, test_examples, confidence)) <= half_width:
             return n
     return None
 
