@@ -259,7 +259,7 @@ def _scale(comparison: dict[str, Any], method: str) -> str | None:
     return f"{total / 1e6:.1f}M parameters" if total else None
 
 
-def hierarchical_gap(claim: Claim, results: Path, comparison: dict[str, Any], seeds: list[int]) -> dict[str, Any] | None:
+def seeds_examples_gap(claim: Claim, results: Path, comparison: dict[str, Any], seeds: list[int]) -> dict[str, Any] | None:
     """The seeds × examples interval of ``claim.method − claim.reference`` over ``seeds`` from the
     committed runs' ``predictions.npz`` (:func:`oelm.report.uncertainty.paired_interval`, paired by
     seed and example), in the claim's unit; None when a run of either method saved no predictions of
@@ -328,7 +328,7 @@ def measure(claim: Claim, results: Path) -> dict[str, Any]:
          "method_mean": mean(_per_seed(comparison, claim.method, claim.field)),
          "reference_mean": mean(_per_seed(comparison, claim.reference, claim.field)),
          "scale": _scale(comparison, claim.reference)}
-    found = hierarchical_gap(claim, results, comparison, paired["seeds"])
+    found = seeds_examples_gap(claim, results, comparison, paired["seeds"])
     if found is not None:
         m |= {"mean": found["mean"], "ci95": found["ci95"], "interval": "seeds × examples interval"}
     if claim.gap is None:

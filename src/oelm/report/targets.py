@@ -27,7 +27,7 @@ from oelm.report.stats import summarize
 
 __all__ = ["targets_comparison", "targets_blocks", "bound_result"]
 
-_HIERARCHICAL = "seeds × examples"
+_SEEDS_EXAMPLES = "seeds × examples"
 _SEED_ONLY = "seed-only interval (t)"
 
 
@@ -73,7 +73,7 @@ def _interval_of(comparison: dict[str, Any], name: str, ratio: bool) -> dict[str
     entry = (u.get("methods") or {}).get(name) or {}
     if entry.get("interval") == "seeds × examples" and entry.get("ci95"):
         return {"gap": entry["gap"], "ci95": list(entry["ci95"]), "n": len(entry.get("seeds") or []),
-                "seeds": list(entry.get("seeds") or []), "split": u.get("split"), "interval": _HIERARCHICAL}
+                "seeds": list(entry.get("seeds") or []), "split": u.get("split"), "interval": _SEEDS_EXAMPLES}
     return _seed_gap(comparison, name, ratio)
 
 
