@@ -258,3 +258,43 @@ def test_seeds_needed_is_the_smallest_n_whose_t_interval_fits():
     assert with_test > n
     assert seeds_needed(s, x, test_se=x / 1.9) is None and seeds_needed(None, x) is None
     assert seeds_needed(s, x, test_se=0.1, test_examples=2) is None  # 12.7 x 0.1 > 1: two documents cannot get there
+
+
+def _p_by_hand(gap: float, seed_std: float, k: int, test_se: float, n: int) -> float:
+    """The interval's p written here from its definition, with scipy's t.isf (not oelm's t.ppf path):
+    the α at which gap ± sqrt((t·s/√k)² + (t·SE)²) reaches 0."""
+    from scipy.optimize import brentq
+
+    def excess(alpha):
+        return math.hypot(stats.t.isf(alpha / 2, k - 1) * seed_std / math.sqrt(k),
+                          stats.t.isf(alpha / 2, n - 1) * test_se) - abs(gap)
+
+    return brentq(excess, 1e-12, 1.0, xtol=1e-15)
+
+
+def test_the_interval_p_value_is_below_alpha_exactly_when_the_interval_excludes_zero(matrix):
+    """One model per verdict: on the stand-ins over the real SST-2 labels (3 seeds × 872 examples),
+    interval_p_value is below α exactly when paired_interval's (1 − α) interval excludes 0, at its own
+    p the interval's end sits on 0, and it equals a p computed here from the formula; with no test-set
+    spread it is the paired t-test's p (scipy)."""
+    from oelm.report.uncertainty import P_FLOOR, interval_p_value, paired_interval
+
+    out, labels, _ = matrix
+    numerators = np.stack([_correct(out, labels, "oelm_freeze", s).astype(float) - _correct(out, labels, "baseline", s)
+                           for s in SEEDS])
+    got = paired_interval(numerators, transform="points", replicates=2000)
+    p = interval_p_value(got["estimate"], got["seed_std"], 3, got["test_se"], 872)
+    assert 0.001 < p < 0.5  # a gap neither certain nor nothing: both sides of the alphas below are exercised
+    assert p == pytest.approx(_p_by_hand(got["estimate"], got["seed_std"], 3, got["test_se"], 872), rel=1e-6)
+    for alpha in (0.005, 0.01, 0.05, 0.1, 0.2, 0.5, 0.9):
+        lo, hi = paired_interval(numerators, transform="points", replicates=2000, confidence=100 * (1 - alpha))["ci"]
+        assert (p < alpha) == (not lo <= 0.0 <= hi), alpha
+    at_p = paired_interval(numerators, transform="points", replicates=2000, confidence=100 * (1 - p))["ci"]
+    assert min(abs(at_p[0]), abs(at_p[1])) < 1e-8 * abs(got["estimate"])
+
+    per_seed = np.array([1.0, 2.5, 0.4])
+    assert interval_p_value(per_seed.mean(), per_seed.std(ddof=1), 3, 0.0, None) == pytest.approx(
+        stats.ttest_1samp(per_seed, 0.0).pvalue, rel=1e-9)
+    assert interval_p_value(0.0, 1.0, 3, 0.5, 872) == 1.0
+    assert interval_p_value(1.0, None, 1, 0.5, 872) is None  # one seed: no interval, no p
+    assert interval_p_value(1.0, 0.0, 3, 0.0, 872) == P_FLOOR  # no spread at all: p is below any level

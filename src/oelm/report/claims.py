@@ -4,58 +4,73 @@ The claims table that opens ``docs/results/README.md`` is *computed* here from t
 comparisons (``docs/results/<name>/comparison.json``, and their runs' ``predictions.npz``), the
 committed benchmarks (``docs/results/bench-cpu/*.json``; ``docs/results/gpu-*/bench-*.json`` of
 committed GPU checks; :mod:`oelm.report.claims_rows`), never typed by hand;
-``tests/test_committed_results.py`` checks that the README's table is exactly what
-:func:`claims_markdown` writes. Update it with::
+``tests/test_claims.py`` checks that the README's table is exactly what :func:`claims_markdown`
+writes. The claims themselves are listed in :mod:`oelm.report.claims_list`. Update it with::
 
     python -m oelm.report.claims docs/results --update docs/results/README.md
 
 Our gap (:func:`measure`): ``method − reference`` over the seeds both ran, in accuracy points or,
-for perplexity, percent of the reference (``100 (method / reference − 1)``), with a 95% interval:
+for perplexity, percent of the reference (``100 (method / reference − 1)``), with a 95% interval
+and the p-value of **the same model** ("no difference"):
 
 * **seeds × examples** where both methods' runs saved predictions of the split
   (:func:`oelm.report.uncertainty.paired_interval`, paired by seed and by example: the seeds'
   Student-t half-width and the test set's, from its bootstrap SE, added in quadrature; it covers
-  the test set's sampling error as well as the seeds');
+  the test set's sampling error as well as the seeds'). Its p is that interval inverted
+  (:func:`oelm.report.uncertainty.interval_p_value`): the α whose (1 − α) interval just reaches 0,
+  so p < 0.05 exactly when the 95% interval excludes 0. Classification rows also show McNemar's
+  exact test per seed (the reference's and the method's runs of one seed on the same examples,
+  McNemar 1947), beside the verdict, not in it; the seeds are not pooled into one test (a
+  Mantel–Haenszel or pooled exact test over seeds, Mantel & Haenszel 1959), because every seed
+  saw the same test examples: the k tables are not independent strata, and pooling would count
+  each example k times and leave out the spread between seeds;
 * **seed-only** otherwise (results written before oelm saved predictions): the paired Student-t
-  interval over seeds (:func:`oelm.report.stats.paired_difference`).
-The paired t-test's p is shown either way.
+  interval over seeds and the paired t-test's p (:func:`oelm.report.stats.paired_difference`),
+  which is the same inversion with no test-set term.
+
+**Multiplicity** (:func:`measure_all`): the p-values are Holm-adjusted (:func:`oelm.report.stats.holm`)
+within each family of rows (:attr:`Claim.family`): the original's claims (rows with a claimed gap,
+the original's and the second-dataset ones) and our questions (the "(ours)" rows). The verdict
+calls a gap *significant* when its Holm-adjusted p is below :data:`ALPHA` (0.05); whether the
+claimed gap lies in our interval is read from the unadjusted 95% interval. Rows without a p (not
+testable, pending, parameter counts, benchmark rows) are in no family.
 
 Verdict rule (:func:`verdict`) for a claimed gap ``g`` against our interval ``[lo, hi]``:
 
-=========================================  ==============================================
-our interval                               verdict
-=========================================  ==============================================
-excludes 0, same sign as g, contains g     reproduced
-excludes 0, same sign as g, misses g       direction reproduced, size not (smaller/larger)
-excludes 0, opposite sign                  contradicted (opposite direction)
-contains 0 and g                           inconclusive at n seeds
-contains 0, misses g                       contradicted (no effect of the claimed size)
-=========================================  ==============================================
+==============================================  ==============================================
+our gap                                         verdict
+==============================================  ==============================================
+significant, same sign as g, interval has g     reproduced
+significant, same sign as g, interval misses g  direction reproduced, size smaller / larger
+significant, opposite sign                      opposite direction at <scale>
+not significant, interval has g                 inconclusive at n seeds
+not significant, interval misses g              not reproduced at <scale>
+==============================================  ==============================================
 
 Each verdict carries its scale ("reproduced at 22.7M parameters": the reference model's parameters
 in that comparison), since ours are small models. Our own questions, which the original did not
-ask (the research matrices' controls: :data:`RESEARCH`), get a two-sided verdict
-(:func:`difference_verdict`): "differs" when the interval excludes 0, else "no difference resolved".
+ask (the research matrices' controls), get a two-sided verdict (:func:`difference_verdict`):
+"differs" when the gap is significant, else "no difference resolved".
 
 A verdict is **fragile** (:func:`fragile`), and says so among its caveats, when it rests on
 ``n <= 3`` seeds and an end of its interval lies within 0.25 (points or % perplexity) of 0, or when
-the paired p lies in [0.01, 0.1): one more seed or another test sample could flip it.
+the p its verdict uses (Holm-adjusted) lies in [0.01, 0.1): one more seed or another test sample
+could flip it.
 
 Claims whose data or scale this machine cannot reach say so ("not testable here") with the reason;
 claims whose committed run does not exist yet say "pending (running in the background)" and the
-config that produces it. Sources of the original numbers: the original OELM project's README
-(single seed each).
+config that produces it.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from oelm.records import MatrixFolder
+from oelm.report.claims_list import CLAIMS, ORIGINAL, OURS, RESEARCH, Claim  # noqa: F401 - the table's public names
 from oelm.report.claims_rows import (  # noqa: F401 - PUBLISHED_MINILM_L6_SST2, anchor_row: the table's public names
     PUBLISHED_MINILM_L6_SST2, anchor_row, bench_row, per_step_row, read_json, speed_rows, stability_row, trainable_rows,
 )
@@ -63,185 +78,62 @@ from oelm.report.render import _num, _p, _signed  # the report's number formats
 
 BEGIN = "<!-- claims:begin (written by python -m oelm.report.claims; do not edit by hand) -->"
 END = "<!-- claims:end -->"
+#: A gap is significant when its Holm-adjusted p is below this (the 95% interval's level).
+ALPHA = 0.05
 #: An interval end this close to 0 (points, or % perplexity) with n <= 3 seeds makes a verdict fragile.
 FRAGILE_END = 0.25
-#: A paired p in [FRAGILE_P[0], FRAGILE_P[1]) makes a verdict fragile.
+#: A (Holm-adjusted) p in [FRAGILE_P[0], FRAGILE_P[1]) makes a verdict fragile.
 FRAGILE_P = (0.01, 0.1)
 
 
-@dataclass(frozen=True)
-class Claim:
-    """One quantitative claim of the original project and where oelm measures it.
-
-    ``gap`` is the original's ``method − reference`` (accuracy points; for ``relative`` claims the
-    percent change of the reference's perplexity); None for our own two-sided questions
-    (:data:`RESEARCH`). ``comparison`` names a committed folder under
-    ``docs/results``; ``field`` is the per-seed value compared (``best_validation`` or ``test``).
-    ``untestable`` is the reason when this machine cannot test the claim at all.
-    """
-
-    key: str
-    text: str
-    original: str
-    gap: float | None
-    method: str = "oelm_freeze"
-    reference: str = "baseline"
-    comparison: str | None = None
-    config: str | None = None
-    field: str = "best_validation"
-    relative: bool = False
-    lower_is_better: bool = False
-    setting: str = ""
-    untestable: str | None = None
+def _significant(ci: list[float], p: float | None) -> bool:
+    """``p < ALPHA``; without a p (identical per-seed gaps), whether ``ci`` excludes 0."""
+    return p < ALPHA if p is not None else not ci[0] <= 0.0 <= ci[1]
 
 
-CLAIMS: tuple[Claim, ...] = (
-    Claim("sst2", "BERT-base SST-2: OELM-Freeze costs 1.84 points", "93.12 → 91.28", -1.84,
-          comparison="evidence-sst2-minilm", config="configs/evidence/sst2_minilm.yaml", field="test",
-          setting="all-MiniLM-L6-v2, full SST-2 train, SST-2 test (1,821; evaluated once per run)"),
-    Claim("mnli", "BERT-base MNLI: OELM-Freeze costs 1.21 points", "83.44 → 82.23", -1.21,
-          untestable="MNLI's training set (~300 MB) is not in the local data and the Hub is unreachable"),
-    Claim("xnli", "BERT-base XNLI-en: OELM-Freeze gains 1.08 points", "76.71 → 77.79", 1.08,
-          untestable="XNLI-en trains on MNLI (not in the local data); only XNLI's 2,490 validation pairs are here"),
-    Claim("random", "OELM-Random loses 9.17 points to OELM-Freeze, \"so orthogonality is necessary\"",
-          "91.28 → 82.11", -9.17, method="oelm_random", reference="oelm_freeze",
-          comparison="evidence-sst2-minilm", config="configs/evidence/sst2_minilm.yaml", field="test",
-          setting="SST-2 as above; Q/K ~ N(0, 0.02²), frozen"),
-    Claim("matched", "…and it is orthogonality, not scale (our control: scale-matched random Q/K)",
-          "(not run by the original)", -9.17, method="oelm_random_matched", reference="oelm_freeze",
-          comparison="evidence-sst2-minilm", config="configs/evidence/sst2_minilm.yaml", field="test",
-          setting="SST-2 as above; Q/K ~ N(0, 1/hidden_size): orthonormal rows' norm"),
-    Claim("orthogonal", "…and orthogonality is what OELM-Random lacks (our control: random orthogonal Q/K "
-          "should recover the gap)", "(not run by the original)", 9.17, method="oelm_random_orthogonal",
-          reference="oelm_random", comparison="evidence-sst2-minilm", config="configs/evidence/sst2_minilm.yaml",
-          field="test", setting="SST-2 as above; fresh Gaussian Q/K orthogonalized per head (QR, sign-fixed; "
-                                "no pretrained Q/K), frozen"),
-    Claim("imdb", "GPT classification IMDB: OELM-Freeze gains 7.14 points", "78.56 → 85.70", 7.14,
-          comparison="evidence-gpt-cls-imdb", config="configs/evidence/gpt_cls_imdb.yaml", field="test",
-          setting="gpt-tiny from scratch, causal, 5k reviews at 128 tokens, 5k IMDB test reviews"),
-    Claim("ag_news", "GPT classification AG News: OELM-Freeze gains 5.69 points", "87.05 → 92.74", 5.69,
-          comparison="evidence-gpt-cls-ag-news", config="configs/evidence/gpt_cls_ag_news.yaml", field="test",
-          setting="gpt-tiny from scratch, causal, ALPS 10k train, AG News test"),
-    Claim("xnli_standin", "…XNLI-en on a small-data stand-in: OELM-Freeze gains 1.08 points", "76.71 → 77.79", 1.08,
-          comparison="research-xnli-en", config="configs/research/xnli_en.yaml", field="test",
-          setting="all-MiniLM-L6-v2 trained on 1,992 English XNLI validation pairs (not MNLI), selected on 249 and tested "
-                  "on 249 held-out pairs: a small-data stand-in, not the benchmark"),
-    Claim("xnli_gpt", "GPT classification XNLI: OELM-Freeze gains 11.60 points", "46.39 → 57.99", 11.60,
-          untestable="XNLI trains on MNLI (not in the local data); 1,992 local pairs are too few for a GPT from scratch"),
-    Claim("tinystories", "TinyStories: OELM-Freeze perplexity 9.8% higher", "4.27 → 4.69", 9.84,
-          comparison="evidence-tinystories-lm", config="configs/evidence/tinystories_lm.yaml",
-          field="test", relative=True, lower_is_better=True,
-          setting="gpt-tiny from scratch, 800 TinyStories stories, BPE-4096, perplexity on 414 held-out stories "
-                  "(learning rate and early stopping on 300 others)"),
-    Claim("tinystories_random", "TinyStories: OELM-Random perplexity 6.0% higher than OELM-Freeze's", "4.69 → 4.97",
-          5.97, method="oelm_random", reference="oelm_freeze", comparison="evidence-tinystories-lm",
-          config="configs/evidence/tinystories_lm.yaml", field="test", relative=True, lower_is_better=True,
-          setting="TinyStories as above; Q/K ~ N(0, 0.02²), frozen"),
-    Claim("global_qr", "GPT with one global QR of Q/K (not per head): perplexity 19% higher than baseline",
-          "(Phase 2: \"GPT + global QR fails\")", 19.0, method="oelm_global", comparison="research-gpt-tiny-inits",
-          config="configs/research/gpt_tiny_inits.yaml", field="test", relative=True, lower_is_better=True,
-          setting="TinyStories as above (configs/research/gpt_tiny_inits.yaml); one QR over the whole Q/K matrix, frozen"),
-    Claim("openwebtext", "OpenWebText: OELM-Freeze perplexity 14.9% higher", "47.24 → 54.29", 14.92,
-          relative=True, lower_is_better=True,
-          untestable="OpenWebText is not in the local data (every copy is over the 4 MiB download limit)"),
-    Claim("wikitext103", "WikiText-103: OELM-Freeze perplexity 15.5% higher", "25.13 → 29.03", 15.52,
-          relative=True, lower_is_better=True,
-          untestable="WikiText-103 (~540 MB) is not in the local data, nor WikiText-2's training split (every copy is "
-                     "over the 4 MiB download limit)"),
-)
-
-_MECHANISM = ("configs/research/sst2_mechanism.yaml", "research-sst2-mechanism",
-              "all-MiniLM-L6-v2, 12,000 SST-2 sentences, 1 epoch, SST-2 test (1,821), 5 seeds")
-_INITS = ("configs/research/gpt_tiny_inits.yaml", "research-gpt-tiny-inits",
-          "gpt-tiny from scratch, 800 TinyStories stories, perplexity on 414 held-out stories")
-_GUTENBERG = ("configs/research/gutenberg_lm.yaml", "research-gutenberg-lm",
-              "gpt-tiny from scratch on 3 Gutenberg novels, perplexity on 2 held-out books")
-_VARIANTS = ("configs/research/variants_sst2.yaml", "research-variants-sst2",
-             "all-MiniLM-L6-v2, 12,000 SST-2 sentences, 1 epoch, SST-2 test (1,821)")
-_LORA = ("configs/research/lora_sst2.yaml", "research-lora-sst2",
-         "all-MiniLM-L6-v2, 8,000 SST-2 sentences, 3 epochs, LoRA r 8 on value / attention output, SST-2 test")
-
-
-def _question(key: str, text: str, method: str, reference: str, where: tuple[str, str, str], *, gap: float | None = None,
-              original: str = "(not run by the original)", lm: bool = False, setting: str = "") -> Claim:
-    config, folder, context = where
-    return Claim(key, text, original, gap, method=method, reference=reference, comparison=folder, config=config,
-                 field="test", relative=lm, lower_is_better=lm, setting=context + (f"; {setting}" if setting else ""))
-
-
-#: The research matrices' rows (issue 36): our questions, and two seed claims tested on a second dataset.
-RESEARCH: tuple[Claim, ...] = (
-    _question("pretrained_vs_qr", "(ours) pretrained vs orthogonalized Q/K: does the QR step matter?",
-              "oelm_pretrained_frozen", "oelm_freeze", _MECHANISM, setting="the pretrained Q/K frozen as they are vs QR per head"),
-    _question("temperature", "(ours) temperature: OELM-Freeze's rows at the pretrained per-head norm",
-              "oelm_rescaled", "oelm_freeze", _MECHANISM, setting="oelm_rescaled vs oelm_freeze"),
-    _question("mimetic_frozen", "(ours) from scratch: mimetic vs orthogonal frozen Q/K", "oelm_mimetic", "oelm_freeze",
-              _INITS, lm=True, setting="W_q W_kᵀ ≈ I per head (Trockman & Kolter 2023) vs random orthogonal, both frozen"),
-    _question("mimetic_trained", "(ours) from scratch: mimetic initialization, trained, vs baseline", "mimetic_trained",
-              "baseline", _INITS, lm=True, setting="Trockman & Kolter 2023 report faster, better training"),
-    _question("mimetic_vo_trained", "(ours) from scratch: the whole mimetic initialization (Q/K and V/O), trained, vs "
-              "baseline", "mimetic_vo_trained", "baseline", _INITS, lm=True,
-              setting="W_q W_kᵀ ≈ I per head and W_v W_o ≈ −I (Trockman & Kolter 2023), everything trained"),
-    _question("fixed_attention", "(ours) from scratch: a frozen random attention map vs baseline", "fixed_attention",
-              "baseline", _INITS, lm=True, setting="Synthesizer Random (Tay et al. 2021)"),
-    _question("reservoir", "(ours) from scratch: reservoir layers vs baseline", "reservoir", "baseline", _INITS, lm=True,
-              setting="layers 1 and 3 of 4 frozen at random (Shen et al. 2021)"),
-    _question("global_vs_head_wise", "(ours) from scratch: one global QR vs a QR per head (OELM), both frozen",
-              "oelm_global", "oelm_freeze", _INITS, lm=True,
-              setting="does the head-wise QR matter? (the original's Phase 2 premise: global QR fails on GPT)"),
-    _question("freeze_vs_fixed_map", "(ours) from scratch: frozen orthogonal Q/K vs a frozen random attention map",
-              "oelm_freeze", "fixed_attention", _INITS, lm=True,
-              setting="input-dependent attention from frozen Q/K vs an input-independent map (Synthesizer Random)"),
-    _question("gutenberg_freeze", "Gutenberg (a second LM dataset): OELM-Freeze perplexity 9.8% higher", "oelm_freeze",
-              "baseline", _GUTENBERG, gap=9.84, original="4.27 → 4.69 (TinyStories)", lm=True),
-    _question("gutenberg_random", "Gutenberg: OELM-Random perplexity 6.0% higher than OELM-Freeze's", "oelm_random",
-              "oelm_freeze", _GUTENBERG, gap=5.97, original="4.69 → 4.97 (TinyStories)", lm=True),
-    _question("qk_ffn", "(ours) Q/K and feed-forward frozen (oelm_qk_ffn) vs baseline", "oelm_qk_ffn", "baseline", _VARIANTS),
-    _question("ffn_only", "(ours) only the feed-forward frozen (oelm_ffn_only) vs baseline", "oelm_ffn_only", "baseline",
-              _VARIANTS),
-    _question("lora", "(ours) under LoRA: frozen orthogonal Q/K vs LoRA alone", "oelm_freeze_lora", "lora", _LORA,
-              setting="oelm_freeze_lora vs lora"),
-)
-
-
-def verdict(gap: float, ci: list[float] | None, n: int, scale: str | None = None) -> str:
-    """The verdict of the module docstring's table for claimed ``gap`` and our 95% interval ``ci``,
-    said at ``scale`` (e.g. "22.7M parameters") when given."""
+def verdict(gap: float, ci: list[float] | None, n: int, scale: str | None = None, p: float | None = None) -> str:
+    """The verdict of the module docstring's table for claimed ``gap``, our 95% interval ``ci`` and
+    the p the verdict uses (``p``: Holm-adjusted in the table; None: whether ``ci`` excludes 0),
+    said at ``scale`` (e.g. "22.7M parameters") when given. The sign of our gap is that of the
+    interval's centre (both intervals are symmetric about the gap)."""
     if ci is None or n < 2:
         return f"not decidable (n = {n} seeds)"
     at = f" at {scale}" if scale else ""
     lo, hi = ci
-    if lo <= 0.0 <= hi:
-        return f"inconclusive at n = {n}" + (f", {scale}" if scale else "") if lo <= gap <= hi \
-            else f"contradicted{at}: no effect of the claimed size"
-    if (lo > 0) != (gap > 0):
-        return f"contradicted{at}: opposite direction"
+    if not _significant(ci, p):
+        return f"inconclusive at n = {n}" + (f", {scale}" if scale else "") if lo <= gap <= hi else f"not reproduced{at}"
+    if (lo + hi > 0) != (gap > 0):
+        return f"opposite direction{at}"
     if lo <= gap <= hi:
         return f"reproduced{at}"
     return f"direction reproduced{at}, size " + ("smaller" if abs(gap) > max(abs(lo), abs(hi)) else "larger")
 
 
-def difference_verdict(ci: list[float] | None, n: int, scale: str, method: str, reference: str, higher_is_better: bool) -> str:
-    """A two-sided question's verdict: ``method`` better or worse than ``reference`` when the 95%
-    interval of ``method − reference`` excludes 0, else no difference resolved (at ``n`` seeds)."""
+def difference_verdict(ci: list[float] | None, n: int, scale: str, method: str, reference: str, higher_is_better: bool,
+                       p: float | None = None) -> str:
+    """A two-sided question's verdict: ``method`` better or worse than ``reference`` when the gap
+    ``method − reference`` is significant (``p`` below :data:`ALPHA`; None: the 95% interval ``ci``
+    excludes 0), else no difference resolved (at ``n`` seeds)."""
     if ci is None or n < 2:
         return f"not decidable (n = {n} seeds)"
     lo, hi = ci
-    if lo <= 0.0 <= hi:
+    if not _significant(ci, p):
         return f"no difference resolved at n = {n}, {scale}"
-    better = (lo > 0) == higher_is_better
+    better = (lo + hi > 0) == higher_is_better
     return f"differs at {scale}: {method} {'better' if better else 'worse'} than {reference}"
 
 
 def fragile(m: dict[str, Any]) -> list[str]:
     """Why a measured verdict is fragile (module docstring): n <= 3 with an interval end within
-    :data:`FRAGILE_END` of 0, or a paired p in :data:`FRAGILE_P`; [] when it is not."""
+    :data:`FRAGILE_END` of 0, or the p its verdict uses (``p_holm``, else ``p_value``) in
+    :data:`FRAGILE_P`; [] when it is not."""
     reasons = []
-    ci, p = m.get("ci95"), m.get("p_value")
+    ci = m.get("ci95")
+    p, name = (m["p_holm"], "Holm-adjusted p") if m.get("p_holm") is not None else (m.get("p_value"), "p")
     if ci and m["n"] <= 3 and min(abs(ci[0]), abs(ci[1])) < FRAGILE_END:
         reasons.append(f"n = {m['n']} and the interval ends {min(abs(ci[0]), abs(ci[1])):.2f} from 0")
     if p is not None and FRAGILE_P[0] <= p < FRAGILE_P[1]:
-        reasons.append(f"p = {p:.3f}")
+        reasons.append(f"{name} = {p:.3f}")
     return reasons
 
 
@@ -259,10 +151,18 @@ def _scale(comparison: dict[str, Any], method: str) -> str | None:
     return f"{total / 1e6:.1f}M parameters" if total else None
 
 
+def _rates(comparison: dict[str, Any], claim: Claim) -> str:
+    """"reservoir 0.002, baseline 0.001": both methods' selected learning rates (:attr:`Claim.show_rates`)."""
+    rate = lambda m: (comparison["methods"].get(m) or {}).get("learning_rate")  # noqa: E731
+    return ", ".join(f"{m} {rate(m):g}" for m in (claim.method, claim.reference) if rate(m) is not None)
+
+
 def seeds_examples_gap(claim: Claim, results: Path, comparison: dict[str, Any], seeds: list[int]) -> dict[str, Any] | None:
     """The seeds × examples interval of ``claim.method − claim.reference`` over ``seeds`` from the
     committed runs' ``predictions.npz`` (:func:`oelm.report.uncertainty.paired_interval`, paired by
-    seed and example), in the claim's unit; None when a run of either method saved no predictions of
+    seed and example), in the claim's unit, with its own p
+    (:func:`oelm.report.uncertainty.interval_p_value`) and, for classification, McNemar's exact p
+    per seed (``mcnemar``: seed order); None when a run of either method saved no predictions of
     the split, or there is one seed (then the row keeps the seed-only interval).
 
     Raises:
@@ -270,7 +170,7 @@ def seeds_examples_gap(claim: Claim, results: Path, comparison: dict[str, Any], 
             match its result.json (one line naming it).
     """
     from oelm.predictions import read_predictions  # numpy + the records: only for comparisons with predictions
-    from oelm.report.uncertainty import paired_interval, paired_outcomes
+    from oelm.report.uncertainty import interval_p_value, mcnemar, paired_interval, paired_outcomes
 
     lm = comparison.get("metric") == "perplexity"
     if not seeds or lm != claim.relative:
@@ -292,20 +192,16 @@ def seeds_examples_gap(claim: Claim, results: Path, comparison: dict[str, Any], 
     if both["ci"] is None:
         return None
     unit = (lambda x: 100.0 * (x - 1.0)) if lm else (lambda x: x)  # noqa: E731 - % of the reference's perplexity
-    return {"mean": unit(both["estimate"]), "ci95": [unit(x) for x in both["ci"]], "examples": both["n_examples"]}
+    p = interval_p_value(both["estimate"] - (1.0 if lm else 0.0), both["seed_std"], both["n_seeds"], both["test_se"],
+                         both["n_examples"])
+    tests = None if lm else [mcnemar(paired["baseline_correct"][i], paired["method_correct"][i])["p_exact"]
+                             for i in range(len(seeds))]
+    return {"mean": unit(both["estimate"]), "ci95": [unit(x) for x in both["ci"]], "examples": both["n_examples"],
+            "p_value": p, "mcnemar": tests}
 
 
-def measure(claim: Claim, results: Path) -> dict[str, Any]:
-    """Our measurement of ``claim`` from the committed comparison under ``results``.
-
-    Returns ``{"status": "measured" | "pending" | "untestable", ...}``; measured adds ``n``,
-    ``seeds``, ``mean``, ``ci95`` (seeds × examples where both methods saved predictions, else the
-    paired t interval: ``interval`` says which), ``p_value`` (paired t-test, :func:`paired_difference`),
-    the two methods' means (``method_mean``, ``reference_mean``), ``scale``, ``verdict`` and ``caveats``
-    (:func:`caveats`, then :func:`fragile`'s reasons; the table prints them after the verdict). For
-    relative claims the per-seed differences are ``100 * (method / reference − 1)`` (% of the
-    reference's perplexity).
-    """
+def _measured(claim: Claim, results: Path) -> dict[str, Any]:
+    """:func:`measure`'s numbers for one claim, before the family's Holm adjustment and the verdict."""
     from oelm.report.stats import paired_difference  # scipy (~1 s): only when a claim is measured
 
     if claim.untestable:
@@ -324,22 +220,64 @@ def measure(claim: Claim, results: Path) -> dict[str, Any]:
         return {"status": "pending", "config": claim.config}
     mean = lambda d: sum(d.values()) / len(d) if d else None  # noqa: E731
     m = {"status": "measured", "n": paired["n"], "seeds": paired["seeds"], "mean": paired["mean"], "ci95": paired["ci95"],
-         "p_value": paired["p_value"], "interval": "seed-only interval",
+         "p_value": paired["p_value"], "test": "paired t-test", "interval": "seed-only interval", "mcnemar": None,
          "method_mean": mean(_per_seed(comparison, claim.method, claim.field)),
          "reference_mean": mean(_per_seed(comparison, claim.reference, claim.field)),
-         "scale": _scale(comparison, claim.reference)}
+         "scale": _scale(comparison, claim.reference), "rates": _rates(comparison, claim) if claim.show_rates else None}
     found = seeds_examples_gap(claim, results, comparison, paired["seeds"])
     if found is not None:
-        m |= {"mean": found["mean"], "ci95": found["ci95"], "interval": "seeds × examples interval"}
+        m |= {"mean": found["mean"], "ci95": found["ci95"], "p_value": found["p_value"], "mcnemar": found["mcnemar"],
+              "test": "seeds × examples interval inverted", "interval": "seeds × examples interval"}
+    m["caveats"] = caveats(comparison, (claim.reference, claim.method))
+    return m
+
+
+def _judge(claim: Claim, m: dict[str, Any], p_holm: float | None) -> dict[str, Any]:
+    """``m`` with ``p_holm``, ``significant``, ``verdict`` and the fragile caveat added."""
+    if m["status"] != "measured":
+        return m
+    m = m | {"p_holm": p_holm, "caveats": list(m["caveats"])}
+    m["significant"] = None if m["ci95"] is None else _significant(m["ci95"], p_holm)
     if claim.gap is None:
         m["verdict"] = difference_verdict(m["ci95"], m["n"], m["scale"] or "this scale", claim.method, claim.reference,
-                                          not claim.lower_is_better)
+                                          not claim.lower_is_better, p_holm)
     else:
-        m["verdict"] = verdict(claim.gap, m["ci95"], m["n"], m["scale"])
-    m["caveats"] = caveats(comparison, (claim.reference, claim.method))
+        m["verdict"] = verdict(claim.gap, m["ci95"], m["n"], m["scale"], p_holm)
     if fragile(m):
         m["caveats"].append("fragile: " + "; ".join(fragile(m)))
     return m
+
+
+def measure_all(claims: Iterable[Claim], results: Path) -> dict[str, dict[str, Any]]:
+    """:func:`measure` for each of ``claims`` (by key), with the p-values Holm-adjusted within each
+    family (:attr:`Claim.family`) of the measured rows that have a p; the verdicts use the adjusted
+    p (module docstring)."""
+    from oelm.report.stats import holm  # with paired_difference's scipy: only when claims are measured
+
+    claims = tuple(claims)
+    measured = {c.key: _measured(c, results) for c in claims}
+    adjusted: dict[str, float] = {}
+    for family in (ORIGINAL, OURS):
+        keys = [c.key for c in claims if c.family == family and measured[c.key].get("p_value") is not None]
+        adjusted |= dict(zip(keys, holm([measured[k]["p_value"] for k in keys])))
+    return {c.key: _judge(c, measured[c.key], adjusted.get(c.key)) for c in claims}
+
+
+def measure(claim: Claim, results: Path) -> dict[str, Any]:
+    """Our measurement of ``claim`` from the committed comparison under ``results``, as a family of
+    its own (its Holm-adjusted p is its p; the table adjusts over each family: :func:`measure_all`).
+
+    Returns ``{"status": "measured" | "pending" | "untestable", ...}``; measured adds ``n``,
+    ``seeds``, ``mean``, ``ci95`` (seeds × examples where both methods saved predictions, else the
+    paired t interval: ``interval`` says which), ``p_value`` (of the same model: ``test`` names it),
+    ``p_holm`` (Holm-adjusted within its family), ``significant``, ``mcnemar`` (McNemar's exact p
+    per seed for a classification row with predictions, else None), the two methods' means
+    (``method_mean``, ``reference_mean``), ``scale``, ``rates`` (selected learning rates, where
+    the claim shows them), ``verdict`` and ``caveats`` (:func:`caveats`, then :func:`fragile`'s
+    reasons; the table prints them after the verdict). For relative claims the per-seed
+    differences are ``100 * (method / reference − 1)`` (% of the reference's perplexity).
+    """
+    return measure_all((claim,), results)[claim.key]
 
 
 def caveats(comparison: dict[str, Any], methods: tuple[str, ...]) -> list[str]:
@@ -369,20 +307,25 @@ def _p_text(p: float | None) -> str:
 
 
 def _row(claim: Claim, m: dict[str, Any]) -> str:
-    """One table row of a gap claim (or question) and its measurement."""
+    """One table row of a gap claim (or question) and its measurement (:func:`measure_all`)."""
     unit = "% perplexity" if claim.relative else " points"
     original = claim.original if claim.gap is None else f"{claim.original} ({_signed(claim.gap)}{unit})"
+    setting = claim.setting or "–"
     if m["status"] == "untestable":
         ours, verdict_text = "–", f"not testable here: {m['why']}"
     elif m["status"] == "pending":
         ours, verdict_text = f"pending (running in the background): `{m['config']}`", "pending"
     else:
         ci = m["ci95"] or [None, None]
+        mcnemar = ("" if not m.get("mcnemar") else
+                   ", McNemar p per seed " + ", ".join(_p(x) for x in m["mcnemar"]))
         ours = (f"{_num(m['reference_mean'])} → {_num(m['method_mean'])}: {_signed(m['mean'])}{unit} "
-                f"[{_signed(ci[0])}, {_signed(ci[1])}], p {_p_text(m['p_value'])}, "
-                f"n = {m['n']} ({claim.field.replace('_', ' ')}; {m['interval']})")
+                f"[{_signed(ci[0])}, {_signed(ci[1])}], p {_p_text(m['p_value'])}, Holm p {_p_text(m['p_holm'])}"
+                f"{mcnemar}, n = {m['n']} ({claim.field.replace('_', ' ')}; {m['interval']})")
         verdict_text = m["verdict"] + (f" (caveat: {'; '.join(m['caveats'])})" if m["caveats"] else "")
-    return f"| {claim.text} | {original} | {ours} | {claim.setting or '–'} | {verdict_text} |"
+        if m.get("rates"):
+            setting += f"; selected learning rates (each on validation): {m['rates']}"
+    return f"| {claim.text} | {original} | {ours} | {setting} | {verdict_text} |"
 
 
 #: The rows :func:`task_kind_row` reads: OELM-Freeze vs baseline on classification and on generation.
@@ -390,24 +333,30 @@ _CLASSIFICATION, _GENERATION = ("sst2", "imdb", "ag_news"), ("tinystories",)
 
 
 def task_kind_row(measured: dict[str, dict[str, Any]]) -> list[str]:
-    """"Classification suits OELM, generation does not", against the measured OELM-Freeze rows:
-    it suits a task when OELM-Freeze's interval is not wholly on the losing side there (no
-    significant cost); the claim holds when that is so on every classification task and not on
-    any generation task."""
+    """"Classification suits OELM, generation does not", against the measured OELM-Freeze rows
+    (:func:`measure_all`): it suits a task when OELM-Freeze has no significant cost there (its gap
+    not significant, or significant on the winning side; ``significant`` as the row's verdict, else
+    the interval excluding 0); the claim holds when that is so on every classification task and
+    not on any generation task."""
     claim, original = "\"Classification suits OELM, generation does not\"", "(summary of the original's results)"
     rows = {k: m for k, m in measured.items() if m.get("status") == "measured" and k in _CLASSIFICATION + _GENERATION}
     if not any(k in rows for k in _CLASSIFICATION) or not any(k in rows for k in _GENERATION):
         return [claim, original, "pending: the OELM-Freeze rows above", "–", "pending"]
     by_key = {c.key: c for c in CLAIMS}
 
-    def costs(key: str) -> bool:  # the interval wholly on the losing side
-        lo, hi = rows[key]["ci95"] or [0.0, 0.0]
-        return lo > 0 if by_key[key].lower_is_better else hi < 0
+    def side(key: str) -> int:  # +1 a significant gain, -1 a significant cost, 0 neither
+        m = rows[key]
+        if not m["ci95"] or not m.get("significant", not m["ci95"][0] <= 0.0 <= m["ci95"][1]):
+            return 0
+        return -1 if (m["mean"] > 0) == by_key[key].lower_is_better else 1
+
+    def costs(key: str) -> bool:
+        return side(key) < 0
 
     cls = [k for k in _CLASSIFICATION if k in rows]
     gen = [k for k in _GENERATION if k in rows]
     lost = [k for k in cls if costs(k)]
-    gained = [k for k in cls if (rows[k]["ci95"] or [0.0, 0.0])[0] > 0]
+    gained = [k for k in cls if side(k) > 0]
     ours = "; ".join(f"{k}: {_signed(rows[k]['mean'])}{'%' if by_key[k].relative else ''} "
                      f"[{_signed(rows[k]['ci95'][0])}, {_signed(rows[k]['ci95'][1])}]" for k in cls + gen)
     scales = sorted({rows[k]["scale"] for k in cls + gen if rows[k].get("scale")}, key=lambda x: float(x.split("M")[0]))
@@ -425,19 +374,17 @@ def task_kind_row(measured: dict[str, dict[str, Any]]) -> list[str]:
 def claims_markdown(results: str | Path) -> str:
     """The claims table (GitHub markdown) computed from the committed results under ``results``."""
     results = Path(results)
-    rows = ["| original claim | original | ours: gap (95% CI), paired p, seeds | our setting | verdict |",
+    rows = ["| original claim | original | ours: gap (95% CI), p, Holm-adjusted p, seeds | our setting | verdict |",
             "|---|---|---|---|---|"]
-    measured = {}
-    for claim in CLAIMS:
-        measured[claim.key] = measure(claim, results)
-        rows.append(_row(claim, measured[claim.key]))
+    measured = measure_all(CLAIMS + RESEARCH, results)
+    rows.extend(_row(claim, measured[claim.key]) for claim in CLAIMS)
     rows.append("| " + " | ".join(task_kind_row(measured)) + " |")
     rows.append("| " + " | ".join(anchor_row(results)) + " |")
     rows.extend("| " + " | ".join(row) + " |" for row in trainable_rows())
     rows.append("| " + " | ".join(per_step_row(results)) + " |")
     rows.append("| " + " | ".join(stability_row(results)) + " |")
     rows.extend("| " + " | ".join(row) + " |" for row in speed_rows(results))
-    rows.extend(_row(claim, measure(claim, results)) for claim in RESEARCH)
+    rows.extend(_row(claim, measured[claim.key]) for claim in RESEARCH)
     return "\n".join(rows) + "\n"
 
 

@@ -16,6 +16,7 @@ Methods (all over seeds, i.e. over independent runs of one method):
 * :func:`best_at_last_evaluation` — whether a run was still improving when its budget ended.
 * :func:`time_to_target` — MLPerf-style "time to quality": the first validation evaluation at
   which a run reaches a target value, with its step and wall-clock seconds since the run began.
+* :func:`holm` — Holm's adjusted p-values over a family of comparisons (the claims table's rows).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ __all__ = [
     "best_at_last_evaluation",
     "reaches",
     "time_to_target",
+    "holm",
 ]
 
 #: An accuracy run whose final validation accuracy is at most the chance level plus this many
@@ -256,3 +258,21 @@ def percent_change(a: float | None, b: float | None) -> float | None:
     if a is None or b is None or b == 0:
         return None
     return 100.0 * (a - b) / b
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values of one family of tests (Holm 1979, "A simple sequentially
+    rejective multiple test procedure", Scand. J. Statist. 6: 65–70), in the order given.
+
+    With the m p-values sorted ascending, ``p_(1) <= ... <= p_(m)``, the adjusted ``p~_(i) =
+    max_{j <= i} min(1, (m − j + 1) · p_(j))``; rejecting every hypothesis whose adjusted p is below α
+    is Holm's procedure, which keeps the chance of any false rejection in the family at most α
+    whatever the dependence between the tests. Ties keep their given order (their adjusted values
+    are equal either way). [] gives [].
+    """
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    adjusted, running = [0.0] * len(p_values), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * float(p_values[i])))
+        adjusted[i] = running
+    return adjusted

@@ -7,6 +7,7 @@ Pure functions on arrays:
   resamples seeds and test examples, paired by seed and by example;
 * :func:`paired_interval` — the interval oelm reports: the seeds' Student-t half-width and the
   test set's (from its bootstrap SE) added in quadrature;
+* :func:`interval_p_value` — the p-value of that same interval (the α at which it reaches 0);
 * :func:`mcnemar` — McNemar's test of two classifiers on the same examples (one seed pair);
 * :func:`seeds_needed` — the power line: seeds for a ± x interval at the observed spread.
 
@@ -64,8 +65,8 @@ from oelm.predictions import RunPredictions, read_predictions
 from oelm.report.stats import sound_runs, summarize
 
 __all__ = [
-    "BOOTSTRAP_REPLICATES", "hierarchical_bootstrap", "paired_interval", "mcnemar", "seeds_needed", "paired_outcomes",
-    "uncertainty_comparison", "uncertainty_blocks",
+    "BOOTSTRAP_REPLICATES", "hierarchical_bootstrap", "paired_interval", "interval_p_value", "mcnemar", "seeds_needed",
+    "paired_outcomes", "uncertainty_comparison", "uncertainty_blocks",
 ]
 
 #: Replicates of the report's bootstrap (Monte Carlo error of a 95% interval's ends ~1% of its width).
@@ -183,6 +184,44 @@ def paired_interval(numerators: np.ndarray, denominators: np.ndarray | None = No
     half = math.hypot(seed_half, test_half)
     return out | {"ci": [out["estimate"] - half, out["estimate"] + half], "half_width": half,
                   "seed_half_width": seed_half, "test_half_width": test_half}
+
+
+#: The smallest p :func:`interval_p_value` resolves; a smaller one is returned as this bound.
+P_FLOOR = 1e-12
+
+
+def interval_p_value(gap: float, seed_std: float | None, seeds: int, test_se: float | None,
+                     examples: int | None) -> float | None:
+    """Two-sided p of "no difference" from the seeds × examples interval itself: the α whose (1 − α)
+    interval of :func:`paired_interval` just reaches the null, i.e. the root of
+    ``sqrt((t(1 − α/2, k − 1) · s/√k)² + (t(1 − α/2, N − 1) · SE_test)²) = |gap|`` (``scipy.optimize.brentq``
+    on :func:`_half_widths`, the interval's own formula). So ``p < α`` exactly when the (1 − α)
+    interval excludes the null, and a verdict's p and interval come from one model. With
+    ``test_se`` = 0 it is the paired t-test's p over the k per-seed gaps.
+
+    Args:
+        gap: the estimate's distance from the null, in the interval's unit (accuracy points; for a
+            perplexity ratio, ratio − 1).
+        seed_std, seeds, test_se, examples: the interval's ``seed_std``, ``n_seeds``, ``test_se`` and
+            ``n_examples`` (:func:`paired_interval`).
+
+    Returns:
+        p in [:data:`P_FLOOR`, 1] (a smaller p is returned as :data:`P_FLOOR`, an upper bound); 1.0
+        for a zero gap; None with fewer than 2 seeds or an unknown spread (no interval either).
+    """
+    from scipy.optimize import brentq  # here, not at import (see mcnemar)
+
+    if seeds < 2 or seed_std is None or test_se is None or not math.isfinite(gap):
+        return None
+    if gap == 0.0:
+        return 1.0
+
+    def excess(alpha: float) -> float:  # half-width of the (1 − α) interval beyond |gap|; falls as α grows
+        return math.hypot(*_half_widths(seed_std, seeds, test_se, examples, 100.0 * (1.0 - alpha))) - abs(gap)
+
+    if excess(P_FLOOR) <= 0.0:
+        return P_FLOOR
+    return float(brentq(excess, P_FLOOR, 1.0, xtol=P_FLOOR * 1e-3))
 
 
 def mcnemar(baseline_correct: Sequence[bool], method_correct: Sequence[bool]) -> dict[str, Any]:
