@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1] / "configs"
 ORIGINAL = sorted((ROOT / "original").rglob("*.yaml"))
 CPU = sorted((ROOT / "cpu").rglob("*.yaml"))
 EVIDENCE = sorted((ROOT / "evidence").glob("*.yaml"))  # issue 10's real-scale matrices
+EVIDENCE2 = sorted((ROOT / "evidence2").glob("*.yaml"))  # issue 49's evidence round 2 (to convergence, predictions saved)
 RESEARCH = sorted((ROOT / "research").glob("*.yaml"))  # beyond the original project (issue 35: LoRA; issue 36: controls, inits, variants, Gutenberg)
 ids = lambda paths: [str(p.relative_to(ROOT)) for p in paths]  # noqa: E731
 
@@ -97,7 +98,7 @@ def test_original_config_builds_without_weights(path):
         del model
 
 
-@pytest.mark.parametrize("path", CPU + EVIDENCE + RESEARCH, ids=ids(CPU + EVIDENCE + RESEARCH))
+@pytest.mark.parametrize("path", CPU + EVIDENCE + EVIDENCE2 + RESEARCH, ids=ids(CPU + EVIDENCE + EVIDENCE2 + RESEARCH))
 def test_cpu_config_runs_on_local_data(path, data_dir):
     config = load_config(path)
     spec = get_dataset_spec(config.task.dataset)
@@ -184,5 +185,5 @@ def test_every_shipped_config_is_package_data_and_configs_is_its_link():
     assert ROOT.is_symlink() and ROOT.resolve() == (package / "configs").resolve()
     globs = tomllib.loads((ROOT.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["oelm"]
     shipped = [p.relative_to(package).as_posix() for p in (package / "configs").rglob("*.yaml")]
-    assert len(shipped) == len(ORIGINAL) + len(CPU) + len(EVIDENCE) + len(RESEARCH) + 2  # + quickstart, tinystories-tiny
+    assert len(shipped) == len(ORIGINAL) + len(CPU) + len(EVIDENCE) + len(EVIDENCE2) + len(RESEARCH) + 2  # + quickstart, tinystories-tiny
     assert [p for p in shipped if not any(fnmatch(p, g) for g in globs)] == []
