@@ -91,7 +91,8 @@ FUSED = ["gpt2", "gpt_neox"]
 # The research methods (issue 36) run through the same property tests on an encoder, the fused
 # decoders and oelm's GPT; fixed_attention and the mimetic value/output methods exist in oelm's GPT only
 # (refused elsewhere: test_structural.py, test_method.py).
-NEW_METHODS = ["oelm_pretrained_frozen", "oelm_rescaled", "oelm_mimetic", "mimetic_trained", "reservoir"]
+NEW_METHODS = ["oelm_pretrained_frozen", "oelm_rescaled", "oelm_mimetic", "mimetic_trained", "reservoir", "oelm_polar",
+               "oelm_temperature"]
 NEW_METHOD_CASES = [(f, m) for f in ("bert", "gpt2", "gpt_neox", "oelm-gpt") for m in NEW_METHODS] + [
     ("oelm-gpt", "fixed_attention"), ("oelm-gpt", "oelm_mimetic_vo"), ("oelm-gpt", "mimetic_vo_trained")
 ]
@@ -287,6 +288,24 @@ def test_reservoir_and_mimetic_on_every_family(family):
         return
     apply_oelm(model, "oelm_mimetic", seed=0)
     assert torch.isfinite(model(**batch(family)).loss)
+
+
+@pytest.mark.parametrize("num_kv_heads", [1, 2])
+def test_polar_per_head_under_grouped_query_attention(num_kv_heads):
+    """oelm_polar: each head's nearest orthonormal rows (closer than QR's), the key per key/value head."""
+    from oelm.init import head_wise_orthogonal_, polar_head_wise_
+
+    model = build("llama", num_key_value_heads=num_kv_heads)
+    before = [(s.query.weight.detach().clone(), s.key.weight.detach().clone()) for s in find_attention_projections(model)]
+    apply_oelm(model, "oelm_polar")
+    for s, (q, k) in zip(find_attention_projections(model), before):
+        assert torch.equal(s.query.weight, polar_head_wise_(q.clone(), HEADS))
+        assert torch.equal(s.key.weight, polar_head_wise_(k.clone(), num_kv_heads))
+        assert max_orthogonality_error(s.key.weight, num_kv_heads) < 1e-5 and not s.key.weight.requires_grad
+        heads = (num_kv_heads, 8, -1)
+        to_polar = torch.linalg.matrix_norm((k - s.key.weight).double().view(heads))
+        to_qr = torch.linalg.matrix_norm((k - head_wise_orthogonal_(k.clone(), num_kv_heads)).double().view(heads))
+        assert (to_polar < to_qr).all(), (to_polar, to_qr)
 
 
 def test_explicit_head_dim_from_config():

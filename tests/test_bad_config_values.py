@@ -450,7 +450,11 @@ def test_more_threads_per_run_than_cores_is_refused_before_any_data(capsys, tmp_
     (TINY_GPT, [{"name": "reservoir", "reservoir_layers": "every_other"}], "reservoir_layers"),
     (TINY_GPT, [{"name": "m", "base": "oelm_freeze", "init": "mimetic", "targets": ["key"]}],
      "init='mimetic' sets query and key together"),
-    (TINY_GPT, [{"name": "m", "base": "oelm_freeze", "init": "mimetc"}], "'orthogonalize_rescaled', 'random_orthogonal'"),
+    (TINY_GPT, [{"name": "m", "base": "oelm_freeze", "init": "mimetc"}], "'orthogonalize_rescaled', 'polar', 'random_orthogonal'"),
+    (TINY_GPT, [{"name": "oelm_temperature", "head_temperature": -1}], "head_temperature"),
+    (TINY_GPT, [{"name": "oelm_temperature", "head_temperature": "norm"}], "head_temperature"),
+    (TINY_GPT, [{"name": "t", "base": "oelm_temperature", "targets": ["query"]}],
+     "head_temperature scales each query head's logits"),
 ])
 def test_research_method_misuse_is_refused_in_one_line(model, methods, expected):
     assert expected in _refused(_config(model=model, methods=[{"name": "baseline"}, *methods]))

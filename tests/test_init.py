@@ -22,6 +22,7 @@ from oelm.init import (
     mimetic_,
     mimetic_value_output_,
     normal_,
+    polar_head_wise_,
     rescaled_head_wise_orthogonal_,
 )
 
@@ -147,6 +148,58 @@ def test_rescaled_keeps_each_heads_frobenius_norm_and_orthogonal_rows(num_heads,
     unit = head_wise_orthogonal_(before.clone(), num_heads).view(num_heads, head_dim, hidden)
     direction = w.view(num_heads, head_dim, hidden) / torch.linalg.matrix_norm(w.view(num_heads, head_dim, hidden)).view(-1, 1, 1)
     assert torch.allclose(direction * math.sqrt(head_dim), unit, atol=1e-10)  # oelm_freeze's rows, scaled
+
+
+# ---------------------------------------------------------------- polar factor (oelm_polar)
+
+
+def _heads(w: torch.Tensor, num_heads: int) -> torch.Tensor:
+    return w.double().view(num_heads, w.shape[0] // num_heads, w.shape[1])
+
+
+@pytest.mark.parametrize("num_heads,head_dim,hidden", [(1, 8, 8), (4, 16, 64), (3, 5, 17), (2, 48, 50)])
+def test_polar_is_the_nearest_orthonormal_rows_closer_than_qr_same_row_space(num_heads, head_dim, hidden):
+    g = torch.Generator().manual_seed(hidden + 7)
+    scales = torch.rand(num_heads, 1, 1, generator=g, dtype=torch.float64) * 3 + 0.1
+    w = (torch.randn(num_heads, head_dim, hidden, generator=g, dtype=torch.float64) * scales).view(-1, hidden)
+    polar = _heads(polar_head_wise_(w.clone(), num_heads), num_heads)
+    qr = _heads(head_wise_orthogonal_(w.clone(), num_heads), num_heads)
+    assert max_orthogonality_error(polar.reshape_as(w), num_heads) < 1e-12
+    for h, (w_h, p_h, q_h) in enumerate(zip(_heads(w, num_heads), polar, qr)):
+        s = torch.linalg.svdvals(w_h)
+        # the minimum over all matrices with orthonormal rows (von Neumann's trace inequality): sum (s_i - 1)^2
+        assert torch.isclose(torch.linalg.matrix_norm(w_h - p_h) ** 2, ((s - 1) ** 2).sum(), rtol=1e-10)
+        assert torch.linalg.matrix_norm(w_h - p_h) < torch.linalg.matrix_norm(w_h - q_h) - 1e-6, h  # QR's basis is farther
+        assert torch.allclose(w_h @ torch.linalg.pinv(p_h) @ p_h, w_h, atol=1e-8)  # the head's own row space
+        rotation = torch.linalg.qr(torch.randn(head_dim, head_dim, generator=g, dtype=torch.float64))[0]
+        assert torch.linalg.matrix_norm(w_h - rotation @ p_h) >= torch.linalg.matrix_norm(w_h - p_h) - 1e-12
+
+
+def test_polar_keeps_orthonormal_rows_and_ignores_the_svd_signs():
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(4 * 8, 32, generator=g, dtype=torch.float64)
+    orthonormal = head_wise_orthogonal_(w.clone(), 4)
+    assert torch.allclose(polar_head_wise_(orthonormal.clone(), 4), orthonormal, atol=1e-12, rtol=0)  # already the nearest
+    polar = _heads(polar_head_wise_(w.clone(), 4), 4)
+    for w_h, p_h in zip(_heads(w, 4), polar):
+        u, _, vh = torch.linalg.svd(w_h, full_matrices=False)
+        signs = torch.where(torch.rand(8, generator=g) < 0.5, -1.0, 1.0).double()  # any sign choice of the SVD
+        assert torch.allclose((u * signs) @ (vh * signs[:, None]), p_h, atol=1e-12, rtol=0)
+    again = polar_head_wise_(w.clone(), 4)
+    assert again.numpy().tobytes() == polar.reshape_as(w).numpy().tobytes()  # deterministic: no draw
+    as_float = polar_head_wise_(w.float(), 4)
+    assert as_float.dtype == torch.float32 and max_orthogonality_error(as_float, 4) < 1e-6
+
+
+def test_polar_per_head_with_the_keys_own_head_count():
+    """Grouped-query attention: a key projection of 2 heads is 2 blocks of head_dim rows, not 4 of half that."""
+    g = torch.Generator().manual_seed(5)
+    key = torch.randn(2 * 8, 32, generator=g)
+    polar_head_wise_(key, 2)
+    assert max_orthogonality_error(key, 2) < 1e-6
+    assert max_orthogonality_error(key, 1) > 0.1  # the two heads are not orthogonal to each other
+    with pytest.raises(ValueError, match="not divisible by num_heads=3"):
+        polar_head_wise_(key, 3)
 
 
 # ---------------------------------------------------------------- mimetic (Trockman & Kolter 2023)

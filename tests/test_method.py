@@ -66,7 +66,8 @@ def _step_model(model, steps=3, weight_decay=0.1):
 
 
 @pytest.mark.parametrize("method", ["oelm_freeze", "oelm_random", "oelm_random_matched", "oelm_global", "oelm_qk_ffn",
-                                    "oelm_pretrained_frozen", "oelm_rescaled", "oelm_mimetic", "reservoir"])
+                                    "oelm_pretrained_frozen", "oelm_rescaled", "oelm_mimetic", "reservoir", "oelm_polar",
+                                    "oelm_temperature"])
 def test_frozen_bit_identical_after_steps_with_weight_decay(method):
     model = tiny_bert()
     apply_oelm(model, method, seed=0)

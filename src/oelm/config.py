@@ -182,6 +182,11 @@ class ExperimentConfig(StrictModel):
             num_layers = gpt_config(self.model.gpt, **self.model.gpt_overrides).num_layers
         for m in self.methods:
             cfg = m.oelm_config()
+            if cfg.head_temperature is not None and m.head_temperature is None:
+                # where a learned head temperature starts, recorded in the entry (and so in every run's method
+                # config): 1 for a model trained from scratch (step 0 = oelm_freeze: the default init's norms mean
+                # nothing), the norm ratio for pretrained weights (step 0 = oelm_rescaled); init_from runs load theirs
+                m.head_temperature = 1.0 if self.model.gpt is not None or self.init_from else "norm_ratio"
             if cfg.fixed_attention and self.model.gpt is None:
                 raise ValueError(
                     f"method {m.name!r}: fixed_attention replaces the attention scores inside oelm's own GPT, but "

@@ -107,6 +107,10 @@ class MethodEntry(StrictModel):
     mimetic_value_output: bool | None = Field(
         None, description="OELMConfig.mimetic_value_output: with init: mimetic, the value/output half too "
         "(Trockman & Kolter 2023; oelm GPT only).")
+    head_temperature: Annotated[Float, Field(gt=0)] | Literal["norm_ratio"] | None = Field(
+        None, description="OELMConfig.head_temperature: a trainable scalar per query head on its attention "
+        "logits and where it starts ('norm_ratio': step 0 = oelm_rescaled; a number: 1.0 = oelm_freeze). Unset: "
+        "the experiment picks 1.0 for model.gpt (trained from scratch) and 'norm_ratio' for model.pretrained.")
     split_fused: bool | None = Field(
         None,
         description="OELMConfig.split_fused: false keeps a fused Q/K/V module (GPT-2 c_attn, GPT-NeoX "
@@ -171,7 +175,7 @@ class MethodEntry(StrictModel):
 
         changes: dict[str, Any] = {"method": self.name}
         for key in ("init", "normal_std", "freeze", "freeze_bias", "split_fused", "fixed_attention",
-                    "mimetic_value_output"):
+                    "mimetic_value_output", "head_temperature"):
             if getattr(self, key) is not None:
                 changes[key] = getattr(self, key)
         if self.reservoir_layers is not None:

@@ -24,7 +24,7 @@ from oelm.errors import OELMError
 
 __all__ = [
     "FUSED_LAYOUTS", "SplitQKV", "fuse_split_projections", "fuse_state_dict", "fuse_tensors", "split_fused_entries",
-    "split_fused_tensors", "IO_HOOKS", "NAME_HOOKS", "module_hooks", "carry_hooks", "refuse_hooks",
+    "split_fused_tensors", "IO_HOOKS", "NAME_HOOKS", "module_hooks", "carry_hooks", "refuse_hooks", "refuse_split_hooks",
 ]
 
 # Fused Q/K/V layouts, named by how the fused output features are ordered:
@@ -33,6 +33,7 @@ __all__ = [
 #   qkv_per_head  nn.Linear, rows [num_heads, 3, head_dim]: each head's q, k, v next to each other
 FUSED_LAYOUTS = ("qkv", "qkv_conv1d", "qkv_per_head")
 _PARTS = ("query", "key", "value")
+_SPLIT_KEYS = frozenset(f"{part}.{tensor}" for part in _PARTS for tensor in ("weight", "bias"))
 
 # A SplitQKV and the fused module it stands in for take the same input and give the same output,
 # so hooks on either see the same tensors and move with the module when one replaces the other
@@ -252,14 +253,15 @@ def fuse_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor] | None
     every other entry is the same object. ``model`` and its parameters are not changed.
 
     ``state_dict``'s keys are relative to ``model`` (as ``model.state_dict()`` gives them); a
-    split module none of whose keys are there (a partial state dict) is left out.
+    split module none of whose keys are there (a partial state dict) is left out. Other tensors of a
+    split projection keep their split names (``<name>.query.head_temperature``: :mod:`oelm.temperature`).
     """
     fused = dict(model.state_dict() if state_dict is None else state_dict)
     for name, module in model.named_modules():
         if not isinstance(module, SplitQKV):
             continue
         prefix = f"{name}." if name else ""
-        local = {k[len(prefix):]: fused.pop(k) for k in list(fused) if k.startswith(prefix)}
+        local = {k[len(prefix):]: fused.pop(k) for k in list(fused) if k.startswith(prefix) and k[len(prefix):] in _SPLIT_KEYS}
         if local:
             weight, bias = module.fused_tensors(local)
             fused[prefix + "weight"] = weight
@@ -268,19 +270,22 @@ def fuse_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor] | None
     return fused
 
 
-def module_hooks(module: nn.Module, kinds: tuple[str, ...] = IO_HOOKS + NAME_HOOKS) -> list[str]:
+def module_hooks(module: nn.Module, kinds: tuple[str, ...] = IO_HOOKS + NAME_HOOKS, ignore: tuple = ()) -> list[str]:
     """The kinds of torch hooks registered on ``module`` itself (``"forward_hooks"``, ...: the
-    dicts of ``kinds`` that are not empty; the with-kwargs / always-called flag dicts are not kinds)."""
-    return [kind.lstrip("_") for kind in kinds if getattr(module, kind, None) and not kind.endswith(("_kwargs", "_called"))]
+    dicts of ``kinds`` that hold a hook not in ``ignore``; the with-kwargs / always-called flag
+    dicts are not kinds)."""
+    return [kind.lstrip("_") for kind in kinds if not kind.endswith(("_kwargs", "_called"))
+            and any(hook not in ignore for hook in (getattr(module, kind, None) or {}).values())]
 
 
-def refuse_hooks(module: nn.Module, name: str, kinds: tuple[str, ...], why: str) -> None:
-    """Refuse, with one line naming the module and the hook kinds, a module that has hooks of ``kinds``.
+def refuse_hooks(module: nn.Module, name: str, kinds: tuple[str, ...], why: str, ignore: tuple = ()) -> None:
+    """Refuse, with one line naming the module and the hook kinds, a module that has hooks of ``kinds``
+    (other than the functions in ``ignore``).
 
     Raises:
         OELMError: ``module`` has such hooks.
     """
-    found = module_hooks(module, kinds)
+    found = module_hooks(module, kinds, ignore)
     if found:
         raise OELMError(f"{name} ({type(module).__name__}) has {', '.join(found)} registered on it: {why}")
 
@@ -294,6 +299,22 @@ def carry_hooks(old: nn.Module, new: nn.Module) -> nn.Module:
     if hasattr(old, "_is_full_backward_hook"):
         vars(new)["_is_full_backward_hook"] = old._is_full_backward_hook
     return new
+
+
+def refuse_split_hooks(model: nn.Module, ignore: tuple = ()) -> list[tuple[str, SplitQKV]]:
+    """Refuse a hook (other than the functions in ``ignore``) on a split query/key/value projection,
+    which fusing would drop; the ``(name, SplitQKV)`` pairs of ``model`` otherwise.
+
+    Raises:
+        OELMError: names the projection and the hook kind.
+    """
+    splits = [(name, m) for name, m in model.named_modules() if isinstance(m, SplitQKV)]
+    for name, split in splits:
+        for part in _PARTS:
+            refuse_hooks(getattr(split, part), f"{name}.{part}" if name else part, IO_HOOKS + NAME_HOOKS,
+                         "oelm.merge_and_unload fuses it with its siblings into one module and would drop them; "
+                         "remove them first (handle.remove()); nothing was changed", ignore)
+    return splits
 
 
 def fuse_split_projections(model: nn.Module) -> list[str]:
@@ -315,12 +336,7 @@ def fuse_split_projections(model: nn.Module) -> list[str]:
         OELMError: a hook on a split projection (the message names it and the kind).
         ValueError: as :meth:`SplitQKV.fused_tensors`.
     """
-    splits = [(name, m) for name, m in model.named_modules() if isinstance(m, SplitQKV)]
-    for name, split in splits:
-        for part in _PARTS:
-            refuse_hooks(getattr(split, part), f"{name}.{part}" if name else part, IO_HOOKS + NAME_HOOKS,
-                         "oelm.merge_and_unload fuses it with its siblings into one module and would drop them; "
-                         "remove them first (handle.remove()); nothing was changed")
+    splits = refuse_split_hooks(model)
     modules = dict(model.named_modules())
     for name, split in splits:
         parent_name, _, child_name = name.rpartition(".")

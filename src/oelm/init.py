@@ -17,8 +17,9 @@ while std-0.02 rows have norm ~0.02*sqrt(hidden_size), that ablation compared *s
 orthogonality; :func:`normal_` with ``std="matched"`` (1/sqrt(hidden_size)) gives rows of
 expected norm 1 so the comparison isolates orthogonality.
 
-Two more structured inits serve the controls: :func:`rescaled_head_wise_orthogonal_` (orthogonal
-rows at each head's own scale: the temperature control) and :func:`mimetic_` (Trockman & Kolter
+More structured inits serve the controls: :func:`rescaled_head_wise_orthogonal_` (orthogonal
+rows at each head's own scale: the temperature control), :func:`polar_head_wise_` (the nearest
+orthonormal rows per head: the polar factor) and :func:`mimetic_` (Trockman & Kolter
 2023: the query-key product close to the identity), with its value/output half
 :func:`mimetic_value_output_` (the value-output product close to minus the identity).
 
@@ -41,21 +42,9 @@ from oelm.errors import UnsupportedModelError
 from oelm.init_names import INIT_NAMES, InitName  # re-exported: the table's names, without torch
 
 __all__ = [
-    "head_wise_orthogonal_",
-    "rescaled_head_wise_orthogonal_",
-    "global_orthogonal_",
-    "normal_",
-    "mimetic_",
-    "mimetic_value_output_",
-    "MIMETIC_VO_NOISE",
-    "MIMETIC_VO_IDENTITY",
-    "matched_std",
-    "max_orthogonality_error",
-    "InitKind",
-    "INITS",
-    "INIT_NAMES",
-    "InitName",
-    "RANDOM_INITS",
+    "head_wise_orthogonal_", "rescaled_head_wise_orthogonal_", "polar_head_wise_", "global_orthogonal_", "normal_",
+    "mimetic_", "mimetic_value_output_", "MIMETIC_VO_NOISE", "MIMETIC_VO_IDENTITY", "matched_std",
+    "max_orthogonality_error", "InitKind", "INITS", "INIT_NAMES", "InitName", "RANDOM_INITS",
 ]
 
 
@@ -164,6 +153,35 @@ def rescaled_head_wise_orthogonal_(weight: torch.Tensor, num_heads: int) -> torc
     norms = torch.linalg.matrix_norm(blocks)  # (nh,) Frobenius norms
     out = _head_wise_q(blocks) * (norms / math.sqrt(head_dim)).view(num_heads, 1, 1)
     weight.copy_(out.view_as(weight).to(weight.dtype))
+    return weight
+
+
+@torch.no_grad()
+def polar_head_wise_(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Each head's block replaced by the nearest matrix with orthonormal rows: its polar factor (in place).
+
+    For head ``h`` with block ``W_h`` ([head_dim, hidden_size]) and thin SVD ``W_h = U S V^T``
+    (float64; ``U`` [head_dim, head_dim], ``V^T`` [head_dim, hidden_size]) the result is ``U V^T``,
+    the matrix with orthonormal rows closest to ``W_h`` in Frobenius norm (Fan & Hoffman 1955;
+    Higham 1986, "Computing the polar decomposition"; the orthogonal Procrustes problem, Schönemann
+    1966). Same row space as :func:`head_wise_orthogonal_`'s QR basis, but no closer-than-QR basis
+    exists; ``W_h`` with orthonormal rows is returned unchanged (to rounding). ``U V^T`` does not
+    depend on the SVD's signs (``u_i v_i^T`` is), so no draw and no sign fix: deterministic, and
+    unique when ``W_h`` has full row rank. oelm's ``oelm_polar`` method (the nearest-rows control).
+
+    Args:
+        weight: [num_heads * head_dim, hidden_size], any floating dtype, any device.
+        num_heads: number of heads (``num_kv_heads`` for a grouped-query key projection).
+
+    Returns:
+        ``weight``, modified in place.
+
+    Raises:
+        ValueError: as :func:`head_wise_orthogonal_`.
+    """
+    head_dim = _check_weight(weight, num_heads)
+    u, _, vh = torch.linalg.svd(weight.detach().to(torch.float64).view(num_heads, head_dim, -1), full_matrices=False)
+    weight.copy_((u @ vh).view_as(weight).to(weight.dtype))  # (nh, hd, hd) @ (nh, hd, hidden)
     return weight
 
 
@@ -455,6 +473,8 @@ INITS: dict[str, InitKind] = {
                  "the original OELM project", weight=lambda w, h, g, std: head_wise_orthogonal_(w, h)),
         InitKind("orthogonalize_rescaled", "as orthogonalize, each head rescaled to its Frobenius norm before",
                  "oelm (temperature control)", weight=lambda w, h, g, std: rescaled_head_wise_orthogonal_(w, h)),
+        InitKind("polar", "the nearest orthonormal rows per head: U V^T of each head's SVD U S V^T (same row space)",
+                 "Fan & Hoffman 1955; Higham 1986", weight=lambda w, h, g, std: polar_head_wise_(w, h)),
         InitKind("random_orthogonal", "a fresh N(0, 1) draw, then QR per head: a random (Haar) orthonormal frame",
                  "Mezzadri 2007 (Haar draw)", draws_random=True, weight=_random_orthogonal),
         InitKind("global_orthogonal", "one QR over the whole matrix, not per head", "the original OELM project",

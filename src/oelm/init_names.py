@@ -14,7 +14,7 @@ from typing import Literal
 __all__ = ["INIT_NAMES", "InitName"]
 
 #: The init kinds of :data:`oelm.init.INITS`, in its order (the docs list them so).
-INIT_NAMES: tuple[str, ...] = ("none", "orthogonalize", "orthogonalize_rescaled", "random_orthogonal",
+INIT_NAMES: tuple[str, ...] = ("none", "orthogonalize", "orthogonalize_rescaled", "polar", "random_orthogonal",
                                "global_orthogonal", "normal", "mimetic")
 #: ``Literal`` of :data:`INIT_NAMES`: the type of ``OELMConfig.init`` and of a config's ``init:``.
 InitName = Literal[INIT_NAMES]  # type: ignore[valid-type]

@@ -12,8 +12,10 @@ from torch import nn
 
 from oelm.architectures import ARCHITECTURE_ATTRIBUTE, fuse_split_projections
 from oelm.errors import OELMError
+from oelm.fused import refuse_split_hooks
 from oelm.parameters import print_trainable_parameters, require_module
 from oelm.recipe import CHECKPOINT_ATTRIBUTES, detach_checkpoint_hooks
+from oelm.temperature import fold_head_temperatures, scale_query_heads
 from oelm.treated import part_line, refuse_wrapper, treated_modules, unmark
 
 __all__ = ["OELM_ATTRIBUTES", "merge_and_unload"]
@@ -56,7 +58,9 @@ def merge_and_unload(model: nn.Module) -> nn.Module:
     floating-point summation order. Then every attribute in :data:`OELM_ATTRIBUTES` is removed
     (the report, the config, ``print_trainable_parameters``, oelm's ``save_pretrained``, so the
     class's own is back, and the load hook; a recipe that a stock ``from_pretrained`` put on
-    ``model.config`` goes too), and ``apply_oelm`` may be applied again.
+    ``model.config`` goes too), and ``apply_oelm`` may be applied again. A learned per-head
+    temperature (``oelm_temperature``) is folded into its query rows and bias first
+    (:func:`oelm.temperature.fold_head_temperatures`), so the stock model computes the same logits.
 
     The whole tree is merged: a model that holds a module ``apply_oelm`` ran on (``model.bert``
     after ``apply_oelm(model.bert)``) is merged like that module (:mod:`oelm.treated`). Forward
@@ -95,9 +99,11 @@ def merge_and_unload(model: nn.Module) -> nn.Module:
         raise OELMError(f"{part}: oelm.merge_and_unload on a part would leave that model half merged. Fix: "
                         "merge the model that went through apply_oelm (or one that holds it)")
     treated = [m for _, m in treated_modules(model) if m is not model]
-    fused = fuse_split_projections(model)  # refuses hooks it cannot move before replacing any module
+    refuse_split_hooks(model, ignore=(scale_query_heads,))  # hooks fusing cannot move, before anything changes
+    folded = fold_head_temperatures(model)  # each query head's tau into its rows and bias (oelm_temperature)
+    fused = fuse_split_projections(model)
     unloaded = [_unload(m) for m in (model, *treated)]
-    if not fused and not any(unloaded):
+    if not fused and not folded and not any(unloaded):
         return model
     unmark(model)
     for p in model.parameters():

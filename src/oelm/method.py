@@ -29,6 +29,11 @@ Named methods (:data:`METHODS`):
 ``oelm_pretrained_frozen`` Q/K frozen as they are (no QR): the control for ``oelm_freeze``
 ``oelm_rescaled``         ``oelm_freeze`` with each head rescaled to its pretrained (or default-init)
                           Frobenius norm: the temperature control
+``oelm_temperature``      ``oelm_freeze``'s frozen Q/K plus one trainable scalar per query head on its
+                          logits, starting at the norm ratio (step 0 = ``oelm_rescaled``; 1 from scratch):
+                          :mod:`oelm.temperature`
+``oelm_polar``            Q/K rows per head the nearest orthonormal ones (polar factor ``U V^T`` of the
+                          head's SVD; Fan & Hoffman 1955), frozen: the control for QR's basis
 ``oelm_mimetic``          mimetic Q/K (Trockman & Kolter 2023: ``W_q^T W_k ≈ 0.7 I + 0.7 Z``), frozen
 ``mimetic_trained``       mimetic Q/K as the initialization, trained
 ``oelm_mimetic_vo``       ``oelm_mimetic`` plus mimetic V/O (``≈ 0.4 Z - 0.4 I``, trained); oelm's GPT only
@@ -81,12 +86,14 @@ from oelm.architectures import (
     split_fused_projections,
 )
 from oelm.errors import ConfigError, OELMError, UnsupportedModelError
-from oelm.init import INIT_NAMES, INITS, InitName, max_orthogonality_error
+from oelm.init import INIT_NAMES, INITS, InitName
 from oelm.merge import OELM_ATTRIBUTES, merge_and_unload
-from oelm.parameters import ParameterReport, group_of, parameter_report, print_trainable_parameters, require_module
+from oelm.parameters import (ParameterReport, group_of, parameter_report, print_trainable_parameters, projection_row,
+                             require_module)
 from oelm.recipe import attach_checkpoint_hooks
 from oelm.structural import (ALTERNATE, find_layers, fixed_attention_, fixed_attention_modules, mimetic_value_output_all_,
                              reservoir_, reservoir_indices, value_output_modules)
+from oelm.temperature import NORM_RATIO, add_head_temperatures_, check_head_temperature, head_norms, refuse_normalized_queries
 from oelm.treated import mark_parts, part_line, refuse_wrapper, treated_line
 
 __all__ = [
@@ -98,7 +105,7 @@ __all__ = [
 
 #: Fields added after checkpoints and run records existed: :meth:`OELMConfig.to_dict` leaves them out
 #: while they hold these defaults, so earlier methods keep their recorded form (and fingerprints).
-_LATER_FIELDS = {"reservoir_layers": (), "fixed_attention": False, "mimetic_value_output": False}
+_LATER_FIELDS = {"reservoir_layers": (), "fixed_attention": False, "mimetic_value_output": False, "head_temperature": None}
 
 
 @dataclass(frozen=True)
@@ -142,6 +149,13 @@ class OELMConfig:
         metadata={"help": "With init='mimetic': also set each attention module's value/output projections so their "
                   "product is ~0.4 Z - 0.4 I (Trockman & Kolter 2023's second half); they still train. oelm's GPT only."},
     )
+    head_temperature: float | Literal["norm_ratio"] | None = field(
+        default=None,
+        metadata={"help": "A trainable scalar per query head multiplying its attention logits (oelm.temperature), "
+                  f"and where it starts: '{NORM_RATIO}' (each head's Q and K norm before the init over after, biases "
+                  "divided to match: step 0 = oelm_rescaled) or a number (1.0 from scratch: step 0 = oelm_freeze); "
+                  "None: no temperature."},
+    )
     split_fused: bool = field(
         default=True,
         metadata={
@@ -174,6 +188,7 @@ class OELMConfig:
             raise ConfigError(f"OELMConfig.init={self.init!r} sets query and key together; targets must be "
                               f"('query', 'key'), got {tuple(self.targets)}")
         self._check_structural()
+        check_head_temperature(self.head_temperature, tuple(self.targets), self.fixed_attention)
         bad = [g for g in self.extra_frozen_groups if g not in PARAMETER_GROUPS]
         if bad:
             raise ConfigError(f"OELMConfig.extra_frozen_groups has {bad}; allowed: {PARAMETER_GROUPS}")
@@ -237,6 +252,8 @@ METHODS: dict[str, OELMConfig] = {
     ),
     "oelm_pretrained_frozen": OELMConfig(method="oelm_pretrained_frozen", init="none"),
     "oelm_rescaled": OELMConfig(method="oelm_rescaled", init="orthogonalize_rescaled"),
+    "oelm_temperature": OELMConfig(method="oelm_temperature", init="orthogonalize", head_temperature=NORM_RATIO),
+    "oelm_polar": OELMConfig(method="oelm_polar", init="polar"),
     "oelm_mimetic": OELMConfig(method="oelm_mimetic", init="mimetic"),
     "mimetic_trained": OELMConfig(method="mimetic_trained", init="mimetic", freeze=False),
     "oelm_mimetic_vo": OELMConfig(method="oelm_mimetic_vo", init="mimetic", mimetic_value_output=True),
@@ -347,6 +364,8 @@ def _refuse_before_changes(model: nn.Module, config: OELMConfig, target_modules:
             value_output_modules(model)  # likewise
         if config.reservoir_layers:  # an index the model lacks (its layers found through the spec above)
             reservoir_indices(config.reservoir_layers, set(find_layers(model).values()))
+        if config.head_temperature is not None:
+            refuse_normalized_queries(model)  # a q_norm would cancel the temperature
     except Exception:
         if target_modules is not None:
             vars(model).pop(ARCHITECTURE_ATTRIBUTE, None)
@@ -369,21 +388,7 @@ def _init_and_freeze(sites: list[ProjectionSite], config: OELMConfig, generator:
                 linear.weight.requires_grad_(False)
                 if linear.bias is not None and config.freeze_bias:
                     linear.bias.requires_grad_(False)
-            projections.append(
-                {
-                    "layer": site.layer,
-                    "kind": site.kind,
-                    "target": target,
-                    "module": site.query_name if target == "query" else site.key_name,
-                    "shape": list(linear.weight.shape),
-                    "num_heads": heads,
-                    "head_dim": site.head_dim,
-                    "fused": site.fused,
-                    "bias": linear.bias is not None,
-                    "frozen": not linear.weight.requires_grad,
-                    "max_orthogonality_error": max_orthogonality_error(linear.weight, heads),
-                }
-            )
+            projections.append(projection_row(site, target))
     return projections
 
 
@@ -417,9 +422,10 @@ def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, se
     (:mod:`oelm.structural`); initialize the ``config.targets`` weights per ``config.init``,
     head-wise with the projection's own head count (``num_kv_heads`` for K under grouped-query
     attention; biases kept); set ``requires_grad=False`` on them (their biases too if
-    ``config.freeze_bias``) and on ``config.extra_frozen_groups``. With ``config.split_fused``
-    methods without Q/K targets split fused modules too (every method of a comparison runs the same
-    kernels); models of unknown type are left as they are by methods without targets.
+    ``config.freeze_bias``) and on ``config.extra_frozen_groups``; give each query projection a
+    trainable per-head ``head_temperature`` when ``config.head_temperature`` says (:mod:`oelm.temperature`).
+    With ``config.split_fused`` methods without Q/K targets split fused modules too (every method of
+    a comparison runs the same kernels); unknown models are left as they are by methods without targets.
 
     The report goes on the model as ``model.oelm_report``, the config as ``model.oelm_config``;
     ``model.print_trainable_parameters()`` prints the report's line (as on a PEFT model);
@@ -463,7 +469,10 @@ def apply_oelm(model: nn.Module, config: OELMConfig | str = "oelm_freeze", *, se
         reservoir_(model, config.reservoir_layers, generator)
     if config.fixed_attention:
         fixed_attention_(model, generator)
+    before = head_norms(sites) if config.head_temperature == NORM_RATIO else None
     projections = _init_and_freeze(sites, config, generator)
+    if config.head_temperature is not None:  # after the init: its ratio is of the norms before and after
+        add_head_temperatures_(sites, config.head_temperature, before)
     if config.mimetic_value_output:  # drawn last, so the Q/K draws do not depend on it
         mimetic_value_output_all_(model, generator)
     return _finish(model, config, projections)

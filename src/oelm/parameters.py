@@ -11,10 +11,11 @@ from typing import Any
 
 from torch import nn
 
-from oelm.architectures import PARAMETER_GROUPS, SplitQKV, architecture_of, find_attention_projections
+from oelm.architectures import PARAMETER_GROUPS, ProjectionSite, SplitQKV, architecture_of, find_attention_projections
 from oelm.errors import UnsupportedModelError
+from oelm.init import max_orthogonality_error
 
-__all__ = ["ParameterReport", "parameter_report", "print_trainable_parameters", "group_of", "require_module"]
+__all__ = ["ParameterReport", "parameter_report", "projection_row", "print_trainable_parameters", "group_of", "require_module"]
 
 
 def require_module(model: Any, func: str) -> None:
@@ -121,6 +122,20 @@ def parameter_report(model: nn.Module, method: str = "") -> ParameterReport:
     total = sum(v["total"] for v in groups.values())
     trainable = sum(v["trainable"] for v in groups.values())
     return ParameterReport(method=method, total=total, trainable=trainable, frozen=total - trainable, groups=groups)
+
+
+def projection_row(site: ProjectionSite, target: str) -> dict[str, Any]:
+    """One row of :attr:`ParameterReport.projections`: where ``target`` (``"query"`` / ``"key"``) of
+    ``site`` is, its shape, heads, fused layout, bias, whether it is frozen and its
+    ``max_orthogonality_error`` (:func:`oelm.init.max_orthogonality_error`, with its own head count)."""
+    linear, heads = site.module(target), site.heads(target)
+    return {
+        "layer": site.layer, "kind": site.kind, "target": target,
+        "module": site.query_name if target == "query" else site.key_name,
+        "shape": list(linear.weight.shape), "num_heads": heads, "head_dim": site.head_dim, "fused": site.fused,
+        "bias": linear.bias is not None, "frozen": not linear.weight.requires_grad,
+        "max_orthogonality_error": max_orthogonality_error(linear.weight, heads),
+    }
 
 
 def print_trainable_parameters(model: nn.Module) -> None:

@@ -190,10 +190,12 @@ def oelm_config_from(meta: dict[str, Any], where: str = METADATA_NAME) -> OELMCo
 def reapply(model: nn.Module, config: Any, architecture: dict[str, Any] | None = None, where: str = "checkpoint") -> None:
     """Apply the recorded method to a model that already holds the trained tensors, frozen ones
     included: split and freeze as ``config`` says without initializing anything
-    (``init="none"``, no mimetic value/output draw over the trained V/O); ``model.oelm_config`` is
-    then the recorded config, so a later save records the same recipe."""
+    (``init="none"``, no mimetic value/output draw over the trained V/O, a head temperature at 1
+    with the biases kept: the caller loads the trained one); ``model.oelm_config`` is then the
+    recorded config, so a later save records the same recipe."""
     _set_recorded_architecture(model, architecture, where)
-    apply_oelm(model, config.replace(init="none", mimetic_value_output=False))
+    temperature = None if config.head_temperature is None else 1.0
+    apply_oelm(model, config.replace(init="none", mimetic_value_output=False, head_temperature=temperature))
     model.oelm_config = config
     keep_recipe_on_config(model)  # a base model's config carries the recorded config, not init="none"
 

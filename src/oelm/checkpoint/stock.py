@@ -5,7 +5,8 @@ layout (``model.safetensors``, or shards with ``model.safetensors.index.json``).
 
 :func:`load_with_recipe` (reached through ``oelm.load_oelm(directory)``) rebuilds the OELM model:
 without a base model, the checkpoint's own class loads it (``from_pretrained``) and the recorded
-method splits and freezes it again without touching a value; with one, the recipe regenerates the
+method splits and freezes it again without touching a value (a learned head temperature, which the
+stock class does not have, is then copied in from the weights); with one, the recipe regenerates the
 frozen tensors on the base first. Either way every frozen tensor is checked against the recipe's
 sha256. Hugging Face ``Trainer``'s ``resume_from_checkpoint`` does not come here: it calls
 ``model.load_state_dict`` on the live model, whose hooks split the fused keys and refuse a frozen
@@ -41,6 +42,7 @@ from oelm.checkpoint.common import (
     regenerate,
 )
 from oelm.recipe import RECIPE_FORMAT, RECIPE_KEY, RECIPE_VERSION
+from oelm.temperature import TEMPERATURE_NAME
 
 __all__ = ["has_recipe", "load_with_recipe"]
 
@@ -101,13 +103,16 @@ def load_with_recipe(directory: Path, base_model: nn.Module | None, allowed: tup
     else:
         names = data.get("architectures") if isinstance(data.get("architectures"), list) else [None]
         held_split = bool(recipe.get("split")) and recipe.get("applied_to") not in (None, *names[:1])
-        model = _from_pretrained(directory, data, allowed, quiet=held_split)
+        tempered = config.head_temperature is not None  # its tau are not the stock model's: loaded after reapply
+        model = _from_pretrained(directory, data, allowed, quiet=held_split or tempered)
         target = _applied_module(model, recipe)
         if target is not model and held_split:  # the holder wrote the split names: split, then load them
             _set_recorded_architecture(target, architecture, where)
             split_fused_projections(target)
-            _load_weights(model, directory)  # strict: every name must fit now
+            _load_weights(model, directory, skip=TEMPERATURE_NAME if tempered else None)  # strict: every name must fit now
         reapply(target, config, architecture, where)
+        if tempered:
+            _load_temperatures(model, directory)
         origin = "loaded for"
         causes = f"{directory}'s weights were changed after it was saved, or its {CONFIG_NAME} belongs to another checkpoint"
     params = dict(target.named_parameters())
@@ -171,10 +176,14 @@ def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
     raise CheckpointError(f"{directory} has no {SAFE_WEIGHTS_NAME} or {SAFE_INDEX_NAME}; save it again with model.save_pretrained")
 
 
-def _load_weights(model: nn.Module, directory: Path) -> None:
+def _load_weights(model: nn.Module, directory: Path, skip: str | None = None) -> None:
     """Load the checkpoint into ``model``: every key must fit; a missing one only where the model
-    ties it to one that was loaded (GPT-2's ``lm_head.weight``, which ``save_pretrained`` drops)."""
-    result = model.load_state_dict(_read_weights(directory), strict=False)
+    ties it to one that was loaded (GPT-2's ``lm_head.weight``, which ``save_pretrained`` drops).
+    ``skip``: keys ending with ``"." + skip`` are left out (a head temperature the model has not yet)."""
+    weights = _read_weights(directory)
+    if skip is not None:
+        weights = {k: v for k, v in weights.items() if not k.endswith("." + skip)}
+    result = model.load_state_dict(weights, strict=False)
     tensors = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
     missing = set(result.missing_keys)
     loaded = {id(t) for name, t in tensors.items() if name not in missing}
@@ -184,3 +193,22 @@ def _load_weights(model: nn.Module, directory: Path) -> None:
             f"{directory}'s weights do not fit the {type(model).__name__} given as base_model: missing {untied[:5]}, "
             f"unexpected {sorted(result.unexpected_keys)[:5]}; build base_model as the checkpoint's architecture"
         )
+
+
+def _load_temperatures(model: nn.Module, directory: Path) -> None:
+    """Copy the checkpoint's head temperatures (``<query>.head_temperature``) into ``model``'s, which
+    :func:`~oelm.checkpoint.common.reapply` made: the two sets of names must be the same.
+
+    Raises:
+        CheckpointError: a temperature of the model is not in the checkpoint, or the other way round,
+            or its shape differs.
+    """
+    stored = {k: v for k, v in _read_weights(directory).items() if k.endswith("." + TEMPERATURE_NAME)}
+    own = {n: p for n, p in model.named_parameters() if n.endswith("." + TEMPERATURE_NAME)}
+    bad = sorted(set(own) ^ set(stored)) or sorted(n for n in own if own[n].shape != stored[n].shape)
+    if bad:
+        raise CheckpointError(f"{directory}'s head temperatures do not fit the model its recipe rebuilds ({bad[:3]}); "
+                              "save the checkpoint again from the trained model")
+    with torch.no_grad():
+        for name, p in own.items():
+            p.copy_(stored[name])

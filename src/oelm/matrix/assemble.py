@@ -17,6 +17,7 @@ from oelm.errors import ConfigError
 from oelm.method import apply_oelm
 from oelm.models.build import SKELETON_VOCAB, build_model, skeleton_model
 from oelm.records import MatrixFolder, RunFolder
+from oelm.temperature import TEMPERATURE_NAME
 
 if TYPE_CHECKING:
     from oelm.data.prepare import PreparedData
@@ -185,13 +186,31 @@ def load_init_weights(model: torch.nn.Module, path: Path) -> dict[str, Any]:
     return {"path": str(path), "loaded": len(loaded), "skipped": skipped}
 
 
+def _load_head_temperatures(model: torch.nn.Module, path: Path) -> int:
+    """Copy ``path``'s learned head temperatures (``*.head_temperature``, a pretraining run of
+    ``oelm_temperature``) into the ones ``apply_oelm`` just gave ``model``; the number copied. A file
+    without them leaves the method's start (the pretraining ran another method)."""
+    from safetensors import safe_open
+
+    params = {n: p for n, p in model.named_parameters() if n.endswith("." + TEMPERATURE_NAME)}
+    with safe_open(str(path), framework="pt") as f, torch.no_grad():
+        names = [n for n in params if n in set(f.keys())]
+        for name in names:
+            value = f.get_tensor(name)
+            if value.shape != params[name].shape:
+                raise _shape_mismatch(path, name, tuple(value.shape), tuple(params[name].shape))
+            params[name].copy_(value)
+    return len(names)
+
+
 def build_run_model(config: ExperimentConfig, entry: MethodEntry, seed: int, data: "PreparedData"):
     """Seeded fresh model with the method applied (and ``init_from`` weights loaded first), then
     the method's LoRA adapter when it has one (``lora:``; the model is then a PEFT model).
 
     With ``init_from`` the pretrained query/key weights are kept as they are (``init: none``)
     and frozen as the method says: the pretraining run of the same method already gave them
-    their orthogonal or random initialization."""
+    their orthogonal or random initialization; its learned head temperatures (``oelm_temperature``)
+    are loaded once ``apply_oelm`` has made the parameters."""
     from accelerate.utils import set_seed
 
     set_seed(seed)
@@ -203,6 +222,8 @@ def build_run_model(config: ExperimentConfig, entry: MethodEntry, seed: int, dat
         init_info = load_init_weights(model, init_path)
         oelm_cfg = oelm_cfg.replace(init="none")
     report = apply_oelm(model, oelm_cfg, seed=seed)
+    if init_path is not None and oelm_cfg.head_temperature is not None:  # made by apply_oelm: the pretraining's go in now
+        init_info["loaded"] += _load_head_temperatures(model, init_path)
     if entry.lora is not None:  # PEFT is imported only for a method with a LoRA adapter (the peft extra)
         from oelm.peft import add_lora
 
