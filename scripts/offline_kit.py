@@ -4,7 +4,9 @@ A lent GPU machine (docs/scaling.md, "The GPU check in two commands") receives t
 a few git-ignored folders (``carry``), at most 64 MiB per command, runs one command of at most 10
 minutes and reaches no package index. Its Python (3.12) already has torch, transformers, accelerate,
 tokenizers, pandas, pyarrow, ... but not pydantic. So each part of ``scripts/gpu_check.sh`` gets a
-kit folder of its own, under 30 MiB:
+kit folder of its own, under 30 MiB, that leaves at least 20 MiB of the 64 free beside the working
+tree (scripts/kit_sizes.py: ``build`` refuses a kit that leaves less, in one line naming the tree's
+largest folders):
 
     here:   python scripts/offline_kit.py build speed        # -> .gpu-kit/speed/ (git-ignored)
             python scripts/offline_kit.py build scale        # -> .gpu-kit/scale/
@@ -15,15 +17,18 @@ and before the device commands, the same ``run`` on this machine's CPU under a P
 pydantic (``python scripts/gpu_dry_run.py speed``; scripts/gpu_dry_run.py).
 
 A kit holds ``wheels/`` (pydantic and its three dependencies at the versions CI tests, for CPython
-3.12 manylinux x86-64 and for this machine's Python, so the CPU dry run uses the same folder;
-``typing-extensions`` as a fallback, installed only where the Python's own copy is older than
-pydantic needs), ``data/`` (only the files the part reads, from ``$OELM_DATA_DIR``) and
-``manifest.json`` (every file's size and sha256). ``run`` checks the manifest, installs the wheels
-that fit the running Python with ``pip install --no-index --no-deps --target``, runs the part with
-oelm from ``src/`` on ``PYTHONPATH`` and a deadline, and writes the output folder as one tar.gz
-(no weights or checkpoints) plus its SUMMARY.md beside it. ``collect`` checks every archive member
-itself before extracting anything (a relative path, no ``..``, no link leaving the folder, no
-device file), on every Python, not only where tarfile's ``data`` filter exists.
+3.12 manylinux x86-64; ``typing-extensions`` as a fallback, installed only where the Python's own
+copy is older than pydantic needs), ``data.tar.gz`` (only the files the part reads, from
+``$OELM_DATA_DIR``) and ``manifest.json`` (every file's size and sha256, the kit's and the data
+files'). Where this machine's Python is not 3.12, its own wheels of the same versions go to
+``.gpu-kit/host-wheels/`` for the CPU dry run (``run --host-wheels``), outside the carried folder:
+they would be 2.2 MiB of every upload. ``run`` checks the manifest, installs the wheels that fit
+the running Python with ``pip install --no-index --no-deps --target``, unpacks the data into its
+work folder and checks each file, runs the part with oelm from ``src/`` on ``PYTHONPATH`` and a
+deadline, and writes the output folder as one tar.gz (no weights or checkpoints) plus its
+SUMMARY.md beside it. ``collect`` checks every archive member itself before extracting anything
+(scripts/kit_archive.py: a relative path, no ``..``, no link leaving the folder, no device file),
+on every Python, not only where tarfile's ``data`` filter exists.
 
 Every refusal is one line ``offline kit: ...`` naming the file and the fix, exit status 2. Standard
 library only (``packaging`` where present): it runs on the GPU machine's own Python.
@@ -32,7 +37,6 @@ library only (``packaging`` where present): it runs on the GPU machine's own Pyt
 from __future__ import annotations
 
 import argparse
-import gzip
 import hashlib
 import json
 import os
@@ -42,15 +46,17 @@ import sys
 import tarfile
 import tempfile
 import time
-import zlib
 from importlib import metadata
-from pathlib import Path, PurePosixPath
+from pathlib import Path
+
+from kit_archive import KitError, _safe_relative, safe_extract, write_archive
+from kit_sizes import HEADROOM_MIB, UPLOAD_LIMIT_MIB, MiB, folder_bytes, largest_folders, travel
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_KIT = ROOT / ".gpu-kit"
-MiB = 1 << 20
+DATA_ARCHIVE = "data.tar.gz"  # the part's data files, unpacked by run into its work folder
+HOST_WHEELS = "host-wheels"  # beside the parts' kits: this machine's wheels when its Python is not the device's
 KIT_LIMIT_MIB = 30.0  # one part's kit
-UPLOAD_LIMIT_MIB = 64.0  # what one command of the device tool may take: the tree and every carried folder
 # The data each part reads, relative to the data folder (shared/data's layout).
 PARTS = {
     "speed": ("MANIFEST.md", "tinystories", "tokenizers/gpt2"),
@@ -63,13 +69,6 @@ BUDGET_S = {"speed": 340, "scale": 360}
 # is there, but perhaps older than pydantic needs: carried, installed only then.
 PACKAGES = ("pydantic", "pydantic-core", "annotated-types", "typing-inspection")
 FALLBACK = ("typing-extensions",)
-# Left out of an archive, as scripts/collect_results.sh leaves them out of docs/results.
-_SKIP_SUFFIXES = (".safetensors", ".pt", ".lock")
-_SKIP_PARTS = ("checkpoints", "tensorboard")
-
-
-class KitError(Exception):
-    """A kit or archive that cannot be built, checked or used; the message names the file and the fix."""
 
 
 def _sha256(path: Path) -> str:
@@ -82,16 +81,6 @@ def _sha256(path: Path) -> str:
 
 def _norm(name: str) -> str:
     return name.lower().replace("_", "-")
-
-
-def tree_bytes(root: Path = ROOT) -> int:
-    """Bytes of what the device tool sends as the working tree: tracked and untracked-not-ignored files."""
-    out = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=root, capture_output=True, check=True)
-    return sum((root / n).stat().st_size for n in out.stdout.decode().split("\0") if n and (root / n).is_file())
-
-
-def folder_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
 # -- build (here) -------------------------------------------------------------------------------
@@ -117,12 +106,16 @@ def download_wheels(dest: Path, names: tuple[str, ...], python_versions: list[st
     return sorted(dest.glob("*.whl"))
 
 
-def build(part: str, out: Path, data_dir: Path, python_version: str = "3.12", wheels_from: Path | None = None) -> Path:
-    """Write ``out/<part>/`` (wheels, data, manifest.json) and return it.
+def build(part: str, out: Path, data_dir: Path, python_version: str = "3.12", wheels_from: Path | None = None,
+          root: Path | None = None) -> Path:
+    """Write ``out/<part>/`` (wheels, data, manifest.json) and return it; where this Python is not
+    ``python_version``, its own wheels go to ``out/host-wheels/`` (the dry run's, never carried).
 
     Raises:
         KitError: an unknown part, a data folder without the part's files, a download that fails,
-            or a kit over :data:`KIT_LIMIT_MIB`.
+            a kit over :data:`KIT_LIMIT_MIB`, or one that leaves less than :data:`HEADROOM_MIB`
+            free beside the working tree of ``root`` (default: this checkout; :func:`check_travel`); a
+            refused kit is removed.
     """
     if part not in PARTS:
         raise KitError(f"unknown part {part!r}; the parts are {', '.join(PARTS)}")
@@ -136,40 +129,56 @@ def build(part: str, out: Path, data_dir: Path, python_version: str = "3.12", wh
         for wheel in sorted(wheels_from.glob("*.whl")):
             shutil.copyfile(wheel, dest / "wheels" / wheel.name)
     else:
+        download_wheels(dest / "wheels", PACKAGES + FALLBACK, [python_version])
         here = f"{sys.version_info.major}.{sys.version_info.minor}"
-        download_wheels(dest / "wheels", PACKAGES + FALLBACK, sorted({python_version, here}))
-    for rel in PARTS[part]:
-        src = data_dir / rel
-        target = dest / "data" / rel
-        if src.is_dir():  # real files, not links: a link travels as a link and points nowhere there
-            shutil.copytree(src, target, symlinks=False)
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, target)
+        if here != python_version:
+            shutil.rmtree(out / HOST_WHEELS, ignore_errors=True)
+            download_wheels(out / HOST_WHEELS, PACKAGES + FALLBACK, [here])
+    # One tar.gz (real files, not links: a link would travel as a link and point nowhere there): the
+    # tokenizer files and MANIFEST.md shrink to a third (1.0 MiB less per upload), the parquet files stay.
+    with tarfile.open(dest / DATA_ARCHIVE, "w:gz", dereference=True) as tar:
+        for rel in PARTS[part]:
+            tar.add(data_dir / rel, arcname=rel)
+    sources = [p for rel in PARTS[part] for p in (sorted((data_dir / rel).rglob("*")) if (data_dir / rel).is_dir() else [data_dir / rel])]
+    data = {p.relative_to(data_dir).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in sources if p.is_file()}
     files = {p.relative_to(dest).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
              for p in sorted(dest.rglob("*")) if p.is_file()}
-    manifest = {"part": part, "built_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "python_version": python_version, "packages": list(PACKAGES), "fallback": list(FALLBACK), "files": files}
+    manifest = {"part": part, "built_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "python_version": python_version,
+                "packages": list(PACKAGES), "fallback": list(FALLBACK), "files": files, "data": data}
     (dest / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    size = folder_bytes(dest) / MiB
-    if size > KIT_LIMIT_MIB:
-        biggest = sorted(files.items(), key=lambda kv: -kv[1]["bytes"])[:3]
-        raise KitError(f"kit {dest} is {size:.1f} MiB, over {KIT_LIMIT_MIB:.0f} MiB (largest: "
-                       + ", ".join(f"{k} {v['bytes'] / MiB:.1f} MiB" for k, v in biggest) + "); leave data out of PARTS")
+    try:
+        size = folder_bytes(dest) / MiB
+        if size > KIT_LIMIT_MIB:
+            biggest = sorted(files.items(), key=lambda kv: -kv[1]["bytes"])[:3]
+            raise KitError(f"kit {dest} is {size:.1f} MiB, over {KIT_LIMIT_MIB:.0f} MiB (largest: "
+                           + ", ".join(f"{k} {v['bytes'] / MiB:.1f} MiB" for k, v in biggest) + "); leave data out of PARTS")
+        check_travel(dest, root)
+    except KitError as exc:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise KitError(f"{exc} (kit removed)") from None
     return dest
 
 
+def check_travel(kit: Path, root: Path | None = None) -> dict[str, float]:
+    """The MiB one device command sends from checkout ``root`` (default: this one) with ``kit``
+    carried (:func:`kit_sizes.travel`: tree, kit, total, headroom), after checking that at least
+    :data:`HEADROOM_MIB` of the :data:`UPLOAD_LIMIT_MIB` stay free.
+
+    Raises:
+        KitError: less headroom; one line with the sizes and the tree's largest folders.
+    """
+    root = root or ROOT
+    sizes = travel(kit, root)
+    if sizes["headroom"] < HEADROOM_MIB:
+        largest = ", ".join(f"{name} {size / MiB:.1f} MiB" for name, size in largest_folders(root))
+        raise KitError(f"{kit.name}: the device command would send {sizes['total']:.1f} MiB (working tree {sizes['tree']:.1f} "
+                       f"MiB + kit {sizes['kit']:.1f} MiB) of its {UPLOAD_LIMIT_MIB:.0f} MiB, leaving {sizes['headroom']:.1f} "
+                       f"MiB, under the {HEADROOM_MIB:.0f} MiB kept free (docs/scaling.md); the tree's largest folders: {largest}; "
+                       "commit smaller evidence there, or remove or ignore untracked files (git status)")
+    return sizes
+
+
 # -- check and install (there) ------------------------------------------------------------------
-
-
-def _safe_relative(name: str, what: str) -> PurePosixPath:
-    """``name`` as a relative path inside its folder; KitError for an absolute path or ``..``."""
-    path = PurePosixPath(name.replace("\\", "/"))
-    if not name or "\0" in name or path.is_absolute() or (path.parts and ":" in path.parts[0]):
-        raise KitError(f"{what} names {name!r}: an absolute path; refused (nothing extracted or used)")
-    if ".." in path.parts:
-        raise KitError(f"{what} names {name!r}: a path with '..' leaves the folder; refused (nothing extracted or used)")
-    return path
 
 
 def verify(kit: Path) -> dict:
@@ -235,15 +244,17 @@ def _satisfied(requirement: str, site: Path) -> bool:
     return bool(found) and req.specifier.contains(found[0].version, prereleases=True)
 
 
-def choose_wheels(kit: Path, manifest: dict, site: Path) -> list[Path]:
-    """The kit's wheels this Python installs: one per distribution whose tags fit it, and a fallback
-    distribution only where a carried wheel needs a newer one than this Python has.
+def choose_wheels(kit: Path, manifest: dict, site: Path, host_wheels: Path | None = None) -> list[Path]:
+    """The kit's wheels this Python installs: one per distribution whose tags fit it (the kit's
+    first, then ``host_wheels``'), and a fallback distribution only where a carried wheel needs a
+    newer one than this Python has.
 
     Raises:
         KitError: a distribution with no wheel for this Python (another version: build the kit for it).
     """
     by_name: dict[str, Path] = {}
-    for wheel in sorted((kit / "wheels").glob("*.whl")):
+    extra = sorted(host_wheels.glob("*.whl")) if host_wheels is not None else []
+    for wheel in [*sorted((kit / "wheels").glob("*.whl")), *extra]:
         name = _norm(wheel.name.split("-")[0])
         if _wheel_fits(wheel.name):
             by_name.setdefault(name, wheel)
@@ -262,9 +273,9 @@ def choose_wheels(kit: Path, manifest: dict, site: Path) -> list[Path]:
     return chosen
 
 
-def install(kit: Path, manifest: dict, site: Path, python: str = sys.executable) -> list[str]:
+def install(kit: Path, manifest: dict, site: Path, python: str = sys.executable, host_wheels: Path | None = None) -> list[str]:
     """``pip install --no-index --no-deps --target site`` of :func:`choose_wheels`; returns their file names."""
-    wheels = choose_wheels(kit, manifest, site)
+    wheels = choose_wheels(kit, manifest, site, host_wheels)
     site.mkdir(parents=True, exist_ok=True)
     res = subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
                           "--disable-pip-version-check", "--upgrade", "--target", str(site), *map(str, wheels)],
@@ -278,33 +289,36 @@ def install(kit: Path, manifest: dict, site: Path, python: str = sys.executable)
 # -- run (there) --------------------------------------------------------------------------------
 
 
-def _keep(name: str) -> bool:
-    parts = PurePosixPath(name).parts
-    base = parts[-1]
-    return not (name.endswith(_SKIP_SUFFIXES) or any(p in _SKIP_PARTS for p in parts) or base.startswith("events.out.tfevents")
-                or (base == "tokenizer.json" and len(parts) == 2))  # a comparison's saved tokenizer (its sha256 is recorded)
+def unpack_data(kit: Path, manifest: dict, dest: Path) -> Path:
+    """The kit's :data:`DATA_ARCHIVE` extracted into ``dest`` (:func:`kit_archive.safe_extract`),
+    each file checked against the manifest's ``data`` list (size and sha256 of the data folder's
+    file the kit was built from), so the part reads the same bytes; returns ``dest``.
+
+    Raises:
+        KitError: a kit without the archive or list (built before they existed), a hostile or
+            damaged archive, or a file missing, extra or different.
+    """
+    expected = manifest.get("data")
+    if not isinstance(expected, dict) or not (kit / DATA_ARCHIVE).is_file():
+        raise KitError(f"{kit} has no {DATA_ARCHIVE} with its manifest's data list (an older kit); build the kit again")
+    shutil.rmtree(dest, ignore_errors=True)
+    safe_extract(kit / DATA_ARCHIVE, dest)
+    found = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
+    if found != sorted(expected):
+        odd = sorted(set(found) ^ set(expected))
+        raise KitError(f"{kit / DATA_ARCHIVE} holds other files than {kit / 'manifest.json'} lists ({odd[0]}); build the kit again")
+    for name, entry in expected.items():
+        if (dest / name).stat().st_size != entry.get("bytes") or _sha256(dest / name) != entry.get("sha256"):
+            raise KitError(f"{dest / name} from {kit / DATA_ARCHIVE} differs from its manifest entry; build the kit again")
+    return dest
 
 
-def write_archive(out: Path, archive: Path, extra: dict) -> None:
-    """``out`` as a tar.gz of regular files only (no weights, checkpoints, TensorBoard files), plus ``offline-kit.json``."""
-    import io
 
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(archive, "w:gz") as tar:
-        for path in sorted(out.rglob("*")) if out.is_dir() else []:
-            rel = path.relative_to(out).as_posix()
-            if path.is_file() and not path.is_symlink() and _keep(rel):
-                tar.add(path, arcname=rel, recursive=False)
-        raw = json.dumps(extra, indent=1).encode()
-        info = tarfile.TarInfo("offline-kit.json")
-        info.size, info.mtime = len(raw), int(time.time())
-        tar.addfile(info, io.BytesIO(raw))
-
-
-def run(part: str, archive: Path, budget_s: int, kit_root: Path = DEFAULT_KIT, work: Path | None = None) -> int:
-    """Check and install the part's kit, run ``scripts/gpu_check.sh PART`` with ``budget_s`` seconds
-    for its steps, write the output folder to ``archive`` and its SUMMARY.md beside it (also printed).
-    Returns the check's exit status."""
+def run(part: str, archive: Path, budget_s: int, kit_root: Path = DEFAULT_KIT, work: Path | None = None,
+        host_wheels: Path | None = None) -> int:
+    """Check and install the part's kit (with ``host_wheels`` too: the CPU dry run's own), run
+    ``scripts/gpu_check.sh PART`` with ``budget_s`` seconds for its steps, write the output folder
+    to ``archive`` and its SUMMARY.md beside it (also printed). Returns the check's exit status."""
     if part not in PARTS:
         raise KitError(f"unknown part {part!r}; the parts are {', '.join(PARTS)}")
     started = time.time()
@@ -312,13 +326,15 @@ def run(part: str, archive: Path, budget_s: int, kit_root: Path = DEFAULT_KIT, w
     manifest = verify(kit)
     work = work or Path(tempfile.gettempdir()) / f"oelm-gpu-{part}"
     shutil.rmtree(work, ignore_errors=True)
-    installed = install(kit, manifest, work / "site")
+    installed = install(kit, manifest, work / "site", host_wheels=host_wheels)
+    data = unpack_data(kit, manifest, work / "data")
     out = work / f"gpu-{part}"
-    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(out), "OELM_DATA_DIR": str(kit / "data"),
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(out), "OELM_DATA_DIR": str(data),
            "OELM_CACHE_DIR": str(work / "cache"), "GPU_CHECK_DEADLINE": str(int(started) + budget_s),
            "PYTHONPATH": os.pathsep.join([str(work / "site"), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     print(f"offline kit: {part}: kit checked ({len(manifest['files'])} files), installed {', '.join(installed)} "
-          f"into {work / 'site'} in {time.time() - started:.0f} s; steps until {budget_s} s from the start", flush=True)
+          f"into {work / 'site'}, {len(manifest['data'])} data files into {data} in {time.time() - started:.0f} s; "
+          f"steps until {budget_s} s from the start", flush=True)
     code = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), part], env=env, cwd=ROOT).returncode
     write_archive(out, archive, {"part": part, "exit_status": code, "budget_s": budget_s, "wheels": installed,
                                  "seconds": round(time.time() - started, 1), "kit_built_utc": manifest.get("built_utc")})
@@ -332,47 +348,6 @@ def run(part: str, archive: Path, budget_s: int, kit_root: Path = DEFAULT_KIT, w
 
 
 # -- collect (here) -----------------------------------------------------------------------------
-
-
-def check_members(tar: tarfile.TarFile, where: str) -> list[tarfile.TarInfo]:
-    """Every member of ``tar``, after checking each one: a relative path without ``..``, a regular
-    file or folder, or a link whose target stays inside (relative, no ``..``). The whole archive is
-    refused (KitError, one line) before anything is extracted."""
-    members = tar.getmembers()
-    for m in members:
-        _safe_relative(m.name, where)
-        if m.issym() or m.islnk():
-            target = PurePosixPath(m.linkname.replace("\\", "/"))
-            if target.is_absolute() or ".." in target.parts or not m.linkname:
-                raise KitError(f"{where} holds a link {m.name!r} -> {m.linkname!r} leaving the folder; refused (nothing extracted)")
-        elif not (m.isfile() or m.isdir()):
-            raise KitError(f"{where} holds {m.name!r}, a device file or pipe; refused (nothing extracted)")
-    return members
-
-
-def safe_extract(archive: Path, dest: Path) -> list[str]:
-    """Extract ``archive`` into ``dest`` after :func:`check_members`; returns the member names.
-
-    Raises:
-        KitError: no such file, not a tar archive, cut short or damaged, or a member refused.
-    """
-    if not archive.is_file():
-        raise KitError(f"{archive} does not exist")
-    try:
-        with tarfile.open(archive) as tar:
-            members = check_members(tar, str(archive))
-            for m in members:  # tarfile's own filter too, where this Python has it (3.12, 3.11.4+, 3.10.12+)
-                tar.extract(m, dest, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
-    except tarfile.ReadError as exc:
-        reason = (str(exc).splitlines() or ["?"])[0].rstrip(":")
-        raise KitError(f"{archive} is not a (whole) tar archive ({reason}); bring it back again from the device's output") from None
-    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        raise KitError(f"{archive} is cut short or damaged ({type(exc).__name__}: {exc}); bring it back again") from None
-    except tarfile.TarError as exc:
-        raise KitError(f"{archive} could not be extracted safely ({exc}); nothing of it was used") from None
-    except OSError as exc:
-        raise KitError(f"{archive} could not be extracted into {dest} ({exc})") from None
-    return [m.name for m in members]
 
 
 def _default_folder(staging: Path) -> Path:
@@ -429,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--archive", type=Path, required=True, help="the .tar.gz to write (under the device's $OUT)")
     r.add_argument("--budget-s", type=int, help="seconds for the part's steps (default: speed 340, scale 360)")
     r.add_argument("--kit", type=Path, default=DEFAULT_KIT, help="the folder holding PART/ (default .gpu-kit)")
+    r.add_argument("--host-wheels", type=Path, help="more wheels for this Python (the CPU dry run: .gpu-kit/host-wheels)")
     c = sub.add_parser("collect", help="here: merge the archives into docs/results/gpu-<date>-<gpu>/ with SUMMARY.md")
     c.add_argument("archives", nargs="+", type=Path)
     c.add_argument("--into", type=Path, help="default docs/results/gpu-<date>-<gpu> from env.json")
@@ -436,18 +412,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "build":
             kit = build(args.part, args.out, args.data_dir.resolve(), args.python_version, args.wheels_from)
-            size, tree = folder_bytes(kit) / MiB, tree_bytes() / MiB
-            print(f"offline kit: {kit} {size:.1f} MiB (limit {KIT_LIMIT_MIB:.0f}); with the working tree ({tree:.1f} MiB) "
-                  f"{size + tree:.1f} MiB of the device tool's {UPLOAD_LIMIT_MIB:.0f} MiB")
-            if size + tree > UPLOAD_LIMIT_MIB:
-                raise KitError(f"the working tree and {kit} together exceed {UPLOAD_LIMIT_MIB:.0f} MiB; ignore or remove "
-                               "untracked files (git status) before the device command")
+            sizes = check_travel(kit)
+            print(f"offline kit: {kit} {sizes['kit']:.1f} MiB (limit {KIT_LIMIT_MIB:.0f}); with the working tree "
+                  f"({sizes['tree']:.1f} MiB) {sizes['total']:.1f} MiB of the device tool's {UPLOAD_LIMIT_MIB:.0f} MiB, "
+                  f"{sizes['headroom']:.1f} MiB free (at least {HEADROOM_MIB:.0f} kept)")
             return 0
         if args.command == "run":
             budget = args.budget_s if args.budget_s is not None else BUDGET_S[args.part]
             if not 1 <= budget <= 3600:
                 raise KitError(f"--budget-s {budget} is outside 1..3600 seconds")
-            return run(args.part, args.archive.resolve(), budget, args.kit.resolve())
+            host = args.host_wheels.resolve() if args.host_wheels else None
+            return run(args.part, args.archive.resolve(), budget, args.kit.resolve(), host_wheels=host)
         print(f"offline kit: collected into {collect(args.archives, args.into)}")
         return 0
     except (KitError, subprocess.CalledProcessError, OSError) as exc:

@@ -28,6 +28,18 @@ def test_both_issue4_comparisons_are_committed_with_three_seeds():
         assert "<img" in html and "http://" not in html and "https://" not in html
 
 
+@pytest.mark.parametrize("name", sorted(p.parent.relative_to(RESULTS).as_posix() for p in RESULTS.glob("**/report.html")))
+def test_a_committed_report_html_shows_the_plots_committed_beside_it_and_copies_none_in(name):
+    """Each committed report.html links the plots its report.md links, in the same order, each a
+    file beside it under report_files/, and holds no base64 copy of them: the tree travels with
+    every GPU command (docs/scaling.md), and copies made the reports 6.8 MiB of it."""
+    folder = RESULTS / name
+    html = (folder / "report.html").read_text()
+    srcs = re.findall(r'<img [^>]*src="([^"]+)"', html)
+    assert srcs and srcs == re.findall(r"\]\((report_files/[^)]+\.png)\)", (folder / "report.md").read_text())
+    assert all((folder / s).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for s in srcs) and ";base64," not in html
+
+
 @pytest.mark.parametrize("name", COMPARISONS)
 def test_committed_comparison_is_rebuilt_from_its_runs(tmp_path, name):
     copy = tmp_path / name

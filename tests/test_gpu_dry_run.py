@@ -91,13 +91,15 @@ def _steps(files: dict) -> dict[str, str]:
     return {line.split("\t")[0]: line.split("\t")[1] for line in files["steps.tsv"].decode().splitlines()[1:]}
 
 
-def test_the_kits_fit_the_device_tools_upload(kits):
+def test_the_kits_leave_20_mib_of_the_device_tools_upload_beside_this_tree(kits):
+    """With this checkout's tree (every committed result), each real kit leaves at least 20 MiB of
+    the 64 MiB free (``build`` refuses otherwise: issue 47), and carries only the device's wheels."""
     for part in offline_kit.PARTS:
-        size = offline_kit.folder_bytes(kits / part) / 2**20
-        assert size < offline_kit.KIT_LIMIT_MIB, (part, size)
-        assert size + offline_kit.tree_bytes() / 2**20 < offline_kit.UPLOAD_LIMIT_MIB, (part, size)
+        sizes = offline_kit.check_travel(kits / part)
+        assert sizes["kit"] < offline_kit.KIT_LIMIT_MIB and sizes["headroom"] >= offline_kit.HEADROOM_MIB == 20, (part, sizes)
         wheels = sorted(p.name for p in (kits / part / "wheels").glob("*.whl"))
         assert any("cp312-cp312-manylinux" in w and w.startswith("pydantic_core-") for w in wheels), wheels
+        assert all("-cp312-" in w or "-py3-none-any" in w for w in wheels), wheels  # this Python's own: host-wheels/
 
 
 def test_the_kit_installs_into_a_python_without_pydantic_and_oelm_starts(kits, tmp_path):

@@ -70,10 +70,15 @@ def test_build_writes_the_parts_data_wheels_and_a_manifest(kit_parts, tmp_path):
     manifest = offline_kit.verify(kit)
     assert manifest["part"] == "speed" and manifest["packages"] == ["kit-alpha"] and manifest["fallback"] == ["kit-helper"]
     names = set(manifest["files"])
-    assert "data/tinystories/validation_head_sample.txt.gz" in names and "data/tokenizers/gpt2/vocab.json" in names
-    assert "data/MANIFEST.md" in names and not any(n.startswith("data/imdb") for n in names)  # speed does not read IMDB
-    assert {n for n in names if n.startswith("wheels/")} == {f"wheels/{w.name}" for w in wheels.glob("*.whl")}
-    assert not any(p.is_symlink() for p in kit.rglob("*"))  # real files: links would travel as links
+    assert names == {"data.tar.gz", *(f"wheels/{w.name}" for w in wheels.glob("*.whl"))}
+    # the data files the part reads, in one archive, each listed with the size and sha256 of its source
+    read = ["MANIFEST.md", "tinystories/validation_head_sample.txt.gz", "tokenizers/gpt2/vocab.json"]  # not IMDB
+    assert sorted(manifest["data"]) == read
+    assert all(manifest["data"][n]["sha256"] == offline_kit._sha256(data / n) for n in read)
+    with tarfile.open(kit / "data.tar.gz") as tar:
+        assert sorted(m.name for m in tar.getmembers() if m.isfile()) == read  # real files: links would travel as links
+    unpacked = offline_kit.unpack_data(kit, manifest, tmp_path / "unpacked")
+    assert all((unpacked / n).read_bytes() == (data / n).read_bytes() for n in read)
 
 
 def test_a_kit_over_its_limit_or_a_data_folder_without_the_parts_files_is_refused(kit_parts, tmp_path, monkeypatch):
@@ -85,6 +90,57 @@ def test_a_kit_over_its_limit_or_a_data_folder_without_the_parts_files_is_refuse
         offline_kit.build("scale", tmp_path / "kits", data, wheels_from=wheels)
 
 
+def _checkout(tmp_path: Path) -> Path:
+    """A git checkout with a tracked file, an untracked one git does not ignore, an ignored folder
+    and an ignored ``shared/`` folder (which the device tool sends all the same)."""
+    repo = tmp_path / "checkout"
+    for rel, size in (("src/a.py", 3000), ("notes.txt", 1000), ("ignored/big.bin", 50 << 20), ("shared/data.bin", 2000)):
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        with (repo / rel).open("wb") as f:
+            f.truncate(size)  # sparse: the size counts, no disk is written
+    (repo / ".gitignore").write_text("/ignored/\n/shared/\n")
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run(["git", "add", "src/a.py", ".gitignore"], cwd=repo, check=True)
+    return repo
+
+
+def test_build_measures_the_tree_and_kit_that_travel_and_refuses_less_than_20_mib_headroom(kit_parts, tmp_path, monkeypatch,
+                                                                                           capsys):
+    """The sizes ``build`` computes are what the device tool sends: tracked and untracked-not-ignored
+    files and shared/ (not the 50 MiB ignored folder), plus the kit; a 45 MiB file committed into
+    docs/results leaves less than 20 of the 64 MiB free, and the kit is refused in one line that
+    names the sizes and the folder, and removed."""
+    data, wheels = kit_parts
+    repo = _checkout(tmp_path)
+    kit = offline_kit.build("speed", tmp_path / "kits", data, wheels_from=wheels, root=repo)
+    sizes = offline_kit.check_travel(kit, repo)
+    tree = 3000 + 1000 + 2000 + len("/ignored/\n/shared/\n")
+    carried = sum(p.stat().st_size for p in kit.rglob("*") if p.is_file())
+    assert sizes["tree"] == pytest.approx(tree / 2**20) and sizes["kit"] == pytest.approx(carried / 2**20)
+    assert sizes["total"] == pytest.approx((tree + carried) / 2**20) and sizes["headroom"] == pytest.approx(64 - sizes["total"])
+
+    planted = repo / "docs" / "results" / "new-matrix" / "predictions.npz"
+    planted.parent.mkdir(parents=True)
+    with planted.open("wb") as f:
+        f.truncate(45 << 20)
+    subprocess.run(["git", "add", str(planted)], cwd=repo, check=True)
+    with pytest.raises(offline_kit.KitError, match=r"^speed: the device command would send 45\.\d MiB \(working tree 45\.0 MiB "
+                       r"\+ kit 0\.\d MiB\) of its 64 MiB, leaving 1[89]\.\d MiB, under the 20 MiB kept free \(docs/scaling.md\); "
+                       r"the tree's largest folders: docs/results/new-matrix 45\.0 MiB, src 0\.0 MiB, shared 0\.0 MiB; .* \(kit removed\)$"):
+        offline_kit.build("speed", tmp_path / "kits", data, wheels_from=wheels, root=repo)
+    assert not kit.exists()  # a refused kit cannot be carried by mistake
+
+    # the command line: one line on stderr, exit status 2
+    monkeypatch.setattr(offline_kit, "ROOT", repo)
+    code = offline_kit.main(["build", "speed", "--out", str(tmp_path / "kits"), "--data-dir", str(data), "--wheels-from", str(wheels)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("offline kit: speed: the device command would send") and err.count("\n") == 1
+    subprocess.run(["git", "rm", "-q", "-f", str(planted)], cwd=repo, check=True)  # out of the tree: 20 MiB free again
+    assert offline_kit.main(["build", "speed", "--out", str(tmp_path / "kits"), "--data-dir", str(data),
+                             "--wheels-from", str(wheels)]) == 0
+    assert "MiB free (at least 20 kept)" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("damage, message", [
     (lambda kit: (kit / "manifest.json").unlink(), r"no kit at .* \(no manifest.json\): build it with"),
     (lambda kit: (kit / "manifest.json").write_text((kit / "manifest.json").read_text()[:150]),
@@ -92,9 +148,9 @@ def test_a_kit_over_its_limit_or_a_data_folder_without_the_parts_files_is_refuse
     (lambda kit: (kit / "manifest.json").write_text('{"files": {"data/x": {"bytes": "many"}}}'), r"damaged or cut short \(ValueError"),
     (lambda kit: _rewrite(kit, "../../etc/passwd"), r"names '../../etc/passwd': a path with '..' leaves the folder"),
     (lambda kit: _rewrite(kit, "/etc/passwd"), r"names '/etc/passwd': an absolute path"),
-    (lambda kit: (kit / "data" / "MANIFEST.md").write_text("changed\n"), r"MANIFEST.md is damaged \(size or sha256 differs"),
-    (lambda kit: (kit / "data" / "MANIFEST.md").unlink(), r"MANIFEST.md is missing \(listed in .*\); carry the whole kit"),
-    (lambda kit: (kit / "data" / "extra.bin").write_bytes(b"x"), r"holds data/extra.bin, which its manifest does not list"),
+    (lambda kit: (kit / "data.tar.gz").write_text("changed\n"), r"data.tar.gz is damaged \(size or sha256 differs"),
+    (lambda kit: (kit / "data.tar.gz").unlink(), r"data.tar.gz is missing \(listed in .*\); carry the whole kit"),
+    (lambda kit: (kit / "wheels" / "extra.bin").write_bytes(b"x"), r"holds wheels/extra.bin, which its manifest does not list"),
 ])
 def test_a_damaged_kit_is_refused_in_one_line(kit_parts, tmp_path, damage, message, capsys):
     data, wheels = kit_parts
@@ -113,6 +169,22 @@ def _rewrite(kit: Path, name: str) -> None:
     manifest = json.loads((kit / "manifest.json").read_text())
     manifest["files"][name] = {"bytes": 1, "sha256": "0" * 64}
     (kit / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda m: m["data"]["MANIFEST.md"].update(sha256="0" * 64), r"unpacked/MANIFEST.md from .*data.tar.gz differs from its "
+                                                                  r"manifest entry; build the kit again"),
+    (lambda m: m["data"].pop("MANIFEST.md"), r"data.tar.gz holds other files than .*manifest.json lists \(MANIFEST.md\)"),
+    (lambda m: m["data"].update({"imdb/train.parquet": {"bytes": 1, "sha256": "0" * 64}}), r"\(imdb/train.parquet\)"),
+    (lambda m: m.pop("data"), r"has no data.tar.gz with its manifest's data list \(an older kit\); build the kit again"),
+])
+def test_the_unpacked_data_is_checked_file_by_file_against_the_manifest(kit_parts, tmp_path, change, message):
+    data, wheels = kit_parts
+    kit = offline_kit.build("speed", tmp_path / "kits", data, wheels_from=wheels)
+    manifest = offline_kit.verify(kit)
+    change(manifest)
+    with pytest.raises(offline_kit.KitError, match=message):
+        offline_kit.unpack_data(kit, manifest, tmp_path / "unpacked")
 
 
 def test_the_wheels_that_fit_are_installed_and_the_fallback_only_where_needed(kit_parts, tmp_path, monkeypatch):
@@ -156,6 +228,7 @@ def test_run_checks_installs_runs_the_part_and_archives_without_weights(kit_part
     assert (tmp_path / "back" / "SUMMARY-speed.md").is_file()
     env = json.loads((tmp_path / "work" / "gpu-speed" / "env.json").read_text())
     assert env["packages"]["oelm"]  # oelm came from src/ on PYTHONPATH
+    assert (tmp_path / "work" / "data" / "tokenizers" / "gpt2" / "vocab.json").read_bytes() == (data / "tokenizers/gpt2/vocab.json").read_bytes()
 
 
 def _archive(path: Path, *members: tuple[tarfile.TarInfo, bytes | None]) -> Path:

@@ -261,11 +261,16 @@ def test_report_md_has_every_section_and_published_numbers(lm_run):
         assert (lm_run / link).is_file()
 
 
-def test_html_is_self_contained(lm_run):
+def test_html_links_only_its_plot_files_beside_it(lm_run):
+    """report.html needs nothing outside its folder: every src/href is a plot under report_files/
+    that report.md links too and that is a PNG there; no URL, no CSS url(), no base64 copy."""
     page = (lm_run / "report.html").read_text()
     srcs = re.findall(r'(?:src|href)\s*=\s*"([^"]*)"', page)
-    assert srcs and all(s.startswith("data:image/png;base64,") for s in srcs)
-    assert not re.search(r"https?://|url\(", page)
+    linked = re.findall(r"\]\((report_files/[^)]+\.png)\)", (lm_run / "report.md").read_text())
+    assert srcs and sorted(srcs) == sorted(linked)
+    assert all((lm_run / s).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for s in srcs)
+    assert not re.search(r"https?://|url\(|data:image|;base64,", page)
+    assert len(page) < 60_000  # the page is text and tables: its plots are not copied in
     # learning curves, best-metric bars, step times, the convergence plot (the runs record training seconds per
     # validation) and the attention entropy per layer (final runs record attention diagnostics)
     assert page.count("<img ") == 5 and '<table class="comparison">' in page and ">Attention diagnostics</h2>" in page

@@ -1,7 +1,8 @@
 """report.html: rendered from an autoescaped Jinja2 template that ships in the wheel, so hostile
 names and warnings stay text; and in real headless Chromium (Debian `chromium` + `chromium-driver`,
-installed by `make test`): it renders, every plot image loads, nothing is fetched from a network,
-and a screenshot is produced."""
+installed by `make test`): the report's folder, copied elsewhere, renders, every plot image loads
+from its report_files/ beside the page, nothing else is fetched (no network), and a screenshot is
+produced."""
 
 from __future__ import annotations
 
@@ -57,7 +58,12 @@ def report_dir(tmp_path_factory, data_dir):
 
 @pytest.mark.slow
 def test_report_renders_in_headless_chromium(browser, report_dir, tmp_path):
-    page = report_dir / "report.html"
+    # the page and its plots alone, in another folder: relative links, nothing from the run folder
+    moved = tmp_path / "moved"
+    shutil.copytree(report_dir / "report_files", moved / "report_files")
+    shutil.copyfile(report_dir / "report.html", moved / "report.html")
+    page = moved / "report.html"
+    plots = (moved / "report_files").as_uri() + "/"
     browser.get_log("performance")  # drop anything logged before this page
     browser.get(page.as_uri())
     assert browser.title == "oelm report: tinystories-tiny"
@@ -65,23 +71,24 @@ def test_report_renders_in_headless_chromium(browser, report_dir, tmp_path):
     assert "oelm_freeze" in table.text and "baseline" in table.text
 
     images = browser.execute_script(
-        "return Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.naturalHeight, i.src.slice(0, 22),"
-        " i.dataset.name])"
+        "return Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.naturalHeight, i.src, i.dataset.name])"
     )
-    # every plot report.md links (report_files/*.png) is in the page, once each, and drawn
+    # every plot report.md links (report_files/*.png) is in the page, once each, drawn from its file beside the page
     linked = sorted(re.findall(r"\]\(report_files/([^)]+\.png)\)", (report_dir / "report.md").read_text()))
     assert len(linked) >= 3 and sorted(i[4] for i in images) == linked
-    for complete, width, height, prefix, _ in images:
-        assert complete and width > 100 and height > 100 and prefix == "data:image/png;base64,"
+    for complete, width, height, src, name in images:
+        assert complete and width > 100 and height > 100 and src == plots + name
 
-    # Every request the page made: the file itself and data: URIs only, never the network.
+    # Every request the page made: the page itself and its plot files only, never the network.
     urls = []
     for entry in browser.get_log("performance"):
         msg = json.loads(entry["message"])["message"]
         if msg.get("method") == "Network.requestWillBeSent":
             urls.append(msg["params"]["request"]["url"])
-    assert urls and all(u.startswith("data:") or u == page.as_uri() for u in urls), urls
-    assert browser.execute_script("return performance.getEntriesByType('resource').length") == 0
+    assert sorted(urls) == sorted([page.as_uri(), *(plots + name for name in linked)]), urls
+    # Resource Timing lists no file: loads (the plots), so any entry would be a fetch from elsewhere
+    resources = browser.execute_script("return performance.getEntriesByType('resource').map(r => r.name)")
+    assert all(r.startswith(plots) for r in resources), resources
 
     # Full-page screenshot through the DevTools protocol.
     height = browser.execute_script("return document.documentElement.scrollHeight")

@@ -370,7 +370,7 @@ def _add_matrix_tools(sub, env: argparse.ArgumentParser) -> None:
     p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
     p.set_defaults(func=cmd_monitor)
 
-    p = sub.add_parser("report", parents=[env], help="write comparison.json, original_layout.json, report.md and a self-contained report.html from the runs")
+    p = sub.add_parser("report", parents=[env], help="write comparison.json, original_layout.json, report.md and report.html (plots in report_files/) from the runs")
     p.add_argument("dir", help="an `oelm run` output directory")
     p.set_defaults(func=cmd_report)
 

@@ -7,7 +7,8 @@
   warnings a reader needs (:func:`comparison_warnings`, which ``oelm run`` prints too);
 * ``original_layout.json`` — the original project's layout (:func:`original_layout`);
 * ``report.md`` with its plots under ``report_files/*.png``;
-* ``report.html`` — the same content in one self-contained file (plots embedded as base64 PNG).
+* ``report.html`` — the same content as one page with inline CSS and no external URL; its plots are
+  the same ``report_files/*.png``, linked relatively (the folder opens without a network).
 
 Modules: :mod:`oelm.report.stats` (the statistics and their formulas), :mod:`.compare`
 (aggregation of run results), :mod:`.caveats` (the warnings), :mod:`.plots` (matplotlib figures),

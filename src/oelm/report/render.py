@@ -1,14 +1,16 @@
 """``report.md`` and a self-contained ``report.html`` from one comparison.
 
 Both are rendered from the same list of sections (:func:`build_sections`), so they always say
-the same thing. The markdown links its plots as PNG files under ``report_files/``; the HTML,
-rendered from the autoescaped Jinja2 template ``templates/report.html.j2``, embeds them as base64
-``data:image/png`` URIs with inline CSS and no external URL, so it opens anywhere without a network.
+the same thing. Both link the same plot files under ``report_files/`` (written beside them by
+:func:`oelm.report.write_comparison`); the HTML, rendered from the autoescaped Jinja2 template
+``templates/report.html.j2``, has inline CSS and no external URL, so the report's folder opens
+anywhere without a network. The plots are files, not base64 copies inside the page: the copies
+made the committed report.html files 6.8 MiB of the 29 MiB tree that travels with every GPU
+command (docs/scaling.md).
 """
 
 from __future__ import annotations
 
-import base64
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -448,11 +450,6 @@ def _anchor(title: str) -> str:
     return title.lower().split()[0].strip(":,()")
 
 
-def _png_base64(png: bytes) -> str:
-    """PNG bytes as the base64 text of a ``data:image/png;base64,`` URI."""
-    return base64.b64encode(png).decode("ascii")
-
-
 @functools.cache
 def _html_environment():
     """The Jinja2 environment of ``templates/`` (autoescaped, undefined names are errors)."""
@@ -461,18 +458,22 @@ def _html_environment():
 
     env = jinja2.Environment(loader=jinja2.PackageLoader("oelm.report", "templates"), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
-    env.filters.update(anchor=_anchor, b64=_png_base64)
+    env.filters.update(anchor=_anchor)
     return env
 
 
-def render_html(comparison: dict[str, Any], sections: list[Section]) -> str:
-    """One self-contained HTML page: inline CSS, plots as base64 PNG data URIs, no external URL.
+def render_html(comparison: dict[str, Any], sections: list[Section], image_dir: str = "report_files") -> str:
+    """One HTML page with inline CSS and no external URL; each plot an ``<img>`` of the PNG file
+    ``image_dir/<name>`` relative to the page (the files :func:`render_markdown` returns for the
+    same ``image_dir``, which the caller writes beside the page).
 
     Rendered from the Jinja2 template ``oelm/report/templates/report.html.j2`` with autoescaping,
-    so every name, warning, cell and alt text is escaped; each block kind of a :class:`Section` has
-    one macro there, so a new section needs no template change.
+    so every name, warning, cell and alt text is escaped (a plot's file name is URL-quoted too);
+    each block kind of a :class:`Section` has one macro there, so a new section needs no template
+    change.
 
     Raises:
         jinja2.UndefinedError: a section holds a block of a kind the template has no macro for.
     """
-    return _html_environment().get_template("report.html.j2").render(comparison=comparison, sections=sections)
+    return _html_environment().get_template("report.html.j2").render(comparison=comparison, sections=sections,
+                                                                     image_dir=image_dir)
