@@ -4,17 +4,21 @@ A lent GPU machine (docs/scaling.md, "The GPU check in two commands") receives t
 a few git-ignored folders (``carry``), at most 64 MiB per command, runs one command of at most 10
 minutes and reaches no package index. Its Python (3.12) already has torch, transformers, accelerate,
 tokenizers, pandas, pyarrow, ... but not pydantic. So each part of ``scripts/gpu_check.sh`` gets a
-kit folder of its own, under 30 MiB, that leaves at least 20 MiB of the 64 free beside the working
-tree (scripts/kit_sizes.py: ``build`` refuses a kit that leaves less, in one line naming the tree's
-largest folders):
+kit folder of its own, under 30 MiB, that leaves at least 20 MiB of the 64 free beside the light
+tree (scripts/kit_sizes.py: ``build`` prints both trees' figures and refuses a kit that leaves less,
+in one line naming the tree's largest folders):
 
     here:   python scripts/offline_kit.py build speed        # -> .gpu-kit/speed/ (git-ignored)
             python scripts/offline_kit.py build scale        # -> .gpu-kit/scale/
+            python scripts/offline_kit.py light speed scale  # docs/results out of the tree that travels
     there:  python3 scripts/offline_kit.py run speed --archive "$OUT/gpu-speed.tar.gz"
-    here:   python scripts/offline_kit.py collect gpu-speed.tar.gz gpu-scale.tar.gz   # -> docs/results/gpu-<date>-<gpu>/
+    here:   python scripts/offline_kit.py restore            # docs/results back in git's index
+            python scripts/offline_kit.py collect gpu-speed.tar.gz gpu-scale.tar.gz   # -> docs/results/gpu-<date>-<gpu>/
 
 and before the device commands, the same ``run`` on this machine's CPU under a Python without
-pydantic (``python scripts/gpu_dry_run.py speed``; scripts/gpu_dry_run.py).
+pydantic (``python scripts/gpu_dry_run.py speed``; scripts/gpu_dry_run.py). ``light`` and
+``restore`` are scripts/kit_light.py's: while the tree is light every command here prints so, and
+``collect`` refuses (its folder would be ignored, and a commit would delete the evidence).
 
 A kit holds ``wheels/`` (pydantic and its three dependencies at the versions CI tests, for CPython
 3.12 manylinux x86-64; ``typing-extensions`` as a fallback, installed only where the Python's own
@@ -49,8 +53,9 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+import kit_light
 from kit_archive import KitError, _safe_relative, safe_extract, write_archive
-from kit_sizes import HEADROOM_MIB, UPLOAD_LIMIT_MIB, MiB, folder_bytes, largest_folders, travel
+from kit_sizes import HEADROOM_MIB, LIGHT_OUT, UPLOAD_LIMIT_MIB, MiB, folder_bytes, largest_folders, travel
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_KIT = ROOT / ".gpu-kit"
@@ -161,21 +166,51 @@ def build(part: str, out: Path, data_dir: Path, python_version: str = "3.12", wh
 
 def check_travel(kit: Path, root: Path | None = None) -> dict[str, float]:
     """The MiB one device command sends from checkout ``root`` (default: this one) with ``kit``
-    carried (:func:`kit_sizes.travel`: tree, kit, total, headroom), after checking that at least
-    :data:`HEADROOM_MIB` of the :data:`UPLOAD_LIMIT_MIB` stay free.
+    carried (:func:`kit_sizes.travel`: the tree as it is and the light tree, the kit, the totals and
+    the headroom of each), after checking that at least :data:`HEADROOM_MIB` of the
+    :data:`UPLOAD_LIMIT_MIB` stay free beside the light tree (the tree the device commands send:
+    ``light``), whatever results are committed.
 
     Raises:
-        KitError: less headroom; one line with the sizes and the tree's largest folders.
+        KitError: less headroom; one line with the sizes and the light tree's largest folders.
     """
     root = root or ROOT
     sizes = travel(kit, root)
-    if sizes["headroom"] < HEADROOM_MIB:
-        largest = ", ".join(f"{name} {size / MiB:.1f} MiB" for name, size in largest_folders(root))
-        raise KitError(f"{kit.name}: the device command would send {sizes['total']:.1f} MiB (working tree {sizes['tree']:.1f} "
-                       f"MiB + kit {sizes['kit']:.1f} MiB) of its {UPLOAD_LIMIT_MIB:.0f} MiB, leaving {sizes['headroom']:.1f} "
-                       f"MiB, under the {HEADROOM_MIB:.0f} MiB kept free (docs/scaling.md); the tree's largest folders: {largest}; "
-                       "commit smaller evidence there, or remove or ignore untracked files (git status)")
+    if sizes["light_headroom"] < HEADROOM_MIB:
+        largest = ", ".join(f"{name} {size / MiB:.1f} MiB" for name, size in largest_folders(root, light=True))
+        raise KitError(f"{kit.name}: even with the light tree ({LIGHT_OUT} left out) the device command would send "
+                       f"{sizes['light_total']:.1f} MiB (working tree {sizes['light_tree']:.1f} MiB + kit {sizes['kit']:.1f} MiB) "
+                       f"of its {UPLOAD_LIMIT_MIB:.0f} MiB, leaving {sizes['light_headroom']:.1f} MiB, under the "
+                       f"{HEADROOM_MIB:.0f} MiB kept free (docs/scaling.md); the light tree's largest folders: {largest}; "
+                       "make them smaller, or remove or ignore untracked files (git status)")
     return sizes
+
+
+def light(parts: list[str], kit_root: Path = DEFAULT_KIT, root: Path | None = None) -> list[str]:
+    """Make checkout ``root``'s tree light (:func:`kit_light.make_light`) after checking each part's
+    kit (:func:`verify`) and that it leaves :data:`HEADROOM_MIB` free beside the light tree; then
+    measures what a device command sends now. Returns one line per part with those figures.
+
+    Raises:
+        KitError: a kit missing or damaged, too little headroom (nothing changed then), or a refusal
+            of :func:`kit_light.make_light`; a light tree that sends more than measured before is undone.
+    """
+    root = root or ROOT
+    for part in parts:
+        verify(kit_root / part)
+        check_travel(kit_root / part, root)
+    state = kit_light.make_light(root)
+    lines = []
+    for part in parts:
+        sizes = travel(kit_root / part, root)
+        if sizes["tree"] > sizes["light_tree"] or sizes["headroom"] < HEADROOM_MIB:
+            kit_light.restore(root)
+            raise KitError(f"the light tree sends {sizes['tree']:.1f} MiB, not the {sizes['light_tree']:.1f} MiB measured "
+                           "before; the tree was restored")
+        lines.append(f"{part}: one device command now sends {sizes['total']:.1f} MiB (light tree {sizes['tree']:.1f} MiB + "
+                     f"kit {sizes['kit']:.1f} MiB) of its {UPLOAD_LIMIT_MIB:.0f} MiB, {sizes['headroom']:.1f} MiB free")
+    return [f"light tree: {LIGHT_OUT} out of git's index ({len(state['entries'])} entries) and ignored, every file still on "
+            f"disk; until `{kit_light.RESTORE}`, do not commit (the index holds as many staged deletions)", *lines]
 
 
 # -- check and install (there) ------------------------------------------------------------------
@@ -390,6 +425,17 @@ def collect(archives: list[Path], into: Path | None) -> Path:
     return into
 
 
+def _build_line(kit: Path, sizes: dict[str, float]) -> str:
+    """What ``build`` prints: the kit, and what one device command sends beside the light tree and the whole one."""
+    whole = (f"{sizes['headroom']:.1f} MiB free" if sizes["total"] <= UPLOAD_LIMIT_MIB
+             else f"over the limit: the device tool refuses it")
+    return (f"offline kit: {kit} {sizes['kit']:.1f} MiB (limit {KIT_LIMIT_MIB:.0f}); one device command sends, after "
+            f"`light`: the light tree ({sizes['light_tree']:.1f} MiB, {LIGHT_OUT} left out) + the kit = {sizes['light_total']:.1f} "
+            f"MiB of the device tool's {UPLOAD_LIMIT_MIB:.0f} MiB, {sizes['light_headroom']:.1f} MiB free (at least "
+            f"{HEADROOM_MIB:.0f} kept); without `light`: the whole tree ({sizes['tree']:.1f} MiB) + the kit = "
+            f"{sizes['total']:.1f} MiB, {whole}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -399,6 +445,10 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--data-dir", type=Path, default=Path(os.environ.get("OELM_DATA_DIR") or ROOT.parent / "shared" / "data"))
     b.add_argument("--python-version", default="3.12", help="the GPU machine's Python (its wheels' tags; default 3.12)")
     b.add_argument("--wheels-from", type=Path, help="copy the wheels from this folder instead of downloading them")
+    li = sub.add_parser("light", help=f"here, before the device commands: {LIGHT_OUT} out of the tree that travels")
+    li.add_argument("parts", nargs="+", choices=sorted(PARTS), metavar="PART", help="the parts whose kits will be carried")
+    li.add_argument("--kit", type=Path, default=DEFAULT_KIT, help="the folder holding PART/ (default .gpu-kit)")
+    sub.add_parser("restore", help=f"here, after the device commands: {LIGHT_OUT} back in git's index (idempotent)")
     r = sub.add_parser("run", help="there: check and install the kit, run the part, archive its output")
     r.add_argument("part", choices=sorted(PARTS))
     r.add_argument("--archive", type=Path, required=True, help="the .tar.gz to write (under the device's $OUT)")
@@ -410,12 +460,18 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--into", type=Path, help="default docs/results/gpu-<date>-<gpu> from env.json")
     args = p.parse_args(argv)
     try:
+        is_light = kit_light.notice(ROOT)  # None on the device (no git folder there) and in a whole tree
+        if is_light and args.command not in ("light", "restore"):
+            if args.command == "collect":
+                raise KitError(f"{is_light}; collect writes into {LIGHT_OUT}, which is ignored while light: restore first")
+            print(f"offline kit: {is_light}", file=sys.stderr)
         if args.command == "build":
             kit = build(args.part, args.out, args.data_dir.resolve(), args.python_version, args.wheels_from)
-            sizes = check_travel(kit)
-            print(f"offline kit: {kit} {sizes['kit']:.1f} MiB (limit {KIT_LIMIT_MIB:.0f}); with the working tree "
-                  f"({sizes['tree']:.1f} MiB) {sizes['total']:.1f} MiB of the device tool's {UPLOAD_LIMIT_MIB:.0f} MiB, "
-                  f"{sizes['headroom']:.1f} MiB free (at least {HEADROOM_MIB:.0f} kept)")
+            print(_build_line(kit, check_travel(kit)))
+            return 0
+        if args.command in ("light", "restore"):
+            lines = light(args.parts, args.kit.resolve()) if args.command == "light" else [kit_light.restore(ROOT)]
+            print("\n".join(f"offline kit: {line}" for line in lines))
             return 0
         if args.command == "run":
             budget = args.budget_s if args.budget_s is not None else BUDGET_S[args.part]

@@ -107,26 +107,34 @@ def _checkout(tmp_path: Path) -> Path:
 def test_build_measures_the_tree_and_kit_that_travel_and_refuses_less_than_20_mib_headroom(kit_parts, tmp_path, monkeypatch,
                                                                                            capsys):
     """The sizes ``build`` computes are what the device tool sends: tracked and untracked-not-ignored
-    files and shared/ (not the 50 MiB ignored folder), plus the kit; a 45 MiB file committed into
-    docs/results leaves less than 20 of the 64 MiB free, and the kit is refused in one line that
-    names the sizes and the folder, and removed."""
+    files and shared/ (not the 50 MiB ignored folder), plus the kit, with the whole tree and with
+    the light one (docs/results left out: tests/test_kit_light.py); a 45 MiB file committed outside
+    docs/results leaves less than 20 of the 64 MiB free even beside the light tree, and the kit is
+    refused in one line that names the sizes and the folder, and removed."""
     data, wheels = kit_parts
     repo = _checkout(tmp_path)
+    (repo / "docs" / "results").mkdir(parents=True)
+    (repo / "docs" / "results" / "README.md").write_bytes(b"r" * 5000)
+    subprocess.run(["git", "add", "docs/results/README.md"], cwd=repo, check=True)
     kit = offline_kit.build("speed", tmp_path / "kits", data, wheels_from=wheels, root=repo)
     sizes = offline_kit.check_travel(kit, repo)
-    tree = 3000 + 1000 + 2000 + len("/ignored/\n/shared/\n")
+    light = 3000 + 1000 + 2000 + len("/ignored/\n/shared/\n")
+    tree = light + 5000
     carried = sum(p.stat().st_size for p in kit.rglob("*") if p.is_file())
     assert sizes["tree"] == pytest.approx(tree / 2**20) and sizes["kit"] == pytest.approx(carried / 2**20)
     assert sizes["total"] == pytest.approx((tree + carried) / 2**20) and sizes["headroom"] == pytest.approx(64 - sizes["total"])
+    assert sizes["light_tree"] == pytest.approx(light / 2**20) and sizes["light_total"] == pytest.approx((light + carried) / 2**20)
+    assert sizes["light_headroom"] == pytest.approx(64 - sizes["light_total"])
 
-    planted = repo / "docs" / "results" / "new-matrix" / "predictions.npz"
+    planted = repo / "assets" / "new-model" / "weights.bin"
     planted.parent.mkdir(parents=True)
     with planted.open("wb") as f:
         f.truncate(45 << 20)
     subprocess.run(["git", "add", str(planted)], cwd=repo, check=True)
-    with pytest.raises(offline_kit.KitError, match=r"^speed: the device command would send 45\.\d MiB \(working tree 45\.0 MiB "
-                       r"\+ kit 0\.\d MiB\) of its 64 MiB, leaving 1[89]\.\d MiB, under the 20 MiB kept free \(docs/scaling.md\); "
-                       r"the tree's largest folders: docs/results/new-matrix 45\.0 MiB, src 0\.0 MiB, shared 0\.0 MiB; .* \(kit removed\)$"):
+    with pytest.raises(offline_kit.KitError, match=r"^speed: even with the light tree \(docs/results left out\) the device command "
+                       r"would send 45\.\d MiB \(working tree 45\.0 MiB \+ kit 0\.\d MiB\) of its 64 MiB, leaving 1[89]\.\d MiB, "
+                       r"under the 20 MiB kept free \(docs/scaling.md\); the light tree's largest folders: assets/new-model 45\.0 MiB, "
+                       r"src 0\.0 MiB, shared 0\.0 MiB; .* \(kit removed\)$"):
         offline_kit.build("speed", tmp_path / "kits", data, wheels_from=wheels, root=repo)
     assert not kit.exists()  # a refused kit cannot be carried by mistake
 
@@ -134,11 +142,11 @@ def test_build_measures_the_tree_and_kit_that_travel_and_refuses_less_than_20_mi
     monkeypatch.setattr(offline_kit, "ROOT", repo)
     code = offline_kit.main(["build", "speed", "--out", str(tmp_path / "kits"), "--data-dir", str(data), "--wheels-from", str(wheels)])
     err = capsys.readouterr().err
-    assert code == 2 and err.startswith("offline kit: speed: the device command would send") and err.count("\n") == 1
+    assert code == 2 and err.startswith("offline kit: speed: even with the light tree") and err.count("\n") == 1
     subprocess.run(["git", "rm", "-q", "-f", str(planted)], cwd=repo, check=True)  # out of the tree: 20 MiB free again
     assert offline_kit.main(["build", "speed", "--out", str(tmp_path / "kits"), "--data-dir", str(data),
                              "--wheels-from", str(wheels)]) == 0
-    assert "MiB free (at least 20 kept)" in capsys.readouterr().out
+    assert "MiB free (at least 20 kept); without `light`: the whole tree (0.0 MiB)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("damage, message", [
