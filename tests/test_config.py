@@ -272,8 +272,9 @@ def test_research_methods_from_yaml_reach_apply_oelm(tmp_path):
 
 
 def test_committed_matrices_keep_their_method_fingerprints():
-    """The fields added for the research methods are left out of OELMConfig.to_dict at their defaults, so a
-    matrix run before them (its experiment.json) still resumes and its records read as before."""
+    """The fields added for the research methods are left out of OELMConfig.to_dict at their defaults, as
+    are max_grid_growth and a method's seeds, so a matrix run before them (its experiment.json) still
+    resumes and its records read as before."""
     import json
 
     from oelm.matrix.output import config_fingerprint
@@ -283,6 +284,8 @@ def test_committed_matrices_keep_their_method_fingerprints():
     for experiment in sorted(results.glob("*/experiment.json")):
         recorded = json.loads(experiment.read_text()).get("fingerprint")
         if recorded:
-            assert config_fingerprint(load_config(experiment.with_name("config.yaml")))["methods"] == recorded["methods"], experiment
+            fingerprint = config_fingerprint(load_config(experiment.with_name("config.yaml")))
+            assert fingerprint["methods"] == recorded["methods"], experiment
+            assert "max_grid_growth" not in fingerprint and set(fingerprint) <= set(recorded), experiment  # defaults left out
             checked += 1
     assert checked >= 5

@@ -167,7 +167,7 @@ def test_early_stopping_stops_patience_validations_after_the_best_and_tests_the_
     assert "[baseline-seed0] early stop at step 8 of 12: no improvement in 3 validations (best accuracy" in (
         capsys.readouterr().out)
     report = (out / "report.md").read_text()
-    assert "| baseline | 0 | finished, stopped early at step 8 |" in report
+    assert "| baseline | 0 | finished |" in report and "| converged: stopped on patience at step 8 of 12 (best at 2) |" in report
     assert "Stopped early (training.early_stopping_patience): baseline seed 0." in report
     assert "finished (early stop)" in snapshot_text(out)
 

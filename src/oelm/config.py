@@ -87,6 +87,12 @@ class ExperimentConfig(StrictModel):
     sweep_seeds: list[Seed] | None = Field(
         None, min_length=1, description="Seeds the learning-rate sweep runs on (a subset of seeds); default: the first seed."
     )
+    max_grid_growth: Int = Field(
+        0, ge=0,
+        description="Learning rates the sweep may add per swept method, on validation only, while its selected rate "
+        "is on the edge of its grid: x2 above the highest, /2 below the lowest, then select again, before any final "
+        "run (oelm.matrix.plan.select_learning_rates); 0 = the grid as written.",
+    )
     init_from: Text | None = Field(
         None,
         description="Start every run from saved weights (pretrain-then-fine-tune): a safetensors file, or an "
@@ -132,6 +138,7 @@ class ExperimentConfig(StrictModel):
             if extra or len(set(self.sweep_seeds)) != len(self.sweep_seeds):
                 raise ValueError(f"sweep_seeds {self.sweep_seeds} must be distinct members of seeds {self.seeds}")
         for m in self.methods:
+            _check_method_seeds(m, self.seeds, self.sweep_seed_list() if len(self.learning_rate_candidates(m)) > 1 else [])
             try:
                 TrainingConfig.model_validate(self.training.model_dump() | m.training)
             except ValidationError as err:
@@ -224,6 +231,12 @@ class ExperimentConfig(StrictModel):
             return list(self.learning_rates)
         return [self.training.learning_rate]
 
+    def seeds_of(self, method: MethodEntry | str) -> list[int]:
+        """The seeds ``method`` (an entry or its name) runs, in the order of ``seeds``: its own
+        ``seeds``, else the experiment's."""
+        entry = method if isinstance(method, MethodEntry) else next(m for m in self.methods if m.name == method)
+        return [s for s in self.seeds if entry.seeds is None or s in entry.seeds]
+
     def sweep_seed_list(self) -> list[int]:
         """Seeds of the learning-rate sweep (default: the first seed)."""
         return list(self.sweep_seeds) if self.sweep_seeds else self.seeds[:1]
@@ -234,6 +247,23 @@ class ExperimentConfig(StrictModel):
         if not method.training:
             return self.training
         return TrainingConfig.model_validate(self.training.model_dump() | method.training)
+
+
+def _check_method_seeds(method: MethodEntry, seeds: list[int], sweep_seeds: list[int]) -> None:
+    """A method's own ``seeds``: distinct members of the experiment's ``seeds`` that hold its
+    ``sweep_seeds`` (empty for a method without a sweep).
+
+    Raises:
+        ValueError: naming the method, the seeds and the fix."""
+    own = method.seeds
+    if own is None:
+        return
+    if len(set(own)) != len(own) or any(s not in seeds for s in own):
+        raise ValueError(f"methods[{method.name}].seeds {own} must be distinct members of seeds {seeds}")
+    missing = [s for s in sweep_seeds if s not in own]
+    if missing:
+        raise ValueError(f"methods[{method.name}].seeds {own} must hold the sweep seeds {sweep_seeds} (its learning "
+                         f"rate is swept on them; missing {missing}): add them, or set sweep_seeds")
 
 
 # --------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Iterable, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from oelm.config_aliases import canonical_training
-from oelm.config_fields import Float, Int, StrictModel, keys_only
+from oelm.config_fields import Float, Int, Seed, StrictModel, keys_only
 from oelm.config_training import TrainingConfig
 from oelm.init_names import InitName  # the init table's names, without torch
 
@@ -87,6 +87,13 @@ class MethodEntry(StrictModel):
         min_length=1,
         description="Learning-rate candidates swept for this method (selected on validation only); "
         "overrides learning_rate and the experiment's learning_rates.",
+    )
+    seeds: list[Seed] | None = Field(
+        None,
+        min_length=1,
+        description="The seeds this method runs (a subset of the experiment's seeds that holds the sweep seeds "
+        "when the method is swept), fixed before any run: e.g. 5 for baseline and oelm_freeze, 3 for the "
+        "controls; default: the experiment's seeds. Comparisons pair over the seeds both methods ran.",
     )
     training: dict[str, Any] = Field(
         default_factory=dict,

@@ -129,7 +129,7 @@ def check_init_shapes(config: ExperimentConfig) -> None:
     if not config.init_from:
         return
     paths = {resolve_init_from(config, m.name, seed, verify=False) for m in config.methods  # hashed when data is prepared
-             for seed in dict.fromkeys([*config.sweep_seed_list(), *config.seeds])}
+             for seed in config.seeds_of(m)}  # a swept method's seeds hold the sweep seeds
     skeleton = skeleton_model(config)
     if skeleton is None:
         return

@@ -169,7 +169,7 @@ def _drive(config: ExperimentConfig, out: Path, log: Callable[[str], None], retr
     retry = {n for n, r in results.items() if r.failed} if retry_failed else set()
     _, selection = ready_runs(config, ctx.data.metric, results)
     with interruptible("checking the finished runs' weights"):  # sha256 of every kept run: can take a while
-        _check_kept(ctx, results, {r.name for r in plan_runs(config, selection.selected)})
+        _check_kept(ctx, results, {r.name for r in plan_runs(config, selection.selected, selection.grids)})
     executor.bind(ctx)
     busy: dict[str, RunTask] = {}
     announced: set[str] = set()
@@ -177,9 +177,10 @@ def _drive(config: ExperimentConfig, out: Path, log: Callable[[str], None], retr
     with executor.running():
         while True:
             ready, selection = ready_runs(config, ctx.data.metric, results, retry=retry, busy=busy)
-            if written != (selection.complete, selection.selected):
+            state = (set(selection.complete), dict(selection.selected), {m: list(g) for m, g in selection.grids.items()})
+            if written != state:  # a selection made, or a grid grown
                 write_selection(out, config, selection, log, announced)
-                written = (set(selection.complete), dict(selection.selected))
+                written = state
             _mark_finals(config, out, selection, results, log)
             for task in ready:
                 if executor.free_slots(len(busy)) <= 0:

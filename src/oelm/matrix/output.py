@@ -44,6 +44,7 @@ COSMETIC_TRAINING_KEYS = (
 )
 
 _OUTPUT_FIX = "pass another --output-dir (or output_dir in the config)"
+_CAP = "max_grid_growth"  # the fingerprint's key that may rise but not fall
 # experiment.json is the only record of the config the runs were trained with: never rewritten blindly
 _EXPERIMENT_FIX = ("restore it from a copy; without it oelm cannot check that the runs here belong to this config "
                    "(delete it only if you are sure they do: the next `oelm run` writes it again)")
@@ -84,9 +85,11 @@ def _quiet(message: str) -> None:
 
 def config_fingerprint(config: ExperimentConfig) -> dict[str, Any]:
     """The parts of a config that make results comparable: task, model, training (display-only
-    knobs excluded), init_from, the sweep seeds, and per method its OELM settings, learning-rate
-    candidates and training overrides. Not: seeds (more may be added), the output dir, the
-    executor, names, descriptions and references."""
+    knobs excluded), init_from, the sweep seeds, ``max_grid_growth`` (when not 0), and per method
+    its OELM settings, learning-rate candidates, training overrides and its own ``seeds`` (when
+    set: fixed before its runs). Not: the experiment's seeds (more may be added), the output dir,
+    the executor, names, descriptions and references. A key at its default is left out, so the
+    fingerprints of matrices started before the key existed still match."""
     d = config.model_dump(mode="json")
     if d["task"].get("source") is None:  # a registered dataset: the fingerprint keeps its form from before task.source
         d["task"].pop("source", None)
@@ -97,13 +100,14 @@ def config_fingerprint(config: ExperimentConfig) -> dict[str, Any]:
             "learning_rates": config.learning_rate_candidates(m),
             "training": {k: v for k, v in sorted(m.training.items()) if k not in COSMETIC_TRAINING_KEYS},
             **({"lora": m.lora} if m.lora is not None else {}),  # absent otherwise: earlier fingerprints still match
+            **({"seeds": sorted(m.seeds)} if m.seeds is not None else {}),
         }
         for m in config.methods
     }
     return {
         "task": d["task"], "model": d["model"], "training": training, "init_from": config.init_from,
         "sweep_seeds": config.sweep_seed_list(), "methods": methods,
-    }
+    } | ({"max_grid_growth": config.max_grid_growth} if config.max_grid_growth else {})
 
 
 def _methods_with_runs(out: Path) -> set[str]:
@@ -146,7 +150,10 @@ def _fingerprint_changes(out: Path, fingerprint: dict[str, Any]) -> tuple[dict[s
         defaults = {k: v for k, v in TrainingConfig().model_dump(mode="json").items() if k not in COSMETIC_TRAINING_KEYS}
         previous = previous | {"training": {k: v for k, v in defaults.items() if k not in previous["training"]}
                                | previous["training"]}
-    changed = [k for k in fingerprint if k != "methods" and k in previous and previous[k] != fingerprint[k]]
+    changed = [k for k in fingerprint if k not in ("methods", _CAP) and k in previous and previous[k] != fingerprint[k]]
+    if fingerprint.get(_CAP, 0) < previous.get(_CAP, 0):  # raising it is fine: more rates, on validation only
+        changed.append(f"{_CAP} (lowered from {previous[_CAP]} to {fingerprint.get(_CAP, 0)}: the rates it added "
+                       "would leave their grids; it may only rise)")
     prev_methods = previous.get("methods", {})
     with_runs = _methods_with_runs(out) if prev_methods else set()
     grown: dict[str, tuple[list, list]] = {}
@@ -155,8 +162,8 @@ def _fingerprint_changes(out: Path, fingerprint: dict[str, Any]) -> tuple[dict[s
             if _grid_grew(prev_methods[name], settings):
                 grown[name] = (prev_methods[name]["learning_rates"], settings["learning_rates"])
                 continue
-            what = [k for k in settings if prev_methods[name].get(k) != settings[k]]
-            hint = ""
+            what = [k for k in {**prev_methods[name], **settings} if prev_methods[name].get(k) != settings.get(k)]
+            hint = " (a method's seeds are fixed before its runs)" if "seeds" in what else ""
             if what == ["learning_rates"]:
                 hint = (" (a learning-rate grid may only grow: keep every earlier rate)"
                         if len(prev_methods[name]["learning_rates"]) > 1 else
@@ -291,7 +298,7 @@ def start_output(config: ExperimentConfig, out: Path, log: Callable[[str], None]
     _write_json(folder.experiment, {"name": config.name, "fingerprint": fingerprint}
                 | ({"grid_growth": growth} if growth else {}) | ({"data": previous["data"]} if "data" in previous else {}))
     _write_text(folder.config, yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-    write_plan(out, config, {})
+    write_plan(out, config)
 
 
 def bind_data(out: Path, data: PreparedData) -> None:
@@ -373,7 +380,7 @@ def _prepare(config: ExperimentConfig, out: Path | None, log: Callable[[str], No
     log(f"data: {data.summary}")
     unchecked = []
     for m in config.methods:
-        for seed in config.seeds:
+        for seed in config.seeds_of(m):
             checkpoint = resolve_init_from(config, m.name, seed)
             if checkpoint is not None and data.tokenizer_record and not check_init_tokenizer(checkpoint, data.tokenizer_record):
                 unchecked.append(checkpoint)
@@ -390,14 +397,17 @@ def _prepare(config: ExperimentConfig, out: Path | None, log: Callable[[str], No
     return data
 
 
-def write_plan(out: Path, config: ExperimentConfig, selected: dict[str, float]) -> None:
-    """``plan.json``: every planned run (for ``oelm monitor``), final runs of methods whose
-    sweep is not done yet listed as pending without a learning rate."""
+def write_plan(out: Path, config: ExperimentConfig, selection: Selection | None = None) -> None:
+    """``plan.json``: every planned run at ``selection`` (None: nothing selected yet; grown grids'
+    sweep runs included) for ``oelm monitor``, final runs of methods whose selection is not final
+    yet listed as pending without a learning rate, on each method's seeds."""
+    selection = selection or Selection()
     runs = [{"name": r.name, "method": r.method, "seed": r.seed, "learning_rate": r.learning_rate, "stage": r.stage}
-            for r in plan_runs(config, selected)]
+            for r in plan_runs(config, selection.selected, selection.grids)]
     for m in config.methods:
-        if len(config.learning_rate_candidates(m)) > 1 and m.name not in selected:
-            runs += [{"name": None, "method": m.name, "seed": s, "learning_rate": None, "stage": "final"} for s in config.seeds]
+        if len(config.learning_rate_candidates(m)) > 1 and m.name not in selection.selected:
+            runs += [{"name": None, "method": m.name, "seed": s, "learning_rate": None, "stage": "final"}
+                     for s in config.seeds_of(m)]
     _write_json(MatrixFolder(out).plan, {"name": config.name, "runs": runs})
 
 
@@ -407,12 +417,15 @@ def write_selection(out: Path, config: ExperimentConfig, selection: Selection, l
     logging each method's selection once (``announced``: methods already logged; updated).
 
     ``sweep.json`` lists swept methods only (two or more candidates). ``selected_at_grid_edge``: per
-    swept method ``"low"`` / ``"high"`` when the selected rate is the smallest / largest candidate
-    (a wider grid could move the result), null when it is interior or nothing was selected (every
-    sweep run failed); see :func:`oelm.records.grid_edge`. ``grid_growth`` (only when a grid grew):
-    ``experiment.json``'s record of it, for the report."""
+    swept method ``"low"`` / ``"high"`` when the selected rate is the smallest / largest rate of its
+    grid, grown rates included (a wider grid could move the result), null when it is interior or
+    nothing was selected (every sweep run failed); see :func:`oelm.records.grid_edge`.
+    ``grid_growth`` (only when a grid grew): per method ``experiment.json``'s record of each growth
+    of the config's grid, then each automatic growth (:func:`oelm.matrix.plan.growth_entry`), one
+    log line each (``announced`` holds ``"<method>#<k>"`` for the k-th growth logged)."""
     folder = MatrixFolder(out)
     before = _selected_before(out, log)
+    _log_growth(config, selection, log, announced)
     for name in sorted(selection.complete - announced, key=[m.name for m in config.methods].index):
         choice = selection.selected.get(name)
         if choice is None:
@@ -422,12 +435,32 @@ def write_selection(out: Path, config: ExperimentConfig, selection: Selection, l
             if name in before and not math.isclose(before[name], choice, rel_tol=1e-9):
                 log(f"[{name}] selection moved from {before[name]:g} to {choice:g} (its grid grew): final runs at "
                     f"{before[name]:g} are superseded (kept on disk, left out of the comparison)")
-        cands = config.learning_rate_candidates(next(m for m in config.methods if m.name == name))
         if selection.edges.get(name):
-            log(f"[{name}] {grid_edge_note(cands, selection.edges[name])}")
+            grown = len(selection.growth.get(name, []))
+            capped = (f" (after {grown} automatic growth(s): max_grid_growth {config.max_grid_growth})" if grown else
+                      " (not grown: its final runs existed before max_grid_growth allowed it)" if config.max_grid_growth else "")
+            log(f"[{name}] {grid_edge_note(selection.grids[name], selection.edges[name])}{capped}")
         announced.add(name)
-    growth = _experiment(out).get("grid_growth") or {}
-    if selection.summary:
+    growth = dict(_experiment(out).get("grid_growth") or {})  # the config's grid grown by hand first
+    for name, steps in selection.growth.items():
+        growth[name] = [*growth.get(name, []), *steps]
+    if selection.summary or selection.growth:
         _write_json(folder.sweep, sweep_file(config.sweep_seed_list(), selection.selected, selection.edges,
                                              selection.summary, growth))
-    write_plan(out, config, selection.selected)
+    write_plan(out, config, selection)
+
+
+def _log_growth(config: ExperimentConfig, selection: Selection, log: Callable[[str], None], announced: set[str]) -> None:
+    """One line per automatic growth of a grid not logged yet (``announced``: updated)."""
+    for name, steps in selection.growth.items():
+        for k, g in enumerate(steps, 1):
+            if f"{name}#{k}" in announced:
+                continue
+            means = ", ".join(f"{v['learning_rate']:g}: "
+                              + ("failed" if v["best_validation"] is None else f"{v['best_validation']:.6g}")
+                              for v in g["validation"])
+            word = "highest" if g["edge"] == "high" else "lowest"
+            log(f"[{name}] selected learning rate {g['selected']:g} is the {word} of its grid {format_rates(g['from'])} "
+                f"(mean best validation over seeds {config.sweep_seed_list()}: {means}): the grid grows to "
+                f"{format_rates(g['to'])} on validation, before any final run ({k} of max_grid_growth {config.max_grid_growth})")
+            announced.add(f"{name}#{k}")

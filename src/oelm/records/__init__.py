@@ -24,7 +24,7 @@ from oelm.records.result import (
 )
 from oelm.records.status import read_status, utc_now, write_status
 from oelm.records.sweep import (
-    SWEEP_FIX, final_runs, format_rates, grid_edge, grid_edge_note, is_superseded, read_sweep, selected_rates,
+    SWEEP_FIX, final_runs, format_rates, grid_edge, grid_edge_note, is_automatic, is_superseded, read_sweep, selected_rates,
     superseded_final_runs, sweep_entry, sweep_file,
 )
 
@@ -34,6 +34,6 @@ __all__ = [
     "DAMAGED_RESULT_FIX", "RunRecord", "RunResult", "budget_record", "failed_result", "finished_result", "read_record",
     "run_identity", "write_record",
     "read_status", "utc_now", "write_status",
-    "SWEEP_FIX", "final_runs", "format_rates", "grid_edge", "grid_edge_note", "is_superseded", "read_sweep",
+    "SWEEP_FIX", "final_runs", "format_rates", "grid_edge", "grid_edge_note", "is_automatic", "is_superseded", "read_sweep",
     "selected_rates", "superseded_final_runs", "sweep_entry", "sweep_file",
 ]

@@ -251,6 +251,8 @@ class RunRecord:
     metric = property(lambda self: self.performance.get("metric"))
     steps = property(lambda self: self.performance.get("steps"), doc="Optimizer steps taken.")
     early_stopped = property(lambda self: bool(self.performance.get("early_stopped")))
+    planned_steps = property(lambda self: (self.raw.get("budget") or {}).get("planned_steps"),
+                             doc="Optimizer steps its budget planned (None in older results).")
     failure = property(lambda self: self.raw.get("failure"))
     failure_kind = property(lambda self: (self.raw.get("failure") or {}).get("kind"), doc="nan, oom, disk_full, ...")
     failure_step = property(lambda self: (self.raw.get("failure") or {}).get("step"))
@@ -339,6 +341,17 @@ class RunRecord:
     configured_num_workers = property(
         lambda self: ((self.config.get("training") or {}).get("num_workers", 0)),
         doc="``training.num_workers`` as configured (an int or \"auto\").")
+
+    @property
+    def early_stopping_patience(self) -> int | None:
+        """``training.early_stopping_patience`` the run trained with: its method's ``training:``
+        override in the recorded config, else the experiment's (None: no early stopping, or not recorded)."""
+        config = self.config
+        entry = next((m for m in config.get("methods") or [] if isinstance(m, dict) and m.get("name") == self.method), {})
+        training = (entry.get("training") or {}) if isinstance(entry, dict) else {}
+        if "early_stopping_patience" in training:
+            return training["early_stopping_patience"]
+        return (config.get("training") or {}).get("early_stopping_patience")
 
     def key(self) -> tuple[str, float, int]:
         """``(method, learning rate, seed)``: the cell of the matrix this run fills."""

@@ -17,7 +17,7 @@ from oelm.records.folder import MatrixFolder, run_name
 from oelm.records.result import RunRecord
 
 __all__ = ["SWEEP_FIX", "read_sweep", "sweep_entry", "sweep_file", "selected_rates", "grid_edge", "grid_edge_note", "format_rates", "is_superseded",
-           "superseded_final_runs", "final_runs"]
+           "superseded_final_runs", "final_runs", "is_automatic"]
 
 #: What to do about a damaged ``sweep.json`` (derived from the runs' results, so it can be rewritten).
 SWEEP_FIX = "delete it: `oelm run --collect` (or `oelm run`) with the same --output-dir writes it again from the runs"
@@ -67,12 +67,29 @@ class SweepEntry(TypedDict, total=False):
     status: str | None
 
 
-class GridGrowth(TypedDict, total=False):
-    """One growth of a method's learning-rate grid (``grid_growth`` in experiment.json / sweep.json)."""
+class GrowthValidation(TypedDict, total=False):
+    """One rate of an automatic growth's ``validation``: its mean best validation over the sweep
+    seeds' finished runs (the metric's unit; None when every run failed) and how many (``n``)."""
 
-    to: list[float]
-    at: str | None
-    tested_final_runs: list[str]
+    learning_rate: float
+    best_validation: float | None
+    n: int
+
+
+#: One growth of a method's learning-rate grid (``grid_growth`` in experiment.json / sweep.json):
+#: ``from`` / ``to`` (the grids). A growth of the config's grid (a user added rates: experiment.json's
+#: record) has ``at`` (UTC) and ``tested_final_runs`` (its final runs that had evaluated the test
+#: split then). An automatic growth (``max_grid_growth``; sweep.json only) has ``automatic`` (true),
+#: ``edge``, ``selected`` (the edge rate chosen), ``validation`` (per rate of ``from``), the cap
+#: ``max_grid_growth``, and ``tested_final_runs`` always empty (it happens before any final run).
+GridGrowth = TypedDict("GridGrowth", {  # functional form: "from" is a keyword
+    "from": list[float], "to": list[float], "at": str | None, "tested_final_runs": list[str], "automatic": bool,
+    "edge": str, "selected": float, "validation": list[GrowthValidation], "max_grid_growth": int}, total=False)
+
+
+def is_automatic(growth: Mapping[str, Any]) -> bool:
+    """Whether a ``grid_growth`` entry is an automatic growth (on validation, before any final run)."""
+    return bool(growth.get("automatic"))
 
 
 class SweepFile(TypedDict, total=False):
@@ -95,7 +112,8 @@ def sweep_file(sweep_seeds: list[int], selected: dict[str, float], edges: dict[s
                methods: dict[str, list[dict[str, Any]]], grid_growth: dict[str, Any] | None = None) -> dict[str, Any]:
     """``sweep.json``: the selection rule, the sweep seeds, per swept method the selected rate,
     whether it sits on the grid's edge (:func:`grid_edge`) and every sweep run (:func:`sweep_entry`),
-    and ``grid_growth`` (experiment.json's record, only when a grid grew)."""
+    and ``grid_growth`` (only when a grid grew: per method experiment.json's record of the config's
+    growth, then the automatic ones; :data:`GridGrowth`)."""
     return {
         "selection_metric": "best_validation",
         "selection_rule": "mean over sweep seeds; highest accuracy / lowest perplexity; ties: first candidate",

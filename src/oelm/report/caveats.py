@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from oelm.records import format_rates, grid_edge_note
+from oelm.records import format_rates, grid_edge_note, is_automatic
 
 __all__ = ["comparison_warnings", "warnings_of", "DRIFT_WARNING_PERCENT", "DATA_STALL_WARNING_PERCENT"]
 
@@ -39,11 +39,36 @@ def comparison_warnings(comparison: dict[str, Any]) -> list[str]:
         return [str(w) for w in comparison.get("warnings") or []]
 
 
+def _grid_warnings(c: dict[str, Any]) -> list[str]:
+    """A selected rate on its grid's edge (naming the cap when automatic growth reached it) and each
+    growth of a grid by hand (an automatic one, on validation before any final run, is none)."""
+    out = []
+    growth = (c.get("sweep") or {}).get("grid_growth") or {}
+    for name, m in c["methods"].items():
+        if m.get("selected_at_grid_edge"):
+            automatic = [g for g in growth.get(name) or [] if is_automatic(g)]
+            capped = (f" (its grid grew {len(automatic)} time(s) on validation and max_grid_growth "
+                      f"{automatic[-1].get('max_grid_growth')} stopped it at this edge)" if automatic else "")
+            out.append(f"{name}: {grid_edge_note(m['learning_rate_grid'], m['selected_at_grid_edge'])}{capped}.")
+    for name, steps in growth.items():
+        for g in steps:
+            if is_automatic(g):  # on validation, before any final run: no test result could steer it
+                continue
+            tested = g.get("tested_final_runs") or []
+            out.append(f"{name}: its learning-rate grid grew from {format_rates(g['from'])} to {format_rates(g['to'])} ({g.get('at')}) "
+                       "and the rate was selected again on validation"
+                       + (f"; {len(tested)} final run(s) had already evaluated the test split ({', '.join(tested)}), "
+                          "so the grid grew after test results existed." if tested else "; no test result existed then."))
+    return out
+
+
 def warnings_of(c: dict[str, Any]) -> list[str]:
     """Reasons a reader should distrust part of the comparison (devices, drift within a run or
     between methods' runs, collapses, a
-    learning rate selected on the edge of its grid, a grid that grew, superseded final runs, runs
-    whose best validation is at their last scheduled evaluation)."""
+    learning rate selected on the edge of its grid (grown rates included; one whose automatic
+    growth reached ``max_grid_growth`` says so), a grid grown by hand (an automatic growth, made
+    on validation before any final run, is no caveat: the sweep section reports it), superseded
+    final runs, runs whose best validation is at their last scheduled evaluation)."""
     out = []
     devices = c["environment"]["devices"]
     if len(devices) > 1:
@@ -80,16 +105,7 @@ def warnings_of(c: dict[str, Any]) -> list[str]:
         )
     for x in c["collapsed"]:
         out.append(f"{x['method']} seed {x['seed']} excluded from the means: {'; '.join(x['reasons'])}.")
-    for name, m in c["methods"].items():
-        if m.get("selected_at_grid_edge"):
-            out.append(f"{name}: {grid_edge_note(m['learning_rate_grid'], m['selected_at_grid_edge'])}.")
-    for name, steps in ((c.get("sweep") or {}).get("grid_growth") or {}).items():
-        for g in steps:
-            tested = g.get("tested_final_runs") or []
-            out.append(f"{name}: its learning-rate grid grew from {format_rates(g['from'])} to {format_rates(g['to'])} ({g.get('at')}) "
-                       "and the rate was selected again on validation"
-                       + (f"; {len(tested)} final run(s) had already evaluated the test split ({', '.join(tested)}), "
-                          "so the grid grew after test results existed." if tested else "; no test result existed then."))
+    out += _grid_warnings(c)
     for name, seeds in (c.get("best_at_last_step") or {}).items():
         out.append(f"{name}: best validation at the last evaluation of the budget in seed(s) {', '.join(map(str, seeds))}: "
                    "still improving when training ended, so a longer budget could change the comparison.")

@@ -18,6 +18,7 @@ from typing import Any
 from oelm.io import read_jsonl
 from oelm.metrics import get_metric
 from oelm.records import MatrixFolder, RunRecord, grid_edge, read_sweep, superseded_final_runs
+from oelm.report.budgets import budgets_comparison
 from oelm.report.caveats import warnings_of
 from oelm.report.compute import matrix_compute
 from oelm.report.convergence import time_to_quality_comparison
@@ -170,14 +171,15 @@ def compare_results(config, results: dict[str, list[RunRecord]], out: str | Path
     grid's smallest / largest, else None: see :func:`oelm.records.grid_edge`), computed from
     ``sweep.json``'s entries; an edge is also a warning (a wider grid could change the result).
 
-    Against baseline: ``metric_gap`` (method − baseline means, in metric units: accuracy points
-    or perplexity), ``metric_gap_relative_percent``, ``total_time_gap_percent`` and
-    ``per_step_gap_percent`` ((method − baseline) / baseline in %; negative = faster),
-    ``speedup`` (baseline mean total seconds / method's), ``parameters_saved_percent``
-    (trainable parameters fewer than baseline's, in % of baseline's), and paired by seed
-    (:func:`~oelm.report.stats.paired_difference`): ``paired_metric`` (best validation),
-    ``paired_test`` (test split, evaluated once per final run; n = 0 without one) and
-    ``paired_seconds`` (total seconds).
+    Against baseline, over the seeds both have a sound run of (``method_seeds``: the config's
+    per-method seeds, when any): ``metric_gap`` (method − baseline means over them, in metric
+    units: accuracy points or perplexity), ``metric_gap_relative_percent``,
+    ``total_time_gap_percent`` and ``per_step_gap_percent`` ((method − baseline) / baseline in %;
+    negative = faster), ``speedup`` (baseline mean total seconds / method's),
+    ``parameters_saved_percent`` (trainable parameters fewer than baseline's, in % of baseline's),
+    and paired by seed (:func:`~oelm.report.stats.paired_difference`, ``n`` pairs): ``paired_metric``
+    (best validation), ``paired_test`` (test split, once per final run; n = 0 without one) and
+    ``paired_seconds``. ``budgets``: converged or hit the cap, per final run (:mod:`oelm.report.budgets`).
 
     ``steps``: ``summarize`` of the optimizer steps each sound run trained (fewer than planned
     when it stopped early). When two methods' mean steps differ, their total seconds cover
@@ -195,6 +197,7 @@ def compare_results(config, results: dict[str, list[RunRecord]], out: str | Path
     sweep_file = None if out is None else MatrixFolder(out).sweep
     sweep = read_sweep(sweep_file) if sweep_file is not None and sweep_file.is_file() else None
     methods, collapsed, records_of, still_improving = _methods(results, out, _sweep_grids(sweep))
+    sound = {n: {r.seed: r for r in runs if r.seed in methods[n]["included_seeds"]} for n, runs in results.items() if n in methods}
     metric = next((r.metric for runs in results.values() for r in sorted(runs, key=lambda r: r.seed) if r.metric), None)
     higher = get_metric(metric).higher_is_better if metric else False
     all_results = [r for runs in results.values() for r in runs]
@@ -205,8 +208,9 @@ def compare_results(config, results: dict[str, list[RunRecord]], out: str | Path
         "metric": metric,
         "higher_is_better": higher,
         "seeds": config.seeds,
+        **_method_seeds(config),
         "methods": methods,
-        "vs_baseline": _gaps_to_baseline(methods),
+        "vs_baseline": _gaps_to_baseline(methods, sound),
         "time_to_target": _time_to_target(methods, records_of, metric, higher) if out is not None else None,
         "collapsed": collapsed,
         "collapse_rule": _collapse_rule(all_results),
@@ -226,6 +230,7 @@ def compare_results(config, results: dict[str, list[RunRecord]], out: str | Path
     comparison.update(time_to_quality_comparison(comparison, results, records_of))
     comparison.update(targets_comparison(getattr(config, "targets", None), comparison))  # the config's targets: block
     comparison.update(diagnostics_comparison(comparison, results, out))  # runs with attention diagnostics
+    comparison.update(budgets_comparison(results, records_of))  # per final run: converged, or hit its budget's cap
     comparison["warnings"] = warnings_of(comparison)
     return comparison
 
@@ -326,9 +331,18 @@ def _method_summary(runs: list[RunRecord], records: dict[int, list[dict]], grid:
     }
 
 
-def _gaps_to_baseline(methods: dict[str, Any]) -> dict[str, Any]:
+def _method_seeds(config) -> dict[str, Any]:
+    """``method_seeds`` (method -> its seeds) for the methods whose config entry names its own
+    ``seeds``; {} when none does (comparisons of such configs stay as they were)."""
+    own = {m.name: config.seeds_of(m) for m in config.methods if getattr(m, "seeds", None) is not None}
+    return {"method_seeds": own} if own else {}
+
+
+def _gaps_to_baseline(methods: dict[str, Any], sound: dict[str, dict[int, RunRecord]]) -> dict[str, Any]:
     """Per method but ``baseline``: its gaps to baseline (see :func:`compare_results`); {} without
-    a baseline. The paired statistics pair sound runs by seed."""
+    a baseline. Every gap is over the seeds both have a sound run of (``sound``: method -> seed ->
+    record): the means of each over those seeds (with equal seeds: the methods' own means), and the
+    paired statistics pair those runs by seed."""
     base = methods.get("baseline")
     if not base:
         return {}
@@ -341,9 +355,14 @@ def _gaps_to_baseline(methods: dict[str, Any]) -> dict[str, Any]:
     for name, m in methods.items():
         if name == "baseline":
             continue
-        bv, mv = base["best_validation"]["mean"], m["best_validation"]["mean"]
-        bt, mt = base["total_seconds"]["mean"], m["total_seconds"]["mean"]
-        bs, ms = base["step_ms_median"]["mean"], m["step_ms_median"]["mean"]
+        common = sorted(set(sound["baseline"]) & set(sound.get(name, {})))
+
+        def means(get) -> tuple[float | None, float | None]:
+            return tuple(summarize([get(sound[who][s]) for s in common])["mean"] for who in ("baseline", name))
+
+        bv, mv = means(lambda r: r.best_validation)
+        bt, mt = means(lambda r: r.total_seconds)
+        bs, ms = means(lambda r: r.median_step_ms)
         btr = (base["parameters"] or {}).get("trainable")
         mtr = (m["parameters"] or {}).get("trainable")
         mine = {r["seed"]: r for r in m["runs"] if not r["collapse"]}

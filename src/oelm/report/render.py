@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oelm.records import format_rates
+from oelm.records import format_rates, is_automatic
+from oelm.report.budgets import runs_blocks
 from oelm.report.compare import metrics_records, mfu_reference
 from oelm.report.compute import compute_line
 from oelm.report.convergence import convergence_blocks
@@ -88,6 +89,20 @@ def _paired_cells(paired: dict | None) -> list[str]:
     return [_signed(paired.get("mean")), _ci(paired), _p(paired.get("p_value"))]
 
 
+def _pairs(paired: dict | None) -> str:
+    """The seed pairs of a :func:`~oelm.report.stats.paired_difference` ("–" for baseline's own row)."""
+    return "–" if not paired else str(paired.get("n", 0))
+
+
+def _gap_cell(gap: dict[str, Any], m: dict[str, Any], base: dict[str, Any] | None) -> str:
+    """The Δ vs baseline cell: the gap over the seeds both methods ran, with their count ``(n=k)``
+    when it is not each method's own (per-method seeds, or a collapsed seed)."""
+    cell = _signed(gap.get("metric_gap"))
+    n = (gap.get("paired_metric") or {}).get("n")
+    own = {len(x.get("included_seeds", x.get("seeds", []))) for x in (m, base or {})}
+    return cell if n is None or gap.get("metric_gap") is None or own == {n} else f"{cell} (n={n})"
+
+
 def _p(p: float | None) -> str:
     if p is None:
         return "n/a"
@@ -115,7 +130,7 @@ def comparison_rows(comparison: dict[str, Any]) -> tuple[list[str], list[list[st
             name,
             _best_cell(m),
             _ci(m["best_validation"]),
-            _signed(gap.get("metric_gap")),
+            _gap_cell(gap, m, comparison["methods"].get("baseline")),
             _num(params.get("trainable_percent")),
             _fmt(m["total_seconds"], 1),
             _signed(gap.get("total_time_gap_percent"), 1),
@@ -179,7 +194,7 @@ def build_sections(comparison: dict[str, Any], out: Path | None, step_ms: dict[s
     sections.append(_comparison_section(c, metric, unit))
     if c.get("vs_baseline"):
         sections.append(_paired_section(c["vs_baseline"], metric))
-    sections.append(_runs_section(c, unit))
+    sections += [Section(title, blocks) for title, blocks in runs_blocks(c, unit)]
     if c.get("sweep"):
         sections.append(_sweep_section(c["sweep"], metric))
     sections += _plot_sections(c, out, metric)
@@ -198,11 +213,12 @@ def build_sections(comparison: dict[str, Any], out: Path | None, step_ms: dict[s
 
 def _summary_section(c: dict[str, Any], metric: str) -> Section:
     return Section("Summary").text(
-        f"Task **{c['task']}**, model **{c['model']}**, methods {', '.join(c['methods'])}, seeds {c['seeds']}. "
+        f"Task **{c['task']}**, model **{c['model']}**, methods {', '.join(c['methods'])}, seeds {c['seeds']}"
+        + "".join(f"; {n}: seeds {seeds}" for n, seeds in (c.get("method_seeds") or {}).items()) + ". "
         f"The headline number is the best validation {metric} of each run (selected on the validation split only; "
         "a test split, where configured, is evaluated once with the selected weights). "
         "Values are mean ± sample std (ddof=1) over the sound seeds; 95% CI = mean ± t(0.975, n−1)·s/√n (Student t). "
-        "Δ columns are method − baseline (time and step: relative, negative = faster)."
+        "Δ columns are method − baseline (time and step: relative, negative = faster), over the seeds both ran."
     )
 
 
@@ -219,9 +235,9 @@ def _comparison_section(c: dict[str, Any], metric: str, unit: str) -> Section:
     if any(m["test"]["mean"] is not None for m in c["methods"].values()):
         # the paired test gap is what a claim is judged on (each final run's test split, evaluated once)
         gaps = c.get("vs_baseline") or {}
-        rows = [[n, _fmt(m["test"]), _ci(m["test"]), *_paired_cells((gaps.get(n) or {}).get("paired_test"))]
-                for n, m in c["methods"].items()]
-        s.table(["method", f"test {metric}{unit}", "95% CI", "Δ vs baseline, paired by seed", "95% CI", "p"], rows)
+        rows = [[n, _fmt(m["test"]), _ci(m["test"]), _pairs((gaps.get(n) or {}).get("paired_test")),
+                 *_paired_cells((gaps.get(n) or {}).get("paired_test"))] for n, m in c["methods"].items()]
+        s.table(["method", f"test {metric}{unit}", "95% CI", "pairs", "Δ vs baseline, paired by seed", "95% CI", "p"], rows)
     return s
 
 
@@ -238,47 +254,6 @@ def _paired_section(vs_baseline: dict[str, Any], metric: str) -> Section:
     return s
 
 
-def _runs_section(c: dict[str, Any], unit: str) -> Section:
-    """Every run with its status and numbers, the collapse rule in words, the runs that stopped early."""
-    s = Section("Runs")
-    rows = []
-    stopped_early = []
-    for n, m in c["methods"].items():
-        for r in m.get("runs", []):
-            status = r["status"]
-            if r.get("stopped_early_at") is not None:
-                status += f", stopped early at step {r['stopped_early_at']}"
-                stopped_early.append(f"{n} seed {r['seed']}")
-            rows.append([n, str(r["seed"]), status, _num(r["best_validation"]), _num(r["final_validation"]),
-                         _num(r["test"]), _num(r["total_seconds"], 1),
-                         "–" if r["learning_rate"] is None else f"{r['learning_rate']:g}",
-                         "; ".join(r["collapse"]) or "ok"])
-    s.table(["method", "seed", "status", f"best val{unit}", f"final val{unit}", "test", "total s", "lr", "collapse check"], rows)
-    s.text(
-        "Collapse rule: a run is excluded from every mean (and listed here) if it did not finish (failed or interrupted), "
-        "if any training loss or its validation value is non-finite, if an accuracy run's final validation accuracy is at "
-        f"or below chance ({_chance_text(c.get('collapse_rule') or {})}), or if a perplexity run's final validation "
-        "perplexity is not below its first evaluation."
-    )
-    if stopped_early:
-        s.text(f"Stopped early (training.early_stopping_patience): {', '.join(stopped_early)}. Their time columns cover "
-               "fewer optimizer steps than planned, so their times are not a same-budget comparison.")
-    return s
-
-
-def _chance_text(rule: dict[str, Any]) -> str:
-    """The chance level of the collapse rule, in words."""
-    majority = rule.get("validation_majority_class_percent")
-    if rule.get("num_labels"):
-        chance = f"100/{rule['num_labels']}"
-        if majority is not None:
-            chance = f"the higher of {chance} and the validation majority-class share {majority:.2f}%"
-        return chance + f" + {rule['chance_margin_points']:g} points"
-    if majority is not None:
-        return f"the validation majority-class share {majority:.2f}% + {rule['chance_margin_points']:g} points"
-    return "not applied (number of labels unknown)"
-
-
 def _sweep_section(sw: dict[str, Any], metric: str) -> Section:
     s = Section("Learning-rate sweep (validation only)")
     s.text(f"Selection metric: {sw.get('selection_metric', metric)}; the selected learning rate of each method is marked. "
@@ -291,8 +266,15 @@ def _sweep_section(sw: dict[str, Any], metric: str) -> Section:
     s.table(["method", "lr", "seed", f"best val {metric}", "status", "selected"], rows)
     for n, steps in (sw.get("grid_growth") or {}).items():
         for g in steps:
-            s.text(f"{n}: the grid grew from {format_rates(g['from'])} to {format_rates(g['to'])} ({g.get('at')}) and the "
-                   "rate was selected again; see the warnings.")
+            if is_automatic(g):
+                means = ", ".join(f"{v['learning_rate']:g}: {_num(v.get('best_validation'))}" for v in g.get("validation") or [])
+                s.text(f"{n}: the grid grew on validation from {format_rates(g['from'])} to {format_rates(g['to'])}, before "
+                       f"any final run evaluated the test split: the selected rate {g['selected']:g} was the "
+                       f"{'highest' if g['edge'] == 'high' else 'lowest'} of its grid (mean best validation {means}); "
+                       f"automatic growth, at most {g.get('max_grid_growth')} rate(s) (max_grid_growth).")
+            else:
+                s.text(f"{n}: the grid grew from {format_rates(g['from'])} to {format_rates(g['to'])} ({g.get('at')}) and the "
+                       "rate was selected again; see the warnings.")
     return s
 
 
