@@ -187,3 +187,39 @@ def test_every_shipped_config_is_package_data_and_configs_is_its_link():
     shipped = [p.relative_to(package).as_posix() for p in (package / "configs").rglob("*.yaml")]
     assert len(shipped) == len(ORIGINAL) + len(CPU) + len(EVIDENCE) + len(EVIDENCE2) + len(RESEARCH) + 2  # + quickstart, tinystories-tiny
     assert [p for p in shipped if not any(fnmatch(p, g) for g in globs)] == []
+
+
+def test_evidence2_configs_are_issue_49s_matrices():
+    """Issue 49's round 2, as written there: every run to convergence (early stopping under an epoch cap),
+    a test split (predictions, seeds x examples intervals); full SST-2 with 5 seeds for baseline and
+    oelm_freeze and 3 for the four controls; the single-rate matrices use exactly the committed sweep's
+    selections (chosen on validation, none at an edge); the swept ones grow their grids on validation."""
+    import json
+
+    results = ROOT.parent / "docs" / "results"
+    configs = {p.stem: load_config(p) for p in EVIDENCE2}
+    assert set(configs) == {"sst2_full", "sst2_mechanism", "tinystories_temperature", "gpt_cls_imdb", "gpt_cls_ag_news"}
+    for name, c in configs.items():
+        assert c.task.test_split and c.training.early_stopping_patience and c.training.epochs > 1, name
+        assert "baseline" in {m.name for m in c.methods}
+    full = configs["sst2_full"]
+    assert {m.name: full.seeds_of(m.name) for m in full.methods} == {
+        "baseline": [0, 1, 2, 3, 4], "oelm_freeze": [0, 1, 2, 3, 4], "oelm_random": [0, 1, 2], "oelm_random_matched": [0, 1, 2],
+        "oelm_global": [0, 1, 2], "oelm_random_orthogonal": [0, 1, 2]}
+    for name, committed in (("sst2_full", "evidence-sst2-minilm"), ("gpt_cls_imdb", "evidence-gpt-cls-imdb"),
+                            ("gpt_cls_ag_news", "evidence-gpt-cls-ag-news")):
+        sweep = json.loads((results / committed / "sweep.json").read_text())
+        rates = {m.name: configs[name].learning_rate_candidates(m) for m in configs[name].methods}
+        assert rates == {m: [lr] for m, lr in sweep["selected_learning_rates"].items()}, name
+        assert not any(sweep["selected_at_grid_edge"].values()), committed
+    mechanism = configs["sst2_mechanism"]
+    assert [m.name for m in mechanism.methods] == ["baseline", "oelm_pretrained_frozen", "oelm_freeze", "oelm_rescaled",
+                                                   "oelm_temperature", "oelm_polar"]
+    assert mechanism.seeds == [0, 1, 2, 3, 4] and mechanism.task.train_samples == 12000
+    temperature = configs["tinystories_temperature"]
+    assert [m.name for m in temperature.methods] == ["baseline", "oelm_freeze", "oelm_temperature"]
+    for c in (mechanism, temperature):
+        assert c.max_grid_growth == 2 and all(len(c.learning_rate_candidates(m)) >= 2 for m in c.methods)
+    # where each learned temperature starts: the pretrained norm ratio on MiniLM, 1 from scratch
+    assert next(m for m in mechanism.methods if m.name == "oelm_temperature").head_temperature == "norm_ratio"
+    assert next(m for m in temperature.methods if m.name == "oelm_temperature").head_temperature == 1.0

@@ -86,8 +86,9 @@ def _quiet(message: str) -> None:
 def config_fingerprint(config: ExperimentConfig) -> dict[str, Any]:
     """The parts of a config that make results comparable: task, model, training (display-only
     knobs excluded), init_from, the sweep seeds, ``max_grid_growth`` (when not 0), and per method
-    its OELM settings, learning-rate candidates, training overrides and its own ``seeds`` (when
-    set: fixed before its runs). Not: the experiment's seeds (more may be added), the output dir,
+    its OELM settings, learning-rate candidates and training overrides. Not: the experiment's seeds
+    nor a method's own ``seeds`` (they decide which runs exist, not what a run computes: more may
+    be added, or a method's trimmed to the seeds it has), the output dir,
     the executor, names, descriptions and references. A key at its default is left out, so the
     fingerprints of matrices started before the key existed still match."""
     d = config.model_dump(mode="json")
@@ -100,7 +101,6 @@ def config_fingerprint(config: ExperimentConfig) -> dict[str, Any]:
             "learning_rates": config.learning_rate_candidates(m),
             "training": {k: v for k, v in sorted(m.training.items()) if k not in COSMETIC_TRAINING_KEYS},
             **({"lora": m.lora} if m.lora is not None else {}),  # absent otherwise: earlier fingerprints still match
-            **({"seeds": sorted(m.seeds)} if m.seeds is not None else {}),
         }
         for m in config.methods
     }
@@ -163,7 +163,7 @@ def _fingerprint_changes(out: Path, fingerprint: dict[str, Any]) -> tuple[dict[s
                 grown[name] = (prev_methods[name]["learning_rates"], settings["learning_rates"])
                 continue
             what = [k for k in {**prev_methods[name], **settings} if prev_methods[name].get(k) != settings.get(k)]
-            hint = " (a method's seeds are fixed before its runs)" if "seeds" in what else ""
+            hint = ""
             if what == ["learning_rates"]:
                 hint = (" (a learning-rate grid may only grow: keep every earlier rate)"
                         if len(prev_methods[name]["learning_rates"]) > 1 else
