@@ -77,15 +77,16 @@ def evaluate(
             with autocast():
                 out = model(**batch)
             labels = batch["labels"]
+            predicted = out.logits.argmax(dim=-1)  # (B,) classes, (B, T) next tokens
             if classification:
                 n = torch.tensor(labels.numel(), device=device)
-                counts[1] += (out.logits.argmax(dim=-1) == labels).sum()
+                counts[1] += (predicted == labels).sum()
             else:
                 n = (labels[:, 1:] != -100).sum()
-                counts[1] += (out.logits[:, :-1].argmax(dim=-1) == labels[:, 1:]).sum()  # -100 never equals an id
+                counts[1] += (predicted[:, :-1] == labels[:, 1:]).sum()  # -100 never equals an id
             loss_total += out.loss.double() * n
             if predictions is not None:
-                predictions.add(batch, out.logits)
+                predictions.add(batch, out.logits, predicted=predicted)
             counts[0] += n
         loss_sum, count, correct = float(loss_total), int(counts[0]), int(counts[1])
     model.train(was_training)
@@ -113,18 +114,19 @@ def _gathered_sums(model, loader, classification: bool, autocast, accelerator: A
         with autocast():
             logits = model(**batch).logits.float()
         labels = batch["labels"]
+        predicted = logits.argmax(-1)  # (B,) classes, (B, T) next tokens
         if classification:
             loss = F.cross_entropy(logits, labels, reduction="none")  # (B,)
-            stats = torch.stack([loss, torch.ones_like(loss), (logits.argmax(-1) == labels).float()], dim=1)
+            stats = torch.stack([loss, torch.ones_like(loss), (predicted == labels).float()], dim=1)
         else:  # logits[:, t] predicts labels[:, t + 1]; -100 is ignored
             target = labels[:, 1:]
             nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), target, ignore_index=-100, reduction="none")  # (B, T-1)
             valid = (target != -100).float()
-            right = (logits[:, :-1].argmax(-1) == target).float()  # -100 never equals an id
+            right = (predicted[:, :-1] == target).float()  # -100 never equals an id
             stats = torch.stack([nll.sum(1), valid.sum(1), right.sum(1)], dim=1)
         rows.append(accelerator.gather_for_metrics(stats).double().sum(0))  # (3,) per batch, over processes
         if predictions is not None:
-            predictions.add(batch, logits, accelerator)
+            predictions.add(batch, logits, accelerator, predicted=predicted)
     if not rows:
         return 0.0, 0, 0
     total = torch.stack(rows).sum(0)
