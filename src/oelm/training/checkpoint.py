@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
-from torch import nn
 
 from oelm.errors import ConfigError
 from oelm.io import atomic_path, disk_writes, verify_dir, write_dir_atomic
