@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from oelm.cli import main
 from oelm.config import config_from_dict
 from oelm.lock import acquire, release
 from oelm.matrix.plan import marked_final, ready_runs, select_learning_rates
-from oelm.records import MatrixFolder, RunRecord, run_name
+from oelm.records import MatrixFolder, RunRecord, read_record, run_name, time_split_text
 
 SWEPT = {
     "name": "x", "task": {"dataset": "sst2"}, "model": {"gpt": "gpt-tiny"}, "seeds": [0, 1],
@@ -125,24 +126,29 @@ def _plan(cfg: Path, out: Path) -> list[dict]:
     return [json.loads(line) for line in buf.getvalue().splitlines()]
 
 
-def test_a_loop_of_only_calls_then_collect_equals_the_local_executor(local, tmp_path):
+def test_a_loop_of_only_calls_then_collect_equals_the_local_executor(local, tmp_path, capsys):
     """What a batch system does: `oelm plan`, one `oelm run --only` per line, again until the plan is
     empty, then `--collect`. Same runs, numbers, metrics logs and weights as the local executor;
-    same comparison means."""
+    same comparison means. Each job ends with where its run's wall time went (its result.json's)."""
     cfg, reference = local
     out = tmp_path / "out"
     rounds = []
     while lines := _plan(cfg, out):
         rounds.append([(x["name"], x["action"]) for x in lines])
         for line in lines:
+            capsys.readouterr()
             assert main(["run", str(cfg), "--output-dir", str(out), "--only", line["name"]]) == 0
+            record = read_record(out / "runs" / line["name"] / "result.json")
+            assert capsys.readouterr().out.splitlines()[-1] == f"time {line['name']}: {time_split_text(record.time_split)}"
         assert len(rounds) < 5
     assert rounds == [
         [("baseline-lr0.0001-seed0", "train"), ("baseline-lr0.003-seed0", "train"), ("oelm_freeze-seed0", "train"),
          ("oelm_random-seed0", "train")],
         [("baseline-lr0.003-seed0", "promote")],
     ]
+    capsys.readouterr()
     assert main(["run", str(cfg), "--output-dir", str(out), "--collect"]) == 0
+    assert re.fullmatch(r"oelm run took \d+\.\d s \(this process\)", capsys.readouterr().out.splitlines()[-1])
     assert numbers(out) == numbers(reference)
     mine, theirs = (json.loads((d / "comparison.json").read_text()) for d in (out, reference))
     assert {m: v["test"]["mean"] for m, v in mine["methods"].items()} == {m: v["test"]["mean"] for m, v in theirs["methods"].items()}

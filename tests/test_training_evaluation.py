@@ -161,9 +161,8 @@ def test_early_stopping_stops_patience_validations_after_the_best_and_tests_the_
     assert [r["step"] for r in records if r["type"] == "train"][-1] == 8  # the last steps' loss is logged, as at an end
     assert [r["step"] for r in records if r["type"] == "test"] == [2] and perf["test"] is not None
     # The test split was evaluated once, with the weights of the best validation (step 2), not the last;
-    # then the validation split once more with the same weights, for the final run's predictions.npz.
-    assert len(evaluated) == len(evals) + 2 and evaluated[-2] == evaluated[0] != evaluated[-3]
-    assert evaluated[-1] == evaluated[0]
+    # the final run's predictions.npz comes from those evaluations: no pass over the validation split after them.
+    assert len(evaluated) == len(evals) + 1 and evaluated[-1] == evaluated[0] != evaluated[-2]
     assert "[baseline-seed0] early stop at step 8 of 12: no improvement in 3 validations (best accuracy" in (
         capsys.readouterr().out)
     report = (out / "report.md").read_text()

@@ -130,12 +130,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     from oelm.config import load_config
 
     started = time.perf_counter()
+    started_unix = time.time()  # runs that began since then trained in this process (time_lines)
     config = load_config(resolve_config(args.config), args.overrides)  # before torch loads: a typo fails at once
     from oelm.distributed import is_main_process
     from oelm.errors import RunInterruptedError
-    from oelm.matrix import collect, run_matrix, run_only
+    from oelm.matrix import collect, run_matrix, run_only, time_lines
+    from oelm.records import time_split_text
+    from oelm.timing import PhaseTimer
 
     out = _output_dir(args, config)
+    phases = PhaseTimer()
     if args.only and args.collect:
         raise OELMError("--only and --collect are two steps: train runs with --only, then collect once with --collect")
     main = is_main_process()  # launched on several processes, rank 0 alone prints
@@ -146,6 +150,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"oelm run --only {args.only}: {result.status}"
                   + (f", best validation {result.metric} {result.best_validation:.4f}" if result.best_validation is not None else "")
                   + (f", test {result.test:.4f}" if result.test is not None else ""))
+            if result.time_split is not None:
+                print(f"time {args.only}: {time_split_text(result.time_split)}")
             return 0
         if args.collect:
             comparison, missing = collect(config, out)
@@ -154,7 +160,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             if main:
                 print(f"oelm run: {config.name} -> {out} (executor {executor.name}; {_launch_line()})")
             comparison = run_matrix(config, out, retry_failed=args.retry_failed, executor=executor,
-                                    allow_missing_weights=args.allow_missing_weights)
+                                    allow_missing_weights=args.allow_missing_weights, phases=phases)
             missing = []
     except RunInterruptedError as exc:
         hint = "" if "rerun the same command" in str(exc) else "; rerun the same command to continue"
@@ -173,8 +179,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"warning: {w}")
     print(f"report: {out / 'report.html'} (also report.md)  numbers: {out / 'comparison.json'}  "
           f"curves: tensorboard --logdir {out / 'runs'}")
-    minutes, seconds = divmod(time.perf_counter() - started, 60)
-    print(f"oelm run took {int(minutes)} min {seconds:.0f} s (this process, start-up and report included)")
+    for line in time_lines(out, phases, since_unix=started_unix, command_started=started):
+        print(line)
     return 0
 
 

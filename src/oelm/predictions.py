@@ -48,7 +48,7 @@ from oelm.records.folder import PREDICTIONS_FILE
 
 __all__ = [
     "PREDICTIONS_FILE", "PREDICTIONS_FORMAT", "CLASSIFICATION_COLUMNS", "LM_COLUMNS", "RunPredictions",
-    "write_predictions", "predictions_record", "read_predictions",
+    "write_predictions", "write_predictions_file", "predictions_record", "read_predictions", "load_predictions_file",
 ]
 
 #: Version of the layout above (``meta["format"]`` and the record's ``format``).
@@ -97,6 +97,22 @@ def write_predictions(run_dir: str | Path, task_type: str, splits: Mapping[str, 
         ValueError: a column is missing or the columns of a split differ in length.
         OSError: the file cannot be written (the caller maps a full disk to its fault).
     """
+    target = RunFolder(run_dir).predictions
+    with atomic_path(target) as tmp:
+        write_predictions_file(tmp, task_type, splits, meta)
+    return target
+
+
+def write_predictions_file(path: str | Path, task_type: str, splits: Mapping[str, Mapping[str, np.ndarray]],
+                           meta: Mapping[str, Any], compress: bool = True) -> None:
+    """Write the layout above to ``path`` as it is (not atomically: :func:`write_predictions`
+    renames a temporary file; a checkpoint writes into its temporary directory). ``compress``:
+    ``numpy.savez_compressed``, else ``numpy.savez`` (the same arrays, read back alike).
+
+    Raises:
+        ValueError: a column is missing or the columns of a split differ in length.
+        OSError: the file cannot be written.
+    """
     columns = _columns(task_type)
     arrays: dict[str, np.ndarray] = {}
     for split, cols in splits.items():
@@ -109,11 +125,8 @@ def write_predictions(run_dir: str | Path, task_type: str, splits: Mapping[str, 
             arrays[f"{split}/{c}"] = np.ascontiguousarray(cols[c], dtype=dtype)
     header = {"format": PREDICTIONS_FORMAT, "task_type": task_type, "columns": list(columns), **dict(meta)}
     arrays["meta"] = np.array(json.dumps(header, sort_keys=True))
-    target = RunFolder(run_dir).predictions
-    with atomic_path(target) as tmp:
-        with open(tmp, "wb") as fh:  # a file object: savez would append ".npz" to a path
-            np.savez_compressed(fh, **arrays)
-    return target
+    with open(path, "wb") as fh:  # a file object: savez would append ".npz" to a path
+        (np.savez_compressed if compress else np.savez)(fh, **arrays)
 
 
 def predictions_record(run_dir: str | Path) -> dict[str, Any] | None:
@@ -148,17 +161,27 @@ def read_predictions(run_dir: str | Path, result: RunRecord | Mapping[str, Any])
         raise ChecksumError(f"{path} is corrupted: its size or sha256 differs from the one recorded in "
                             f"{folder.result}; {_FIX}")
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            meta = json.loads(str(npz["meta"]))
-            columns = _columns(meta["task_type"])
-            splits: dict[str, dict[str, np.ndarray]] = {}
-            for key in npz.files:
-                if key != "meta":
-                    split, column = key.split("/", 1)
-                    splits.setdefault(split, {})[column] = npz[key]
-        for split, cols in splits.items():
-            if set(cols) != set(columns) or len({len(v) for v in cols.values()}) != 1:
-                raise ValueError(f"split {split} has columns {sorted(cols)} of lengths {sorted({len(v) for v in cols.values()})}")
+        return load_predictions_file(path)
     except (OSError, ValueError, KeyError, zipfile.BadZipFile, json.JSONDecodeError) as exc:
         raise DamagedFileError(f"{path} is damaged ({str(exc).splitlines()[0][:120]}); {_FIX}") from None
+
+
+def load_predictions_file(path: str | Path) -> RunPredictions:
+    """Read a file of the layout above (no checksum: :func:`read_predictions` checks the record first).
+
+    Raises:
+        OSError, zipfile.BadZipFile: not readable as an archive.
+        ValueError, KeyError, json.JSONDecodeError: not the layout above (a column missing, lengths differ).
+    """
+    with np.load(path, allow_pickle=False) as npz:
+        meta = json.loads(str(npz["meta"]))
+        columns = _columns(meta["task_type"])
+        splits: dict[str, dict[str, np.ndarray]] = {}
+        for key in npz.files:
+            if key != "meta":
+                split, column = key.split("/", 1)
+                splits.setdefault(split, {})[column] = npz[key]
+    for split, cols in splits.items():
+        if set(cols) != set(columns) or len({len(v) for v in cols.values()}) != 1:
+            raise ValueError(f"split {split} has columns {sorted(cols)} of lengths {sorted({len(v) for v in cols.values()})}")
     return RunPredictions(meta, splits)

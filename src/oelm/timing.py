@@ -46,6 +46,7 @@ logging) is not in the denominator: measure it with :class:`PhaseTimer`.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ __all__ = [
     "PhaseTimer",
     "StepTimer",
     "cuda_synchronize_if_needed",
+    "process_age_seconds",
     "summarize_step_times",
 ]
 
@@ -380,6 +382,7 @@ class PhaseTimer:
             evaluate(model)
         phases.seconds["validation"]  # seconds, summed over every time the phase ran
         phases.counts["validation"]   # how many times it ran
+        phases.began["validation"]    # time.perf_counter() when it first began (this process)
 
     Phases are coarse, so on CUDA/MPS the device is synchronized on entry and exit: the time
     includes all the work queued inside the phase and none queued before it. The clock is
@@ -389,11 +392,13 @@ class PhaseTimer:
     device: torch.device | str = "cpu"
     seconds: dict[str, float] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
+    began: dict[str, float] = field(default_factory=dict)
 
     @contextlib.contextmanager
     def measure(self, name: str) -> Iterator[None]:
         cuda_synchronize_if_needed(self.device)
         begin = time.perf_counter()
+        self.began.setdefault(name, begin)
         try:
             yield
         finally:
@@ -401,3 +406,16 @@ class PhaseTimer:
             elapsed = time.perf_counter() - begin
             self.seconds[name] = self.seconds.get(name, 0.0) + elapsed
             self.counts[name] = self.counts.get(name, 0) + 1
+
+
+def process_age_seconds() -> float | None:
+    """Seconds since this process started, interpreter start-up and imports included (Linux: its
+    start time in ``/proc/self/stat``, in clock ticks since boot, against ``CLOCK_BOOTTIME``; 10 ms
+    resolution); None where that cannot be read (another system)."""
+    try:
+        with open("/proc/self/stat", "rb") as fh:
+            after_name = fh.read().rsplit(b")", 1)[1].split()  # the name may hold spaces: fields from "state" on
+        start_ticks = int(after_name[19])  # field 22, starttime (proc(5))
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None

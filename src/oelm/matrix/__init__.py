@@ -20,7 +20,7 @@ import importlib
 from typing import Any
 
 _WHERE = {
-    "run_matrix": "driver", "plan_matrix": "driver", "run_only": "driver", "collect": "driver",
+    "run_matrix": "driver", "plan_matrix": "driver", "run_only": "driver", "collect": "driver", "time_lines": "driver",
     "RunTask": "plan", "plan_runs": "plan", "ready_runs": "plan", "run_order": "plan", "select_learning_rates": "plan",
 }
 __all__ = sorted(_WHERE)

@@ -12,6 +12,7 @@ and the primitives for clusters with their own batch system.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,9 +37,11 @@ from oelm.matrix.plan import (
     RunTask, final_results, marked_final, plan_runs, ready_runs, unfinished_final_runs, why_not_ready,
 )
 from oelm.matrix.run_one import RunContext, mark_final, placement_record, train_planned_run, verify_kept
-from oelm.records import MatrixFolder, RunRecord
+from oelm.records import MatrixFolder, RunRecord, time_split_text
+from oelm.timing import PhaseTimer, process_age_seconds
 
-__all__ = ["run_matrix", "plan_matrix", "run_only", "collect", "task_metric", "check_before_data", "check_lora_targets"]
+__all__ = ["run_matrix", "plan_matrix", "run_only", "collect", "time_lines", "task_metric", "check_before_data",
+           "check_lora_targets"]
 
 
 def task_metric(config: ExperimentConfig) -> str:
@@ -96,9 +99,12 @@ def _output_dir(config: ExperimentConfig, output_dir: str | Path | None) -> Path
 
 def run_matrix(config: ExperimentConfig, output_dir: str | Path | None = None, log: Callable[[str], None] = print, *,
                retry_failed: bool = False, allow_missing_weights: bool = False,
-               executor: ExecutorConfig | None = None) -> dict[str, Any]:
+               executor: ExecutorConfig | None = None, phases: PhaseTimer | None = None) -> dict[str, Any]:
     """Run what is not finished of the matrix of ``config`` with ``executor`` (default: the config's
     ``executor``), then write the comparison (``comparison.json``, ``report.md``, ``report.html``).
+    ``phases`` (when given) gets the seconds of the phases ``data`` (preparing it), ``runs`` (from
+    the first run submitted to the last one back, the selection between them) and ``report`` (the
+    comparison and its report), and when each began (``oelm run``'s closing line of where the time went).
 
     The protocol is :mod:`oelm.matrix.plan`'s. Rerunning on the same output directory keeps
     finished (and failed, unless ``retry_failed``) runs, checking the sha256 of their best weights,
@@ -138,7 +144,7 @@ def run_matrix(config: ExperimentConfig, output_dir: str | Path | None = None, l
     with make_executor(executor, config, log) as runner:
         open_output_dir(out)
         with hold_output_lock(out, enabled=is_main_process()):  # one driver per output directory
-            return _drive(config, out, log, retry_failed, allow_missing_weights, runner)
+            return _drive(config, out, log, retry_failed, allow_missing_weights, runner, phases or PhaseTimer())
 
 
 def _mark_finals(config: ExperimentConfig, out: Path, selection, results: dict[str, RunRecord],
@@ -157,14 +163,16 @@ def _check_kept(ctx: RunContext, results: dict[str, RunRecord], names: set[str])
 
 
 def _drive(config: ExperimentConfig, out: Path, log: Callable[[str], None], retry_failed: bool,
-           allow_missing_weights: bool, executor: Any) -> dict[str, Any]:
+           allow_missing_weights: bool, executor: Any, phases: PhaseTimer) -> dict[str, Any]:
     """The body of :func:`run_matrix`, run while the output directory's lock is held."""
     if not is_main_process():
         log = _quiet  # the other processes of a launched job run the same protocol silently
     MatrixFolder(out).set_aside_damaged(log)  # a damaged result.json: its run is trained again
     start_output(config, out, log)
     barrier()  # every process binds the data to the experiment.json rank 0 wrote (a folder taken over: afresh)
-    ctx = RunContext(config, out, prepare_matrix_data(config, out, log), log, retry_failed, allow_missing_weights)
+    with phases.measure("data"):
+        data = prepare_matrix_data(config, out, log)
+    ctx = RunContext(config, out, data, log, retry_failed, allow_missing_weights)
     results = MatrixFolder(out).results()
     retry = {n for n, r in results.items() if r.failed} if retry_failed else set()
     _, selection = ready_runs(config, ctx.data.metric, results)
@@ -174,7 +182,7 @@ def _drive(config: ExperimentConfig, out: Path, log: Callable[[str], None], retr
     busy: dict[str, RunTask] = {}
     announced: set[str] = set()
     written = None
-    with executor.running():
+    with phases.measure("runs"), executor.running():
         while True:
             ready, selection = ready_runs(config, ctx.data.metric, results, retry=retry, busy=busy)
             state = (set(selection.complete), dict(selection.selected), {m: list(g) for m, g in selection.grids.items()})
@@ -197,9 +205,33 @@ def _drive(config: ExperimentConfig, out: Path, log: Callable[[str], None], retr
     if not any(r.finished for runs in finals.values() for r in runs):
         raise OELMError(f"no run of {config.name} finished (see the failures under {ctx.folder.runs})")
     barrier()  # every result.json and metrics.jsonl is on disk before the comparison reads them
-    if not is_main_process():
-        return report.compare_results(config, finals, out)  # the statistics (scipy) load here, after the runs
-    return report.write_comparison(config, finals, out)
+    with phases.measure("report"):
+        if not is_main_process():
+            return report.compare_results(config, finals, out)  # the statistics (scipy) load here, after the runs
+        return report.write_comparison(config, finals, out)
+
+
+def time_lines(out: str | Path, phases: PhaseTimer, *, since_unix: float, command_started: float) -> list[str]:
+    """``oelm run``'s closing lines: where the wall time went, for each run of ``out`` trained since
+    ``since_unix`` (``time.time()``; its :attr:`~oelm.records.RunRecord.time_split`), then for
+    this process: ``start-up`` (from the process's start to the data: imports, the config, the
+    output folder), then ``data``, ``runs`` and ``report`` as :func:`run_matrix` measured them into
+    ``phases``, and ``other`` (the rest: the table printed, the selection). Seconds, one decimal,
+    adding up to each total (:func:`oelm.records.time_split_text`). ``command_started``
+    (``time.perf_counter()``) stands for the process's start where that cannot be read (not Linux).
+
+    Raises:
+        DamagedFileError: a run's ``result.json`` is damaged.
+    """
+    lines = [f"time {name}: {time_split_text(r.time_split)}" for name, r in sorted(MatrixFolder(out).results().items())
+             if r.time_split is not None and (r.started_unix or 0.0) >= since_unix]
+    now = time.perf_counter()
+    wall = process_age_seconds() or now - command_started
+    if "data" not in phases.began:  # `oelm run --collect`: no data prepared, no run
+        return lines + [f"oelm run took {wall:.1f} s (this process)"]
+    parts = {"start-up": phases.began["data"] - (now - wall)} | {k: phases.seconds.get(k, 0.0) for k in ("data", "runs", "report")}
+    parts["other"] = max(0.0, wall - sum(parts.values()))
+    return lines + [f"oelm run took {time_split_text(parts)} (this process)"]
 
 
 # --- primitives for batch systems: plan, --only, --collect -------------------------------------

@@ -34,8 +34,8 @@ from oelm.records import (
 from oelm.records import write_status as _write_status_file
 from oelm.trackers import TrackedRun
 from oelm.training import evaluate, optimizer_steps_per_epoch, planned_total_steps, train
-from oelm.training.evaluation import token_accuracy_fields
-from oelm.training.predictions import collector_for, save_final_predictions
+from oelm.training.evaluation import evaluate_predictions, token_accuracy_fields
+from oelm.training.predictions import collector_for, write_final_predictions
 
 from oelm.matrix.assemble import build_run_model
 from oelm.matrix.diagnose import run_diagnostics
@@ -95,6 +95,7 @@ def _identity(config: ExperimentConfig, run: PlannedRun) -> dict[str, Any]:
 
 def _train(ctx: RunContext, run: PlannedRun, folder: RunFolder, *, evaluate_test: bool) -> RunRecord:
     """Train one run; returns its record (status "finished"). Faults propagate."""
+    started = time.perf_counter()
     config, data, log = ctx.config, ctx.data, ctx.log
     entry = ctx.entry(run.method)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -105,6 +106,7 @@ def _train(ctx: RunContext, run: PlannedRun, folder: RunFolder, *, evaluate_test
     train_loader, val_loader, test_loader = make_loaders(data, training, run.seed)
     total_steps = _total_steps(training, train_loader)
     write_status(folder, run, "running", total_steps=total_steps)
+    before_train = time.perf_counter()
     result = train(
         model, train_loader, val_loader, metric=data.metric, config=training, learning_rate=run.learning_rate,
         run_dir=folder.path, test_loader=test_loader if evaluate_test else None, description=folder.name,
@@ -120,6 +122,7 @@ def _train(ctx: RunContext, run: PlannedRun, folder: RunFolder, *, evaluate_test
     environment = _environment_around(env_before, capture_environment(device, probe=True))
     # a final run's attention diagnostics of its best weights: after every timing and the speed probe
     diagnostics = run_diagnostics(model, config, data, log) if run.stage == "final" else None
+    _time_outside_train(result.timing, before_train - started, started)
     return finished_result(
         _identity(config, run),
         config=config.model_dump(mode="json"),
@@ -138,6 +141,16 @@ def _train(ctx: RunContext, run: PlannedRun, folder: RunFolder, *, evaluate_test
         predictions=predictions_record(folder.path) if is_main_process() else None,
         diagnostics=diagnostics,  # oelm.diagnostics on the fixed validation batch; None for a sweep run
     )
+
+
+def _time_outside_train(timing: dict[str, Any], before_train: float, started: float) -> None:
+    """Add to a run's ``timing`` what it spent outside :func:`oelm.training.train` in this process:
+    ``setup_seconds`` gains the seconds before it (the speed probe, the model, the loaders), and
+    ``wall_seconds`` is the run's wall time: this process's, from ``started`` (``time.perf_counter``)
+    to now (the probe after the run and its diagnostics included), plus the run time of the
+    earlier processes of a resumed run (``resumed_seconds``)."""
+    timing["setup_seconds"] = timing.get("setup_seconds", 0.0) + before_train
+    timing["wall_seconds"] = time.perf_counter() - started + timing.get("resumed_seconds", 0.0)
 
 
 def _environment_around(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
@@ -328,8 +341,9 @@ def _train_fresh(ctx: RunContext, run: PlannedRun, folder: RunFolder, evaluate_t
 def promote(config: ExperimentConfig, entry: MethodEntry, run: PlannedRun, data: PreparedData, run_dir: Path,
             result: RunRecord, log: Callable[[str], None]) -> RunRecord:
     """Make the finished sweep run at the selected learning rate a final run: evaluate the test
-    split once, from its best-on-validation checkpoint, save its predictions (validation and test:
-    :func:`~oelm.training.predictions.save_final_predictions`; none without best weights) and mark
+    split once, from its best-on-validation checkpoint, save its predictions (validation, evaluated
+    once more with those weights: a sweep run keeps none, and test:
+    :func:`~oelm.training.predictions.write_final_predictions`; none without best weights) and mark
     it ``stage: final``, ``selected: true``. The run is not retrained (same seed, data order and
     budget as a fresh final run would have).
 
@@ -361,9 +375,11 @@ def promote(config: ExperimentConfig, entry: MethodEntry, run: PlannedRun, data:
                     fh.write(json.dumps({"type": "test", "step": result.best_step, data.metric: test_value,
                                          **token_accuracy_fields(test_eval)}) + "\n")
             log(f"[{folder.name}] selected; test {data.metric} {test_value:.4f} (evaluated once, best checkpoint)")
-        save_final_predictions(model, {"validation": val_loader, "test": test_loader}, data.metric, training.mixed_precision,
-                               run_dir=folder.path, step=result.best_step, is_main=is_main_process(),
-                               evaluated={"test": test_rows})
+        splits = {"validation": evaluate_predictions(model, val_loader, data.metric, training.mixed_precision,
+                                                     step=result.best_step)}
+        if test_rows is not None:
+            splits["test"] = test_rows.split(test_loader, result.best_step)
+        write_final_predictions(folder.path, data.metric, splits, is_main=is_main_process())
         diagnosed = {"diagnostics": run_diagnostics(model, config, data, log)}  # now a final run
     promoted = result.promoted(test_value, seconds, token_accuracy_test=test_eval.get("token_accuracy"),
                                predictions=predictions_record(folder.path) if is_main_process() else None, **diagnosed)

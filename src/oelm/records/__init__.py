@@ -20,7 +20,7 @@ from oelm.records.folder import (
 )
 from oelm.records.result import (
     DAMAGED_RESULT_FIX, RunRecord, RunResult, budget_record, failed_result, finished_result, read_record, run_identity,
-    write_record,
+    round_parts, time_split_text, write_record,
 )
 from oelm.records.status import read_status, utc_now, write_status
 from oelm.records.sweep import (
@@ -32,7 +32,7 @@ __all__ = [
     "BEST_CHECKPOINT", "DIAGNOSTICS_FILE", "PREDICTIONS_FILE", "MatrixFolder", "PlannedRun", "RunFolder", "run_name",
     "step_checkpoints",
     "DAMAGED_RESULT_FIX", "RunRecord", "RunResult", "budget_record", "failed_result", "finished_result", "read_record",
-    "run_identity", "write_record",
+    "run_identity", "round_parts", "time_split_text", "write_record",
     "read_status", "utc_now", "write_status",
     "SWEEP_FIX", "final_runs", "format_rates", "grid_edge", "grid_edge_note", "is_automatic", "is_superseded", "read_sweep",
     "selected_rates", "superseded_final_runs", "sweep_entry", "sweep_file",

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from oelm.records.folder import PlannedRun
 
 __all__ = ["RunResult", "Performance", "TokenAccuracy", "Predictions", "Diagnostics", "DataSource", "EvalRecord", "RunRecord", "read_record", "write_record", "validate_result", "budget_record",
-           "finished_result", "failed_result", "run_identity", "DAMAGED_RESULT_FIX"]
+           "finished_result", "failed_result", "run_identity", "round_parts", "time_split_text", "DAMAGED_RESULT_FIX"]
 
 #: What to do about a damaged ``result.json`` (ends the error of ``oelm report`` and readers).
 DAMAGED_RESULT_FIX = ("restore it from a copy, or rerun `oelm run` with the same --output-dir: it moves the run's "
@@ -288,6 +288,7 @@ class RunRecord:
     timing = property(lambda self: self.raw.get("timing") or {},
                       doc="Seconds (total_seconds, train_seconds, ...), step times (ms), tokens/s, MFU, GPU telemetry.")
     total_seconds = _get("timing", "total_seconds", "Seconds after the warm-up, summed over resumes.")
+    wall_seconds = _get("timing", "wall_seconds", "The run's wall time (s; None in older results): see :attr:`time_split`.")
     train_seconds = _get("timing", "train_seconds")
     compile_seconds = _get("timing", "compile_seconds")
     tokens_per_second = _get("timing", "tokens_per_second")
@@ -336,6 +337,8 @@ class RunRecord:
                        doc="The torch intra-op threads it trained with (None in older results).")
     shared_node = property(lambda self: bool(self.executor.get("shared_node")),
                            doc="Whether another run trained on its node meanwhile (its times are not speed evidence).")
+    started_unix = property(lambda self: self.executor.get("started_unix"),
+                            doc="When its last process began the run (seconds since the epoch; None in older results).")
     overlapped = property(lambda self: self.executor.get("overlapped") or [],
                           doc="The runs that trained meanwhile: ``{run, node}`` each.")
     configured_num_workers = property(
@@ -353,6 +356,26 @@ class RunRecord:
             return training["early_stopping_patience"]
         return (config.get("training") or {}).get("early_stopping_patience")
 
+    @property
+    def time_split(self) -> dict[str, float] | None:
+        """Where the run's wall time (:attr:`wall_seconds`) went, in seconds that add up to it:
+        ``setup`` (before the run's clock: the speed probe, the model, the loaders, the engine, the
+        warm-up passes), ``training`` (the optimizer steps), ``data_wait`` (for the training
+        loader's batches), ``validation``, ``test``, ``predictions`` (a final run's, kept and
+        written), ``checkpoints`` (resumable ones and the best weights) and ``other`` (the rest:
+        resuming, logging, the speed probe after the run, its attention diagnostics). None for a
+        result written before oelm recorded its wall time. A resumed run counts the set-up of its
+        last process only."""
+        t = self.timing
+        if t.get("wall_seconds") is None:
+            return None
+        parts = {"setup": t.get("setup_seconds"), "training": t.get("train_seconds"), "data_wait": t.get("data_seconds"),
+                 "validation": t.get("validation_seconds"), "test": t.get("test_seconds"),
+                 "predictions": t.get("predictions_seconds"),
+                 "checkpoints": (t.get("checkpoint_seconds") or 0.0) + (t.get("best_weights_seconds") or 0.0)}
+        parts = {name: float(seconds or 0.0) for name, seconds in parts.items()}
+        return parts | {"other": max(0.0, float(t["wall_seconds"]) - sum(parts.values()))}
+
     def key(self) -> tuple[str, float, int]:
         """``(method, learning rate, seed)``: the cell of the matrix this run fills."""
         return (self.method, self.learning_rate, self.seed)
@@ -369,6 +392,8 @@ class RunRecord:
         ``predictions`` (its predictions.npz record) and ``diagnostics`` (its attention
         diagnostics) when given; stage final, selected, swept."""
         timing = {} if test_seconds is None else {"timing": self.timing | {"test_seconds": test_seconds}}
+        if timing and self.wall_seconds is not None:  # the test pass is part of the final run's time
+            timing["timing"]["wall_seconds"] = self.wall_seconds + test_seconds
         performance = self.performance | {"test": test}
         if token_accuracy_test is not None:
             performance["token_accuracy"] = self.token_accuracy | {"test": token_accuracy_test}
@@ -383,3 +408,23 @@ class RunRecord:
         validation, where its ``result.json`` was moved (relative to the matrix folder)}."""
         return RunRecord(self.raw | {"selected": True, "swept": True, "retrained_without_weights": {
             "sweep_best_validation": sweep.best_validation, "sweep_result": sweep_result}})
+
+
+def round_parts(parts: dict[str, float], digits: int = 1) -> dict[str, float]:
+    """``parts`` (name -> seconds) rounded to ``digits`` decimals cumulatively (each part is the
+    difference of the rounded running sums), so that the rounded parts add up to the rounded total
+    and none turns negative."""
+    scale, total, previous, rounded = 10 ** digits, 0.0, 0, {}
+    for name, seconds in parts.items():
+        total += seconds
+        upto = round(total * scale)
+        rounded[name], previous = (upto - previous) / scale, upto
+    return rounded
+
+
+def time_split_text(parts: dict[str, float]) -> str:
+    """``"41.2 s = setup 2.1 + training 6.3 + data wait 0.0 + ... + other 1.3"``: ``parts`` (name ->
+    seconds, e.g. :attr:`RunRecord.time_split`; ``_`` shown as a space) and their sum, with one
+    decimal, rounded by :func:`round_parts` so that the parts shown add up to the total shown."""
+    shown = round_parts(parts)
+    return f"{sum(shown.values()):.1f} s = " + " + ".join(f"{name.replace('_', ' ')} {v:.1f}" for name, v in shown.items())

@@ -121,12 +121,26 @@ class Mfu(TypedDict, total=False):
 
 
 class Timing(TypedDict, total=False):
-    """The parts of ``result["timing"]`` the readers use (seconds, ms, tokens/s; the rest is free)."""
+    """The parts of ``result["timing"]`` the readers use (seconds, ms, tokens/s; the rest is free).
+
+    Where a run's wall time went (:attr:`RunRecord.time_split <oelm.records.result.RunRecord.time_split>`;
+    absent in results written before it): ``wall_seconds`` = ``setup_seconds`` + ``train_seconds`` +
+    ``data_seconds`` + ``validation_seconds`` + ``test_seconds`` + ``predictions_seconds`` +
+    ``checkpoint_seconds`` + ``best_weights_seconds`` + the rest."""
 
     device: str | None
     mixed_precision: str | None
-    total_seconds: float | None
+    total_seconds: float | None  # the run's clock: after the warm-up, summed over resumes
+    wall_seconds: float | None  # the run's wall time: its process's, plus the earlier processes' resumed_seconds
+    setup_seconds: float | None  # before the run's clock, in its (last) process: probe, model, loaders, engine, warm-up
+    resumed_seconds: float | None  # the run's clock in the earlier processes of a resumed run (0: one process)
     train_seconds: float | None
+    data_seconds: float | None  # waiting for the training loader's batches
+    validation_seconds: float | None  # a final run's validations keep their per-example outcomes meanwhile
+    test_seconds: float | None
+    predictions_seconds: float | None  # a final run: its best validation's predictions kept, predictions.npz written
+    checkpoint_seconds: float | None  # the resumable checkpoints
+    best_weights_seconds: float | None  # checkpoint/model.safetensors
     tokens_per_second: float | None
     compile_seconds: float | None
     timing_warmup_steps_excluded: int | None

@@ -274,6 +274,8 @@ def _run_row(r: RunRecord, reasons: list[str]) -> dict[str, Any]:
     }
     if r.early_stopped:  # only then: comparisons of runs without early stopping stay as they were
         row["stopped_early_at"] = r.steps
+    if r.time_split is not None:  # where its wall time went (absent in results written before oelm recorded it)
+        row["wall_seconds"], row["time_split"] = r.wall_seconds, r.time_split
     return row
 
 

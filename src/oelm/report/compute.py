@@ -1,4 +1,5 @@
-"""What a matrix cost: its runs' measured time summed into run-hours, CPU core-hours and GPU-hours.
+"""What a matrix cost: its runs' measured time summed into run-hours, CPU core-hours and GPU-hours;
+and where each final run's wall time went (:func:`time_split_blocks`).
 
 Papers state the compute behind a comparison (GPU-hours, core-hours); a reviewer weighs a verdict
 against it, and a reader plans a rerun by it. oelm sums the time every run measured itself
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from oelm.records import RunRecord
+from oelm.records import RunRecord, round_parts
 
 RULE = ("timing.total_seconds of every run with a result (sweep and final, failed included): training, validation, "
         "checkpoints and test, after the warm-up step; model building and data preparation excluded. CPU core-seconds = "
@@ -59,3 +60,30 @@ def compute_line(compute: dict[str, Any]) -> str:
     untimed = compute["runs"] - compute["timed_runs"]
     tail = f" ({untimed} run(s) without a recorded time add nothing)" if untimed else ""
     return f"{compute['runs']} runs in all (the sweep's too, where there is one): {', '.join(parts)}{tail}"
+
+
+def time_split_blocks(comparison: dict[str, Any]) -> list[tuple[str, list[tuple[str, Any]]]]:
+    """The report's "Where the time went" section: per final run, its wall time split into set-up,
+    training, data wait, validation, test, predictions, checkpoints and the rest (``time_split`` of
+    its row in ``comparison.json``: :attr:`oelm.records.RunRecord.time_split`), as ``oelm run``
+    prints it; ``[(title, blocks)]`` in the block format of :class:`oelm.report.render.Section`,
+    [] when no run recorded it (older results)."""
+    rows, names = [], None
+    for method, m in comparison["methods"].items():
+        for run in m.get("runs", []):
+            split = run.get("time_split")
+            if split:
+                names = list(split)
+                shown = round_parts(split)
+                rows.append([method, str(run["seed"]), f"{sum(shown.values()):.1f}", *(f"{v:.1f}" for v in shown.values())])
+    if not rows:
+        return []
+    text = ("Seconds of each run's wall time, adding up to it: set-up before the run's clock (the speed probe, the model, "
+            "the loaders, the engine, the warm-up passes), the optimizer steps, waiting for the training loader, the "
+            "validations (a final run keeps their per-example outcomes meanwhile), the test split, the predictions "
+            "(kept at each best validation, then predictions.npz), checkpoints (resumable ones and the best weights), and "
+            "the rest (resuming, logging, the speed probe after the run, its attention diagnostics). A resumed run counts "
+            "its last process's set-up only. The process's own start-up, data preparation and this report are in the "
+            "last line `oelm run` prints.")
+    return [("Where the time went", [("text", text), ("table", (["method", "seed", "wall s", *(n.replace("_", " ") for n in names)],
+                                                               rows))])]

@@ -19,7 +19,7 @@ from typing import Any
 from oelm.records import format_rates, is_automatic
 from oelm.report.budgets import runs_blocks
 from oelm.report.compare import metrics_records, mfu_reference
-from oelm.report.compute import compute_line
+from oelm.report.compute import compute_line, time_split_blocks
 from oelm.report.convergence import convergence_blocks
 from oelm.report.diagnostics import diagnostics_blocks
 from oelm.report.targets import targets_blocks
@@ -202,8 +202,9 @@ def build_sections(comparison: dict[str, Any], out: Path | None, step_ms: dict[s
     optional = (_utilization_section(c), _time_to_target_section(c.get("time_to_target"), metric, unit))
     sections += [s for s in optional if s is not None]
     # present only when the runs saved predictions / training seconds per validation / the config has targets /
-    # the runs recorded attention diagnostics
-    optional_blocks = uncertainty_blocks(c) + convergence_blocks(c) + targets_blocks(c) + diagnostics_blocks(c)
+    # the runs recorded attention diagnostics / their wall time
+    optional_blocks = (uncertainty_blocks(c) + convergence_blocks(c) + targets_blocks(c) + diagnostics_blocks(c)
+                       + time_split_blocks(c))
     sections += [Section(title, blocks) for title, blocks in optional_blocks]
     parameters = _parameters_section(c)
     sections += [parameters] if parameters is not None else []

@@ -57,7 +57,8 @@ Checkpoints and resume:
     Every ``checkpoint_every`` optimizer steps (default: after every validation) and on
     SIGTERM/SIGINT, ``checkpoints/step-<N>/`` is written atomically (temp dir, fsync,
     ``manifest.json`` with the sha256 of every file written last, rename): weights, best-so-far
-    weights, optimizer, scheduler, gradient-scaler and RNG states, the running loss and step
+    weights, a final run's best-so-far validation predictions (``best_predictions.npz``),
+    optimizer, scheduler, gradient-scaler and RNG states, the running loss and step
     times (``state.pt``, ``weights_only``), and ``trainer_state.json`` (:class:`TrainState`,
     the data seeds, Python/NumPy RNG states, the ``metrics.jsonl`` byte offset). On several
     processes rank 0 writes it with every rank's RNG states; each rank restores its own. The
@@ -87,8 +88,12 @@ Faults:
     finish (``TrainResult.stop_signal``).
 
 Timing (``TrainResult.timing``):
-    ``total_seconds`` (after the warm-up, summed over resumes), ``train_seconds``,
-    ``validation_seconds``, ``checkpoint_seconds``, ``test_seconds``, ``data_seconds``,
+    ``total_seconds`` (after the warm-up, summed over resumes), ``setup_seconds`` (this process,
+    before the run's clock: engine, warm-up passes, trackers), ``resumed_seconds`` (the run's clock
+    in earlier processes of a resumed run), ``train_seconds``, ``validation_seconds`` (a final run
+    keeps per-example outcomes meanwhile), ``checkpoint_seconds``, ``best_weights_seconds``,
+    ``test_seconds``, ``predictions_seconds`` (the best validation's predictions kept, and
+    ``predictions.npz`` written after the clock stopped), ``data_seconds``,
     ``data_stall_seconds`` (the device idle, waiting for a batch), ``num_workers`` (the training
     loader's worker processes), ``per_epoch_seconds``, ``per_step_ms`` {median, mean, p10, p90, n}, ``step_ms``,
     ``process_start_steps``, ``tokens_per_second``, ``samples_per_second``, ``warmup_seconds``,

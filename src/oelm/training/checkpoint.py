@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
-from torch import nn
 
 from oelm.errors import ConfigError
 from oelm.io import atomic_path, disk_writes, verify_dir, write_dir_atomic
@@ -21,6 +20,7 @@ from oelm.records import RunFolder, step_checkpoints
 from oelm.training.evaluation import cpu_copy
 from oelm.training.faults import DISK_FULL, TrainingDivergedError, all_finite, check_finite, disk_full_error, raise_disk_full
 from oelm.training.metrics_log import MetricsLog
+from oelm.training.predictions import BEST_PREDICTIONS_FILE, load_best_predictions, save_best_predictions
 from oelm.training.rng import capture_rng, gather_rng, rank_rng
 from oelm.training.state import TrainState
 
@@ -42,12 +42,14 @@ _IDENTITY_DEFAULTS = {"gradient_accumulation_steps": 1, "num_processes": 1}
 checkpoint_dirs = step_checkpoints
 
 
-def _fill_checkpoint(tmp: Path, unwrapped: nn.Module, best_state: dict[str, torch.Tensor] | None,
+def _fill_checkpoint(tmp: Path, engine: "Engine", best_state: dict[str, torch.Tensor] | None,
                      tensors: dict[str, Any], trainer_state: dict[str, Any]) -> None:
     with disk_writes(tmp):  # safetensors' and torch.save's own errors on a full disk: OSError ENOSPC
-        save_model(unwrapped, str(tmp / "model.safetensors"))
+        save_model(engine.unwrapped, str(tmp / "model.safetensors"))
         if best_state is not None:
             save_file(best_state, str(tmp / "best.safetensors"))
+        if engine.best_predictions is not None:  # a final run: its best validation's predictions so far
+            save_best_predictions(tmp / BEST_PREDICTIONS_FILE, engine.best_predictions, engine.metric.name)
         torch.save(tensors, tmp / "state.pt")
         (tmp / "trainer_state.json").write_text(json.dumps(trainer_state) + "\n", encoding="utf-8")
 
@@ -139,6 +141,8 @@ def start_or_resume(engine: "Engine") -> tuple[TrainState, tuple | None, bool]:
     if state.best_value is not None:
         src = ckpt_dir / "best.safetensors"
         engine.best_state = load_file(str(src)) if src.is_file() else cpu_copy(engine.unwrapped)
+    kept = ckpt_dir / BEST_PREDICTIONS_FILE  # absent in checkpoints of sweep runs and of older oelm
+    engine.best_predictions = load_best_predictions(kept) if kept.is_file() else None
     engine.phases.seconds, engine.phases.counts = dict(st["phases"]["seconds"]), dict(st["phases"]["counts"])
     engine.log = MetricsLog(engine.run_dir, config.tensorboard, offset=st["metrics_offset"],
                             purge_step=state.step + 1, enabled=engine.is_main)
@@ -196,7 +200,7 @@ def save_checkpoint(engine: "Engine", state: TrainState) -> Path:
         if engine.is_main:
             try:
                 engine.log.sync()
-                write_dir_atomic(path, lambda tmp: _fill_checkpoint(tmp, engine.unwrapped, best, tensors, trainer_state),
+                write_dir_atomic(path, lambda tmp: _fill_checkpoint(tmp, engine, best, tensors, trainer_state),
                                  extra={"step": state.step})
             except OSError as exc:
                 if exc.errno in DISK_FULL:

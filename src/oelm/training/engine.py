@@ -11,7 +11,7 @@ import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 from accelerate import Accelerator
@@ -26,6 +26,9 @@ from oelm.records import RunFolder
 from oelm.timing import PhaseTimer, StepTimer
 from oelm.training.metrics_log import MetricsLog
 from oelm.training.precision import Precision
+
+if TYPE_CHECKING:
+    from oelm.training.predictions import SplitPredictions
 
 __all__ = ["Engine", "build_engine", "build_optimizer", "check_warmup", "compile_mode", "compiled_graphs", "direct_step_safe",
            "make_scheduler", "optimizer_steps_per_epoch", "planned_total_steps", "use_fused_adamw", "with_learning_rate"]
@@ -204,7 +207,8 @@ class Engine:
     eval_every: int
     running_loss: torch.Tensor  # summed on the device: no sync per step
     grad_nonfinite: torch.Tensor  # OR over steps since the last check
-    t_start: float = 0.0
+    t_start: float = 0.0  # time.perf_counter() at the run's start: this process's start less earlier processes' time
+    t_start_here: float = 0.0  # ... at this process's start of the run's clock
     best_state: dict[str, torch.Tensor] | None = None
     compiled: Any = None  # torch.compile wrapper, when training.compile
     warmup_batch: dict[str, torch.Tensor] | None = None  # the first batch_size training examples (warm-up)
@@ -213,6 +217,8 @@ class Engine:
     graphs_at_start: int = 0  # torch._dynamo's graph count when the model was compiled (compiled_graphs)
     graphs_after_warmup: int = 0  # ... and after the warm-up pass compiled the first shapes
     loader_workers: int = 0  # the training DataLoader's worker processes (training.num_workers resolved)
+    keep_predictions: bool = False  # a final run: validations keep per-example outcomes (predictions.npz)
+    best_predictions: "SplitPredictions | None" = None  # ... those of the best validation so far
 
     @property
     def learning_rate(self) -> float:

@@ -17,14 +17,15 @@ from oelm.metrics import Metric, get_metric
 from oelm.training.faults import is_oom, oom_error
 from oelm.training.metrics_log import log_train
 from oelm.training.precision import Precision
+from oelm.training.predictions import PredictionCollector, SplitPredictions, collector_for
 from oelm.training.timing import training_progress
 
 if TYPE_CHECKING:
     from oelm.training.engine import Engine
-    from oelm.training.predictions import PredictionCollector
     from oelm.training.state import TrainState
 
-__all__ = ["early_stop_due", "evaluate", "evaluate_test", "stop_early", "token_accuracy_fields", "token_accuracy_of", "validate"]
+__all__ = ["early_stop_due", "evaluate", "evaluate_predictions", "evaluate_test", "stop_early", "token_accuracy_fields",
+           "token_accuracy_of", "validate"]
 
 
 def cpu_copy(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -36,7 +37,7 @@ def cpu_copy(model: nn.Module) -> dict[str, torch.Tensor]:
 def evaluate(
     model: nn.Module, loader: Iterable[dict[str, torch.Tensor]], metric: Metric | str,
     mixed_precision: str | Precision = "no", accelerator: Accelerator | None = None,
-    predictions: "PredictionCollector | None" = None,
+    predictions: PredictionCollector | None = None,
 ) -> dict[str, float]:
     """Evaluate ``model`` on ``loader`` (under autocast when ``mixed_precision`` is bf16/fp16: a
     mode string, or the engine's :class:`~oelm.training.precision.Precision`).
@@ -77,15 +78,16 @@ def evaluate(
             with autocast():
                 out = model(**batch)
             labels = batch["labels"]
+            predicted = out.logits.argmax(dim=-1)  # (B,) classes, (B, T) next tokens
             if classification:
                 n = torch.tensor(labels.numel(), device=device)
-                counts[1] += (out.logits.argmax(dim=-1) == labels).sum()
+                counts[1] += (predicted == labels).sum()
             else:
                 n = (labels[:, 1:] != -100).sum()
-                counts[1] += (out.logits[:, :-1].argmax(dim=-1) == labels[:, 1:]).sum()  # -100 never equals an id
+                counts[1] += (predicted[:, :-1] == labels[:, 1:]).sum()  # -100 never equals an id
             loss_total += out.loss.double() * n
             if predictions is not None:
-                predictions.add(batch, out.logits)
+                predictions.add(batch, out.logits, predicted=predicted)
             counts[0] += n
         loss_sum, count, correct = float(loss_total), int(counts[0]), int(counts[1])
     model.train(was_training)
@@ -102,7 +104,7 @@ def evaluate(
 
 
 def _gathered_sums(model, loader, classification: bool, autocast, accelerator: Accelerator,
-                   predictions: "PredictionCollector | None" = None) -> tuple[float, int, int]:
+                   predictions: PredictionCollector | None = None) -> tuple[float, int, int]:
     """(loss sum, examples or tokens, correct) over every process's shard, each example once."""
     import torch.nn.functional as F
 
@@ -113,35 +115,54 @@ def _gathered_sums(model, loader, classification: bool, autocast, accelerator: A
         with autocast():
             logits = model(**batch).logits.float()
         labels = batch["labels"]
+        predicted = logits.argmax(-1)  # (B,) classes, (B, T) next tokens
         if classification:
             loss = F.cross_entropy(logits, labels, reduction="none")  # (B,)
-            stats = torch.stack([loss, torch.ones_like(loss), (logits.argmax(-1) == labels).float()], dim=1)
+            stats = torch.stack([loss, torch.ones_like(loss), (predicted == labels).float()], dim=1)
         else:  # logits[:, t] predicts labels[:, t + 1]; -100 is ignored
             target = labels[:, 1:]
             nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), target, ignore_index=-100, reduction="none")  # (B, T-1)
             valid = (target != -100).float()
-            right = (logits[:, :-1].argmax(-1) == target).float()  # -100 never equals an id
+            right = (predicted[:, :-1] == target).float()  # -100 never equals an id
             stats = torch.stack([nll.sum(1), valid.sum(1), right.sum(1)], dim=1)
         rows.append(accelerator.gather_for_metrics(stats).double().sum(0))  # (3,) per batch, over processes
         if predictions is not None:
-            predictions.add(batch, logits, accelerator)
+            predictions.add(batch, logits, accelerator, predicted=predicted)
     if not rows:
         return 0.0, 0, 0
     total = torch.stack(rows).sum(0)
     return float(total[0]), int(total[1]), int(total[2])
 
 
+def evaluate_predictions(model: nn.Module, loader: DataLoader, metric: Metric | str, mixed_precision: str | Precision = "no",
+                         accelerator: Accelerator | None = None, *, step: int) -> SplitPredictions:
+    """Evaluate ``loader`` once (:func:`evaluate`) keeping its per-example outcomes, ``model``
+    holding the weights of ``step``: a promoted sweep run's validation split, or a resumed run's
+    whose checkpoint predates the predictions kept during validation.
+
+    Raises:
+        OELMError: the loader is empty.
+    """
+    collector = collector_for(loader, get_metric(metric).name)
+    evaluate(model, loader, metric, mixed_precision, accelerator=accelerator, predictions=collector)
+    return collector.split(loader, step)
+
+
 def validate(engine: "Engine", state: "TrainState", loader: DataLoader, at_step: int) -> None:
     """Evaluate on the validation loader, log it, keep the weights when they are the best, and
     count validations without an improvement (early stopping). The value is the same on every
     process (reduced over them in :func:`evaluate`), so every rank keeps the same best and count.
+    A final run (``engine.keep_predictions``) keeps the best validation's per-example outcomes
+    too (``engine.best_predictions``), gathered over processes in the loader's order as the sums are.
 
     Raises:
         RunFaultError: kind ``oom``, naming ``training.eval_batch_size``.
     """
+    collector = collector_for(loader, engine.metric.name) if engine.keep_predictions else None
     with engine.phases.measure("validation"):
         try:
-            result = evaluate(engine.model, loader, engine.metric.name, engine.precision, accelerator=engine.accelerator)
+            result = evaluate(engine.model, loader, engine.metric.name, engine.precision, accelerator=engine.accelerator,
+                              predictions=collector)
         except Exception as exc:
             if is_oom(exc):
                 raise oom_error(exc, next(iter(loader)), at_step, "eval_batch_size", "validation") from exc
@@ -155,6 +176,9 @@ def validate(engine: "Engine", state: "TrainState", loader: DataLoader, at_step:
     if state.best_value is None or engine.metric.better(result["value"], state.best_value):
         state.best_value, state.best_step = result["value"], at_step
         engine.best_state = cpu_copy(engine.unwrapped)
+        if collector is not None:
+            with engine.phases.measure("predictions"):
+                engine.best_predictions = collector.split(loader, at_step)
     reference = state.early_stopping_reference
     if reference is None or engine.metric.improves(result["value"], reference, engine.config.early_stopping_min_delta):
         state.early_stopping_reference, state.evals_without_improvement = result["value"], 0
@@ -197,7 +221,7 @@ def stop_early(engine: "Engine", state: "TrainState") -> None:
 
 
 def evaluate_test(engine: "Engine", state: "TrainState", test_loader: DataLoader | None,
-                  predictions: "PredictionCollector | None" = None) -> float | None:
+                  predictions: PredictionCollector | None = None) -> float | None:
     """Evaluate the test split once (with the weights loaded: the best on validation) and log it
     at the best step; ``predictions`` collects its per-example outcomes. Returns its value, or
     None without a test split."""

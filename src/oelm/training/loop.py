@@ -22,9 +22,12 @@ from oelm.telemetry import GPUTelemetry
 from oelm.trackers import check_installed
 from oelm.training.checkpoint import remove_unfinished, save_best_weights, save_checkpoint, start_or_resume
 from oelm.training.engine import Engine, setup, with_learning_rate
-from oelm.training.evaluation import early_stop_due, evaluate_test, stop_early, token_accuracy_of, validate, validated_at
+from oelm.training.evaluation import (
+    early_stop_due, evaluate_predictions, evaluate_test, stop_early, token_accuracy_of, validate, validated_at,
+)
 from oelm.training.faults import StopSignals
 from oelm.training.metrics_log import log_train, start_trackers
+from oelm.training.predictions import PredictionCollector, collector_for, write_final_predictions
 from oelm.training.rng import epoch_seed, restore_rng
 from oelm.training.state import TrainResult, TrainState
 from oelm.training.step import next_batch, optimizer_step, warm_up
@@ -32,7 +35,6 @@ from oelm.training.timing import EpochClock, run_timing
 
 if TYPE_CHECKING:
     from oelm.trackers import TrackedRun
-    from oelm.training.predictions import PredictionCollector
 
 __all__ = ["finish", "train"]
 
@@ -49,10 +51,9 @@ def train(model: nn.Module, train_loader: DataLoader, eval_loader: DataLoader, *
     are described in the package docstring of :mod:`oelm.training`. ``config.report_to``'s W&B /
     MLflow trackers get every metrics record as a run named ``run_dir``'s name (``tracked``: its
     project, config and output folder; :class:`oelm.trackers.TrackedRun`). With ``predictions``
-    (a matrix's final runs) the best weights' per-example predictions on the validation split (and
-    the test split, when given: kept during its one evaluation) are saved to
-    ``run_dir/predictions.npz``; the validation split is evaluated once more for them, after the
-    run's timings were taken (:func:`oelm.training.predictions.save_final_predictions`).
+    (a matrix's final runs) the best weights' per-example predictions on the validation split (kept
+    during the best validation, and in the checkpoints after it) and the test split (its one
+    evaluation) are saved to ``run_dir/predictions.npz`` (:func:`_save_predictions`).
 
     Raises:
         TrainingDivergedError: (``RunFaultError``, kind ``"nan"``) NaN/Inf loss, gradients or weights.
@@ -65,6 +66,7 @@ def train(model: nn.Module, train_loader: DataLoader, eval_loader: DataLoader, *
     """
     from tqdm.auto import tqdm
 
+    entered = time.perf_counter()
     check_installed(config.report_to)
 
     run_dir = Path(run_dir)
@@ -72,13 +74,14 @@ def train(model: nn.Module, train_loader: DataLoader, eval_loader: DataLoader, *
     engine, (train_loader, eval_loader, test_loader), generators, base_seeds = setup(
         model, (train_loader, eval_loader, test_loader), metric=metric,
         config=with_learning_rate(config, learning_rate), run_dir=run_dir)
+    engine.keep_predictions = predictions
     warmup_seconds = warm_up(engine)
     wall_start = time.perf_counter()
     state, rng_to_restore, resumed = start_or_resume(engine)
     wall_start += start_trackers(engine, run_dir.name, tracked, state.step if resumed else 0)  # not the run's time
     remove_unfinished(engine)
     state.process_start_steps.append(state.step)
-    engine.t_start = wall_start - state.elapsed_seconds
+    engine.t_start_here, engine.t_start = wall_start, wall_start - state.elapsed_seconds
 
     bar = tqdm(total=engine.total_steps, initial=state.step, desc=description,
                disable=not engine.config.progress_bar or not engine.is_main, dynamic_ncols=True, leave=True)
@@ -105,11 +108,10 @@ def train(model: nn.Module, train_loader: DataLoader, eval_loader: DataLoader, *
     if stop_signal is not None:
         warnings.warn(f"{stop_signal} received during the final evaluation; the run was finished first",
                       RuntimeWarning, stacklevel=2)
-    test_rows = _test_collector(test_loader, engine) if predictions else None
+    test_rows = collector_for(test_loader, engine.metric.name) if predictions and test_loader is not None else None
     test_value = finish(engine, state, test_loader, test_rows)
-    timing = run_timing(engine, state, warmup_seconds, telemetry.summary())
-    # after the timings: the validation predictions pass is in no run time
-    saved = _save_predictions(engine, state, eval_loader, test_loader, test_rows) if predictions else None
+    timing = run_timing(engine, state, warmup_seconds, telemetry.summary(), setup_seconds=wall_start - entered)
+    saved = _save_predictions(engine, state, (eval_loader, test_loader), test_rows, timing) if predictions else None
     return TrainResult(
         metric=engine.metric.name, best_validation=float(state.best_value), best_step=state.best_step,
         final_validation=float(state.last_eval["value"]), final_train_loss=state.last_loss, steps=state.step,
@@ -118,23 +120,25 @@ def train(model: nn.Module, train_loader: DataLoader, eval_loader: DataLoader, *
     )
 
 
-def _test_collector(test_loader: DataLoader | None, engine: Engine) -> "PredictionCollector | None":
-    """The collector of the test split's per-example outcomes (its one evaluation fills it)."""
-    from oelm.training.predictions import collector_for  # only final runs save predictions
-
-    return None if test_loader is None else collector_for(test_loader, engine.metric.name)
-
-
-def _save_predictions(engine: Engine, state: TrainState, eval_loader: DataLoader, test_loader: DataLoader | None,
-                      test_rows: "PredictionCollector | None") -> dict:
-    """Per-example predictions of the best weights (loaded by :func:`finish`): the validation split
-    evaluated once more, the test split as its one evaluation collected them."""
-    from oelm.training.predictions import save_final_predictions
-
-    return save_final_predictions(engine.model, {"validation": eval_loader, "test": test_loader}, engine.metric.name,
-                                  engine.precision, run_dir=engine.run_dir, step=state.best_step,
-                                  accelerator=engine.accelerator, is_main=engine.is_main,
-                                  evaluated={"test": test_rows})
+def _save_predictions(engine: Engine, state: TrainState, loaders: tuple[DataLoader, DataLoader | None],
+                      test_rows: PredictionCollector | None, timing: dict) -> dict:
+    """Write ``predictions.npz``: the best validation's predictions, kept when it ran
+    (``engine.best_predictions``), and the test split's from its one evaluation; only a run resumed
+    from a checkpoint of an older oelm, which kept none, evaluates the best weights (loaded by
+    :func:`finish`) on the validation split once more. After the run's timings (in no run time);
+    ``timing["predictions_seconds"]`` counts it with the predictions kept at validations."""
+    eval_loader, test_loader = loaders
+    with engine.phases.measure("predictions"):
+        best = engine.best_predictions
+        if best is None or best.step != state.best_step:
+            best = evaluate_predictions(engine.model, eval_loader, engine.metric.name, engine.precision,
+                                        engine.accelerator, step=state.best_step)
+        splits = {"validation": best}
+        if test_rows is not None:
+            splits["test"] = test_rows.split(test_loader, state.best_step)
+        saved = write_final_predictions(engine.run_dir, engine.metric.name, splits, is_main=engine.is_main)
+    timing["predictions_seconds"] = engine.phases.seconds["predictions"]
+    return saved
 
 
 def _run_epochs(engine: Engine, state: TrainState, loaders: tuple, generators: list, base_seeds: list,
@@ -219,7 +223,7 @@ def _interrupt(engine: Engine, state: TrainState, stop: StopSignals) -> None:
 
 
 def finish(engine: Engine, state: TrainState, test_loader: DataLoader | None,
-           test_predictions: "PredictionCollector | None" = None) -> float | None:
+           test_predictions: PredictionCollector | None = None) -> float | None:
     """Load and save the best-on-validation weights (rank 0), evaluate the test split once with
     them (``test_predictions``: a :class:`~oelm.training.predictions.PredictionCollector` that keeps
     its per-example outcomes), close the log and remove the resumable checkpoints. Returns the
@@ -227,7 +231,8 @@ def finish(engine: Engine, state: TrainState, test_loader: DataLoader | None,
     import shutil
 
     try:
-        save_best_weights(engine, state)
+        with engine.phases.measure("best_weights"):
+            save_best_weights(engine, state)
         test_value = evaluate_test(engine, state, test_loader, test_predictions)
     finally:
         engine.log.close()

@@ -1,6 +1,11 @@
 """Per-example predictions of a final run: collected during an evaluation pass
-(:class:`PredictionCollector`, handed to :func:`oelm.training.evaluation.evaluate`) and saved to
-``predictions.npz`` (:func:`save_final_predictions`; the layout is :mod:`oelm.predictions`).
+(:class:`PredictionCollector`, handed to :func:`oelm.training.evaluation.evaluate`), kept as a
+:class:`SplitPredictions` and saved to ``predictions.npz`` (:func:`write_final_predictions`; the
+layout is :mod:`oelm.predictions`).
+
+A final run keeps the outcomes of every validation while it runs and holds on to those of the best
+one (in memory, and in every resumable checkpoint: :func:`save_best_predictions`), so the file is
+written from the evaluations the run makes anyway: no pass over the validation split after training.
 
 Classification keeps one row per example (label, argmax prediction, logit margin, loss); language
 modelling one row per document of the split's token stream (predicted tokens, mean next-token
@@ -10,7 +15,7 @@ NLL, tokens predicted top-1 right), so the report can resample test examples or 
 
 from __future__ import annotations
 
-import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -18,17 +23,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
-from torch import nn
 
 from oelm.errors import OELMError
 from oelm.metrics import get_metric
-from oelm.predictions import write_predictions
+from oelm.predictions import load_predictions_file, write_predictions, write_predictions_file
 from oelm.records import RunFolder
-from oelm.training import evaluation
 from oelm.training.faults import raise_disk_full
-from oelm.training.precision import Precision
 
-__all__ = ["PredictionCollector", "collector_for", "example_order", "save_final_predictions"]
+__all__ = ["BEST_PREDICTIONS_FILE", "PredictionCollector", "SplitPredictions", "collector_for", "example_order",
+           "load_best_predictions", "save_best_predictions", "write_final_predictions"]
+
+#: The best validation's predictions inside a resumable checkpoint (``checkpoints/step-<N>/``).
+BEST_PREDICTIONS_FILE = "best_predictions.npz"
 
 
 def example_order(loader: Iterable) -> list[int]:
@@ -39,6 +45,25 @@ def example_order(loader: Iterable) -> list[int]:
     inner = getattr(batches, "batch_sampler", batches)  # accelerate's BatchSamplerShard wraps the loader's own
     sampler = getattr(inner, "sampler", None)
     return [int(i) for i in sampler] if sampler is not None else list(range(len(loader.dataset)))
+
+
+@dataclass(frozen=True)
+class SplitPredictions:
+    """One split's per-example predictions from one evaluation pass.
+
+    Attributes:
+        task_type: ``"classification"`` or ``"language_modeling"``.
+        columns: column -> 1-D array, rows aligned (the columns of :mod:`oelm.predictions`).
+        summary: what the pass measured: ``{"value", "loss", "n", "token_accuracy" (LM), "rows"}``.
+        step: the optimizer step of the weights evaluated.
+        eos_token_id: LM: the end-of-text id that numbered the documents; None for classification.
+    """
+
+    task_type: str
+    columns: dict[str, np.ndarray]
+    summary: dict[str, Any]
+    step: int
+    eos_token_id: int | None = None
 
 
 class PredictionCollector:
@@ -63,37 +88,52 @@ class PredictionCollector:
         self._rows: list[dict[str, torch.Tensor]] = []
 
     @torch.no_grad()
-    def add(self, batch: dict[str, torch.Tensor], logits: torch.Tensor, accelerator: Accelerator | None = None) -> None:
+    def add(self, batch: dict[str, torch.Tensor], logits: torch.Tensor, accelerator: Accelerator | None = None,
+            predicted: torch.Tensor | None = None) -> None:
         """Record one batch: ``logits`` (B, C) for classification, (B, T, V) for LM; ``batch``
-        holds ``labels`` (B,) / (B, T) and, for LM, ``input_ids`` (B, T)."""
-        rows = self._classification(batch, logits) if self.task_type == "classification" else self._lm(batch, logits)
+        holds ``labels`` (B,) / (B, T) and, for LM, ``input_ids`` (B, T). ``predicted``: the
+        argmax of ``logits`` over the last dimension, (B,) / (B, T), when the caller has it
+        already (:func:`~oelm.training.evaluation.evaluate` counts the right ones with it)."""
+        predicted = logits.argmax(-1) if predicted is None else predicted
+        rows = (self._classification(batch, logits, predicted) if self.task_type == "classification"
+                else self._lm(batch, logits, predicted))
         if accelerator is not None and accelerator.num_processes > 1:
             rows = accelerator.gather_for_metrics(rows)
         self._rows.append({k: v.cpu() for k, v in rows.items()})
 
     @staticmethod
-    def _classification(batch: dict[str, torch.Tensor], logits: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _classification(batch: dict[str, torch.Tensor], logits: torch.Tensor,
+                        predicted: torch.Tensor) -> dict[str, torch.Tensor]:
         logits, labels = logits.float(), batch["labels"]
         true_logit = logits.gather(1, labels[:, None]).squeeze(1)
         others = logits.masked_fill(F.one_hot(labels, logits.shape[1]).bool(), float("-inf"))
-        return {"label": labels, "prediction": logits.argmax(-1), "margin": true_logit - others.max(-1).values,
+        return {"label": labels, "prediction": predicted, "margin": true_logit - others.max(-1).values,
                 "loss": F.cross_entropy(logits, labels, reduction="none")}
 
-    def _lm(self, batch: dict[str, torch.Tensor], logits: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _lm(self, batch: dict[str, torch.Tensor], logits: torch.Tensor, predicted: torch.Tensor) -> dict[str, torch.Tensor]:
         """Per row: sums over its document segments (a segment = the predicted tokens of one
-        document inside the row), and the row's end-of-text count (to number documents across rows)."""
+        document inside the row), and the row's end-of-text count (to number documents across rows).
+
+        The next-token NLL is computed as the model's own loss computes it
+        (:func:`oelm.models.loss.causal_lm_loss`): the labels shifted, not the logits, and all
+        ``B x T`` rows of the contiguous logits flattened without a copy, so the log-softmax runs
+        over the last dimension. Its per-token values equal the ones a log-softmax over a
+        transposed ``[B, V, T-1]`` view gives up to float32 rounding (a few ulp), at about a
+        quarter of the time (0.15 against 0.6 s for 64 x 128 tokens of V = 4096 on 2 CPU cores)."""
         ids, target = batch["input_ids"], batch["labels"][:, 1:]  # logits[:, t] predicts labels[:, t + 1]
-        scores = logits[:, :-1].float()
+        batch_size, width, vocab = logits.shape
+        shifted = F.pad(target, (0, 1), value=-100).reshape(-1)  # (B*T,): the target of position t is labels[t + 1]
+        scores = logits.reshape(-1, vocab)
+        nll = F.cross_entropy(scores if scores.dtype == torch.float32 else scores.float(), shifted, ignore_index=-100,
+                              reduction="none").view(batch_size, width)[:, :-1]  # (B, T-1)
         valid = target != -100
-        nll = F.cross_entropy(scores.transpose(1, 2), target, ignore_index=-100, reduction="none")  # (B, T-1)
-        correct = (scores.argmax(-1) == target) & valid
+        correct = (predicted[:, :-1] == target) & valid
         if self.eos_token_id is None:
             is_eos = torch.zeros_like(ids, dtype=torch.bool)
         else:
             is_eos = ids == self.eos_token_id
         # the target at position t belongs to the document that the end-of-text tokens before t number
         segment = is_eos.long().cumsum(1)[:, :-1]  # (B, T-1)
-        width = ids.shape[1]
 
         def per_segment(values: torch.Tensor) -> torch.Tensor:
             return torch.zeros(ids.shape[0], width, dtype=torch.float64, device=ids.device).scatter_add_(
@@ -121,6 +161,17 @@ class PredictionCollector:
                 raise OELMError("the gathered predictions are not in the loader's order (labels differ)")
             return {"index": index, **{k: rows[k] for k in ("label", "prediction", "margin", "loss")}}
         return _documents(index, rows)
+
+    def split(self, loader: Any, step: int) -> SplitPredictions:
+        """The pass over ``loader`` that filled this collector (its ``result`` set by
+        :func:`~oelm.training.evaluation.evaluate`), with the weights of ``step``, as a :class:`SplitPredictions`.
+
+        Raises:
+            OELMError: the rows do not match the loader's order (:meth:`columns`).
+        """
+        columns = self.columns(example_order(loader), loader.dataset)
+        rows = len(next(iter(columns.values())))
+        return SplitPredictions(self.task_type, columns, _split_summary(self.result, rows), step, self.eos_token_id)
 
 
 def _documents(index: np.ndarray, rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -150,41 +201,49 @@ def collector_for(loader: Any, metric: str) -> PredictionCollector:
     return PredictionCollector(task_type, getattr(loader.dataset, "eos_token_id", None))
 
 
-def save_final_predictions(model: nn.Module, loaders: dict[str, Any], metric: str, precision: str | Precision, *,
-                           run_dir: Path, step: int, accelerator: Accelerator | None = None, is_main: bool = True,
-                           evaluated: dict[str, PredictionCollector] | None = None) -> dict[str, Any]:
-    """Write ``run_dir/predictions.npz`` (rank 0: ``is_main``) for the splits of ``loaders``
-    (``{"validation": loader, "test": loader or None}``), ``model`` holding its best-on-validation
-    weights. A split in ``evaluated`` (split -> the collector filled, with its ``result``) was
-    collected during its own evaluation (the test split: evaluated once); any other is evaluated
-    here once more (the validation split: after the run's timings, so no run time includes it).
+def write_final_predictions(run_dir: Path, metric: str, splits: dict[str, SplitPredictions], *,
+                            is_main: bool = True) -> dict[str, Any]:
+    """Write ``run_dir/predictions.npz`` (rank 0: ``is_main``) from ``splits`` (``"validation"``:
+    the best validation's, and ``"test"`` when the run has one: the same weights' one test pass).
 
     Returns:
-        Per split ``{"value", "loss", "n", "token_accuracy" (LM), "rows"}`` and ``"seconds"`` (the passes).
+        Per split ``{"value", "loss", "n", "token_accuracy" (LM), "rows"}``.
 
     Raises:
         RunFaultError: kind ``disk_full`` (the file names it).
     """
-    started = time.perf_counter()
-    evaluated = evaluated or {}
-    splits, summaries = {}, {}
-    for split, loader in loaders.items():
-        if loader is None:
-            continue
-        collector = evaluated.get(split)
-        if collector is None:
-            collector = collector_for(loader, metric)
-            evaluation.evaluate(model, loader, metric, precision, accelerator=accelerator, predictions=collector)
-        result = collector.result
-        task_type = collector.task_type
-        splits[split] = collector.columns(example_order(loader), loader.dataset)
-        summaries[split] = _split_summary(result, len(next(iter(splits[split].values()))))
-    meta = {"metric": get_metric(metric).name, "step": step, "splits": summaries,
-            "eos_token_id": getattr(loaders["validation"].dataset, "eos_token_id", None)}
+    validation = splits["validation"]
+    summaries = {name: split.summary for name, split in splits.items()}
+    meta = {"metric": get_metric(metric).name, "step": validation.step, "splits": summaries,
+            "eos_token_id": validation.eos_token_id}
     if is_main:
         try:
-            write_predictions(run_dir, task_type, splits, meta)
+            write_predictions(run_dir, validation.task_type, {name: split.columns for name, split in splits.items()}, meta)
         except OSError as exc:
-            raise_disk_full(exc, RunFolder(run_dir).predictions, step)
+            raise_disk_full(exc, RunFolder(run_dir).predictions, validation.step)
             raise
-    return summaries | {"seconds": time.perf_counter() - started}
+    return summaries
+
+
+def save_best_predictions(path: Path, best: SplitPredictions, metric: str) -> None:
+    """Write the best validation's predictions to ``path`` inside a checkpoint being written (the
+    layout of ``predictions.npz`` with its ``validation`` split only, uncompressed), so a resumed
+    run writes them without evaluating the best weights again.
+
+    Raises:
+        OSError: the file cannot be written (the checkpoint maps a full disk to its fault).
+    """
+    meta = {"metric": get_metric(metric).name, "step": best.step, "splits": {"validation": best.summary},
+            "eos_token_id": best.eos_token_id}
+    write_predictions_file(path, best.task_type, {"validation": best.columns}, meta, compress=False)
+
+
+def load_best_predictions(path: Path) -> SplitPredictions:
+    """Inverse of :func:`save_best_predictions` (the checkpoint's manifest has checked the file's sha256).
+
+    Raises:
+        OSError, ValueError, KeyError: not a predictions file (:func:`oelm.predictions.load_predictions_file`).
+    """
+    saved = load_predictions_file(path)
+    return SplitPredictions(saved.task_type, saved.splits["validation"], saved.meta["splits"]["validation"],
+                            int(saved.meta["step"]), saved.meta.get("eos_token_id"))

@@ -37,8 +37,8 @@ class TrainResult:
     #: LM only: next-token top-1 accuracy (%) at the best validation and on the test split
     #: (:func:`oelm.training.evaluation.token_accuracy_of`); None for classification
     token_accuracy: dict[str, float | None] | None = None
-    #: with ``train(predictions=True)``: per split the value / loss / n of the predictions pass and
-    #: its seconds (:func:`oelm.training.predictions.save_final_predictions`); else None
+    #: with ``train(predictions=True)``: per split the value / loss / n / rows of the evaluation its
+    #: saved predictions come from (:func:`oelm.training.predictions.write_final_predictions`); else None
     predictions: dict[str, Any] | None = None
 
 

@@ -17,10 +17,10 @@ __all__ = ["EpochClock", "run_timing", "training_progress"]
 
 
 class EpochClock:
-    """Seconds of training steps and data waits in the current epoch (validation and
-    checkpointing excluded), carried over a resume."""
+    """Seconds of training steps and data waits in the current epoch (validation, checkpointing
+    and keeping the best validation's predictions excluded), carried over a resume."""
 
-    _EXCLUDED = ("validation", "checkpoint")
+    _EXCLUDED = ("validation", "checkpoint", "predictions")
 
     def __init__(self, phases: PhaseTimer, carried: float) -> None:
         self.phases = phases
@@ -34,17 +34,24 @@ class EpochClock:
         return time.perf_counter() - self.start - (self._excluded() - self.excluded_before)
 
 
-def run_timing(engine: "Engine", state: "TrainState", warmup_seconds: float,
-               telemetry: dict[str, Any] | None) -> dict[str, Any]:
-    """``TrainResult.timing`` (see :func:`oelm.training.train`)."""
+def run_timing(engine: "Engine", state: "TrainState", warmup_seconds: float, telemetry: dict[str, Any] | None,
+               setup_seconds: float = 0.0) -> dict[str, Any]:
+    """``TrainResult.timing`` (see :func:`oelm.training.train`). ``setup_seconds``: from
+    :func:`~oelm.training.train`'s call to the start of the run's clock in this process (engine,
+    warm-up passes, trackers)."""
     e = engine
     summary = e.timer.summary()
     timing = {
         "total_seconds": time.perf_counter() - e.t_start,
+        "setup_seconds": setup_seconds,
+        # the run time of the earlier processes of a resumed run (the clock started that far back)
+        "resumed_seconds": e.t_start_here - e.t_start,
         "train_seconds": summary["train_step_seconds"],
         "validation_seconds": e.phases.seconds.get("validation", 0.0),
         "checkpoint_seconds": e.phases.seconds.get("checkpoint", 0.0),
+        "best_weights_seconds": e.phases.seconds.get("best_weights", 0.0),
         "test_seconds": e.phases.seconds.get("test", 0.0),
+        "predictions_seconds": e.phases.seconds.get("predictions", 0.0),
         "data_seconds": summary["data_seconds"],
         "data_stall_seconds": summary.get("data_stall_seconds"),
         "num_workers": e.loader_workers,  # DataLoader worker processes of the training loader
