@@ -100,7 +100,7 @@ def test_a_comparison_written_before_budgets_renders_as_it_did():
     """An older comparison.json (no ``budgets``) keeps its Runs table: no budget column, the early
     stop in the status."""
     c = json.loads((RESULTS / "evidence-gpt-cls-imdb" / "comparison.json").read_text())
-    assert "budgets" not in c
+    c.pop("budgets")  # as oelm wrote it before the key existed (every committed one has been re-rendered since)
     text = render_report(c)
     runs = text.split("## Runs", 1)[1].split("\n## ", 1)[0]
     assert "| ended |" not in runs and ", stopped early at step " in runs and "Budget:" not in runs
