@@ -1,4 +1,4 @@
-"""The claims table (oelm.report.claims): its verdict rule, its measurements equal the committed
+"""The claims table (research.claims): its verdict rule, its measurements equal the committed
 comparisons' paired statistics, each row's p comes from its own interval and is Holm-adjusted within
 its family, and docs/results/README.md carries exactly the computed table."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oelm.report.claims import (
+from research.claims import (
     BEGIN, CLAIMS, END, RESEARCH, Claim, claims_markdown, main, measure, measure_all, update_readme, verdict,
 )
 
@@ -88,7 +88,7 @@ def test_untestable_and_pending_claims_say_why(tmp_path):
 def test_readme_carries_the_computed_table(committed):
     text = (RESULTS / "README.md").read_text()
     block = text[text.index(BEGIN) + len(BEGIN) + 1:text.index(END)]
-    assert block == committed[1], "run: python -m oelm.report.claims docs/results --update docs/results/README.md"
+    assert block == committed[1], "run: python -m research.claims docs/results --update docs/results/README.md"
 
 
 def test_update_rewrites_only_the_block_and_names_a_file_without_markers(tmp_path, capsys):
@@ -154,7 +154,7 @@ def test_sst2_anchor_row_compares_baseline_with_the_published_minilm_figure(tmp_
     folder.mkdir()
     stat = {"mean": mean, "std": 0.4, "n": 3}
     (folder / "comparison.json").write_text(json.dumps({"methods": {"baseline": {"best_validation": stat}}}))
-    from oelm.report.claims_rows import PUBLISHED_MINILM_L6_SST2, anchor_row as _anchor_row
+    from research.claims_rows import PUBLISHED_MINILM_L6_SST2, anchor_row as _anchor_row
 
     row = _anchor_row(tmp_path)
     assert row[2].startswith(f"{mean:.2f} ± 0.40") and f"{mean - PUBLISHED_MINILM_L6_SST2:+.2f} points" in row[2]
@@ -166,7 +166,7 @@ def test_a_verdict_carries_the_caveats_of_its_comparison(tmp_path):
     2-rate grid and some runs were best at their last step, so the OELM-Freeze row's verdict
     names both for baseline and oelm_freeze; an excluded (collapsed) run and a grid grown after
     test results existed are named too; a comparison without them has no caveat."""
-    from oelm.report.claims import caveats
+    from research.claims import caveats
 
     shutil.copytree(RESULTS / "cpu-sst2", tmp_path / "evidence-sst2-minilm")
     row = next(l for l in claims_markdown(tmp_path).splitlines() if l.startswith("| BERT-base SST-2"))
@@ -199,7 +199,7 @@ def test_speed_row_reads_a_bert_bench_file():
     gives a speed row naming an encoder, not a KeyError."""
     import json
 
-    from oelm.report.claims_rows import bench_row as _bench_row
+    from research.claims_rows import bench_row as _bench_row
 
     bench = json.loads((RESULTS / "bench-cpu" / "cpu-bench.json").read_text())
     bench["model"] = {k: v for k, v in bench["model"].items() if k != "gpt_config"} | {
@@ -219,13 +219,13 @@ def test_speed_row_reads_a_bert_bench_file():
     ([-4.66, -3.98], 3, 0.0004, []),
 ])
 def test_fragile_rule(ci, n, p, expected):
-    from oelm.report.claims import fragile
+    from research.claims import fragile
 
     assert fragile({"ci95": ci, "n": n, "p_value": p}) == expected
 
 
 def test_fragile_reads_the_adjusted_p_when_there_is_one():
-    from oelm.report.claims import fragile
+    from research.claims import fragile
 
     assert fragile({"ci95": [0.5, 2.0], "n": 5, "p_value": 0.004, "p_holm": 0.036}) == ["Holm-adjusted p = 0.036"]
     assert fragile({"ci95": [0.5, 2.0], "n": 5, "p_value": 0.02, "p_holm": 0.2}) == []
@@ -244,7 +244,7 @@ def test_committed_fragile_row_says_so(committed):
     ([-3.0, -1.0], False, "differs at 22.7M parameters: m better than r"),
 ])
 def test_difference_verdict_of_our_questions(ci, higher, expected):
-    from oelm.report.claims import difference_verdict
+    from research.claims import difference_verdict
 
     assert difference_verdict(ci, 5, "22.7M parameters", "m", "r", higher) == expected
 
@@ -253,7 +253,7 @@ def test_every_research_row_reads_the_folder_its_config_names_and_is_pending_wit
     """The research rows read docs/results/<the config's name:>/, and say pending (running in the
     background) while it is absent."""
     from oelm.config import load_config
-    from oelm.report.claims import RESEARCH
+    from research.claims import RESEARCH
 
     root = Path(__file__).resolve().parents[1]
     for claim in RESEARCH + tuple(c for c in CLAIMS if c.comparison and c.comparison.startswith("research-")):
@@ -302,13 +302,13 @@ def test_a_comparison_with_predictions_gets_the_seeds_by_examples_interval(stand
 
 
 def _rows_of(claims, results):
-    from oelm.report.claims import _row
+    from research.claims import _row
 
     return "\n".join(_row(c, measure(c, results)) for c in claims)
 
 
 def test_classification_versus_generation_row():
-    from oelm.report.claims import task_kind_row
+    from research.claims import task_kind_row
 
     def m(lo, hi, scale="1.3M parameters"):
         return {"status": "measured", "mean": (lo + hi) / 2, "ci95": [lo, hi], "scale": scale}
@@ -338,7 +338,7 @@ def test_bert_timing_rows_read_the_interleaved_minilm_benchmark(tmp_path):
     the step-time CV and the Brown-Forsythe test recomputed here from the per-step times."""
     from scipy import stats
 
-    from oelm.report.claims_rows import per_step_row, stability_row
+    from research.claims_rows import per_step_row, stability_row
 
     bench = json.loads((RESULTS / "bench-cpu" / "minilm-cls.json").read_text())
     ratio = bench["ratios"]["oelm_freeze"]
@@ -398,7 +398,7 @@ def test_each_committed_row_is_judged_on_its_familys_holm_adjusted_p(committed):
     within each, the rows whose Holm-adjusted p is below α are exactly those Holm's procedure rejects
     (recomputed here from the rows' raw p); a row's verdict calls it significant exactly then; and rows
     without a p stay outside (their p_holm is None)."""
-    from oelm.report.claims import ALPHA, ORIGINAL, OURS
+    from research.claims import ALPHA, ORIGINAL, OURS
 
     measured, _ = committed
     claims = {c.key: c for c in CLAIMS + RESEARCH}

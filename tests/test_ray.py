@@ -297,7 +297,7 @@ def test_sigterm_stops_a_ray_matrix_leaves_no_ray_process_and_a_rerun_continues(
     """SIGTERM to the driving `oelm run` (its pid from the output folder's lock): exit status 130,
     the local Ray instance it started is stopped with it (no process of it left), and rerunning
     the same command continues the interrupted run from its checkpoint and finishes the matrix."""
-    from oelm.lock import read_holder
+    from oelm.runtime.lock import read_holder
 
     cfg, _ = longer_reference
     out = tmp_path / "out"
