@@ -320,7 +320,8 @@ def test_final_runs_record_diagnostics_outside_their_timings(tiny_matrix):
         timing = r["timing"]  # every figure but the run's wall time, whose "other" part holds the diagnostics
         assert all(v < 1.5 for k, v in timing.items() if k.endswith("seconds") and k != "wall_seconds"
                    and isinstance(v, float)), (name, timing)
-        assert timing["wall_seconds"] >= 1.5 and RunRecord(r).time_split["other"] >= 1.5
+        if "-lr" not in name:  # trained as a final run: its wall time holds the pass, in its "other" part
+            assert RunRecord(r).time_split["other"] >= 1.5, (name, timing)  # (a promoted sweep run's wall is its training's)
     assert finals["oelm_freeze-seed0"]["diagnostics"]["mean"]["qk_effective_rank"] == pytest.approx(16.0)
 
 
