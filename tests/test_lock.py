@@ -89,7 +89,7 @@ def test_lock_is_held_during_the_run_and_released_after_it(tmp_path, monkeypatch
     out = tmp_path / "out"
     seen = {}
 
-    def fake_matrix(config, out_, log, retry_failed, allow_missing_weights, executor):
+    def fake_matrix(config, out_, log, retry_failed, allow_missing_weights, executor, phases):
         seen["holder"] = read_holder(out_)
         if exc is not None:
             raise exc
@@ -110,7 +110,7 @@ def test_lock_is_held_during_the_run_and_released_after_it(tmp_path, monkeypatch
 def test_only_the_main_process_takes_the_lock(tmp_path, monkeypatch):
     seen = {}
     monkeypatch.setattr(driver, "is_main_process", lambda: False)
-    monkeypatch.setattr(driver, "_drive", lambda c, o, l, r, a, e: seen.setdefault("exists", (o / LOCK_NAME).exists()))
+    monkeypatch.setattr(driver, "_drive", lambda c, o, l, r, a, e, p: seen.setdefault("exists", (o / LOCK_NAME).exists()))
     matrix.run_matrix(load_config(QUICKSTART), tmp_path)
     assert seen["exists"] is False
 
