@@ -75,7 +75,7 @@ def wrap(owner, attr, begin, end):
 wrap(oelm.matrix.output, "prepare_data", "data<", "data>")
 wrap(oelm.matrix.run_one, "build_run_model", "model<", "model>")
 wrap(oelm.matrix.run_one, "make_loaders", "loaders<", "loaders>")
-wrap(oelm.runtime.environment, "capture_environment", "probe<", "probe>")
+wrap(oelm.matrix.run_one, "capture_environment", "probe<", "probe>")  # where run_one looks it up
 wrap(oelm.training.loop, "setup", "engine<", "engine>")
 wrap(oelm.training.loop, "warm_up", "warm_up<", "warm_up>")
 wrap(oelm.training.loop, "finish", "finish<", "finish>")

@@ -371,12 +371,14 @@ def task_kind_row(measured: dict[str, dict[str, Any]]) -> list[str]:
             "the SST-2, IMDB, AG News and TinyStories rows above", verdict_text]
 
 
-def claims_markdown(results: str | Path) -> str:
-    """The claims table (GitHub markdown) computed from the committed results under ``results``."""
+def claims_markdown(results: str | Path, measured: dict[str, dict[str, Any]] | None = None) -> str:
+    """The claims table (GitHub markdown) computed from the committed results under ``results``;
+    ``measured``: :func:`measure_all` of ``CLAIMS + RESEARCH`` over the same ``results``, when the
+    caller has it already (its bootstraps take ~15 s), else computed here."""
     results = Path(results)
     rows = ["| original claim | original | ours: gap (95% CI), p, Holm-adjusted p, seeds | our setting | verdict |",
             "|---|---|---|---|---|"]
-    measured = measure_all(CLAIMS + RESEARCH, results)
+    measured = measure_all(CLAIMS + RESEARCH, results) if measured is None else measured
     rows.extend(_row(claim, measured[claim.key]) for claim in CLAIMS)
     rows.append("| " + " | ".join(task_kind_row(measured)) + " |")
     rows.append("| " + " | ".join(anchor_row(results)) + " |")

@@ -22,8 +22,9 @@ RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 @pytest.fixture(scope="module")
 def committed():
     """The committed table's measurements (measure_all, Holm within families) and the table itself:
-    computed once for the module (each takes ~15 s of bootstraps)."""
-    return measure_all(CLAIMS + RESEARCH, RESULTS), claims_markdown(RESULTS)
+    computed once for the module (~15 s of bootstraps); the table from the same measurements."""
+    measured = measure_all(CLAIMS + RESEARCH, RESULTS)
+    return measured, claims_markdown(RESULTS, measured)
 
 
 @pytest.mark.parametrize(("gap", "ci", "p", "expected"), [
@@ -92,12 +93,17 @@ def test_readme_carries_the_computed_table(committed):
 
 
 def test_update_rewrites_only_the_block_and_names_a_file_without_markers(tmp_path, capsys):
+    """The block's rewrite, over a results folder holding the committed CPU benchmark only (the
+    rows read the committed matrices are test_readme_carries_the_computed_table's)."""
+    results = tmp_path / "results"
+    shutil.copytree(RESULTS / "bench-cpu", results / "bench-cpu")
     readme = tmp_path / "README.md"
     readme.write_text(f"# title\n\n{BEGIN}\nold table\n{END}\n\nafter\n")
-    assert main([str(RESULTS), "--update", str(readme)]) == 0
+    assert main([str(results), "--update", str(readme)]) == 0
     text = readme.read_text()
-    assert text.startswith("# title\n\n" + BEGIN + "\n| original claim") and text.endswith(END + "\n\nafter\n")
-    assert "old table" not in text and update_readme(readme, RESULTS) is False
+    assert text.startswith("# title\n\n" + BEGIN + "\n" + claims_markdown(results)) and text.endswith(END + "\n\nafter\n")
+    assert "| original claim" in text and "57% faster per step" in text
+    assert "old table" not in text and update_readme(readme, results) is False
     bare = tmp_path / "bare.md"
     bare.write_text("no markers\n")
     with pytest.raises(ValueError, match="bare.md: no claims block"):
@@ -112,8 +118,9 @@ def test_speed_claim_row_reads_the_committed_benchmark(tmp_path, committed):
     assert f"FLOP bound {100 * (1 - ratio['theory']):.1f}%" in row
     assert (f"| not reproduced at this shape (4 layers × 256): measured {100 * (1 - ratio['median']):.1f}% time saved, "
             "not ≥ 36%;") in row
-    # without the benchmark the row says pending instead of inventing a number
-    shutil.copytree(RESULTS, tmp_path / "results", ignore=shutil.ignore_patterns("bench-cpu"))
+    # without the benchmark the row says pending instead of inventing a number (a results folder of no
+    # benchmark: the row reads bench-cpu/ only)
+    (tmp_path / "results").mkdir()
     row = next(line for line in claims_markdown(tmp_path / "results").splitlines() if "57% faster per step" in line)
     assert row.endswith("| pending |")
 
@@ -121,8 +128,8 @@ def test_speed_claim_row_reads_the_committed_benchmark(tmp_path, committed):
 def test_speed_claim_has_a_row_per_committed_gpu_benchmark(tmp_path):
     """Each `bench-*.json` of a committed GPU check (docs/results/gpu-*/) adds a row with its own
     ratio, GPU name, precision and compile setting; without GPU checks there is no such row."""
-    results = tmp_path / "results"
-    shutil.copytree(RESULTS, results, ignore=shutil.ignore_patterns("gpu-*"))
+    results = tmp_path / "results"  # the CPU benchmark, without the committed GPU checks (the rows read no matrix)
+    shutil.copytree(RESULTS / "bench-cpu", results / "bench-cpu")
     assert not [line for line in claims_markdown(results).splitlines() if line.startswith("| …on a GPU |")]
     bench = json.loads((RESULTS / "bench-cpu" / "cpu-bench.json").read_text())
     ratios = {"compile": 0.902, "nocompile": 0.911}
