@@ -58,8 +58,8 @@ import json, os, sys, time
 marks = []
 def mark(name):
     marks.append((name, time.time()))
-import oelm.cli, oelm.matrix.driver, oelm.matrix.output, oelm.matrix.run_one, oelm.training.loop
-import oelm.training.engine, oelm.environment, oelm.report, oelm.train
+import oelm.cli, oelm.cli.parser, oelm.matrix.driver, oelm.matrix.output, oelm.matrix.run_one, oelm.training.loop
+import oelm.training.engine, oelm.runtime.environment, oelm.report, oelm.train
 mark("imports")
 
 def wrap(owner, attr, begin, end):
@@ -75,12 +75,12 @@ def wrap(owner, attr, begin, end):
 wrap(oelm.matrix.output, "prepare_data", "data<", "data>")
 wrap(oelm.matrix.run_one, "build_run_model", "model<", "model>")
 wrap(oelm.matrix.run_one, "make_loaders", "loaders<", "loaders>")
-wrap(oelm.environment, "capture_environment", "probe<", "probe>")
+wrap(oelm.matrix.run_one, "capture_environment", "probe<", "probe>")  # where run_one looks it up
 wrap(oelm.training.loop, "setup", "engine<", "engine>")
 wrap(oelm.training.loop, "warm_up", "warm_up<", "warm_up>")
 wrap(oelm.training.loop, "finish", "finish<", "finish>")
 wrap(oelm.report, "write_comparison", "report<", "report>")
-wrap(oelm.cli, "cmd_run", "cmd_run<", "cmd_run>")
+wrap(oelm.cli.parser, "cmd_run", "cmd_run<", "cmd_run>")  # the parser hands it to main
 import atexit
 atexit.register(lambda: json.dump(marks, open(os.environ["OELM_STARTUP_TIMES"], "w")))
 mark("main")

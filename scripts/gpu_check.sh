@@ -128,7 +128,7 @@ if [ -z "${OELM_DATA_DIR:-}" ] && [ -f ../shared/data/MANIFEST.md ]; then
 fi
 # Exported, and oelm called through a function, so a step under `timeout` (a child bash) sees them.
 export OUT PY GPU_NAME DEVICE DRY
-oelm_cli() { "$PY" -m oelm.cli "$@"; }
+oelm_cli() { "$PY" -m oelm "$@"; }
 FAILED=0
 
 # Each speed step's own bound (seconds; the deadline still applies): a stuck compile cannot eat the part.

@@ -44,7 +44,7 @@ from pathlib import Path
 
 
 def oelm(*args: str) -> list[str]:
-    return [sys.executable, "-m", "oelm.cli", *args]
+    return [sys.executable, "-m", "oelm", *args]
 
 
 def ready_runs(config: str, out: Path, overrides: list[str]) -> list[str]:
@@ -58,7 +58,7 @@ def ready_runs(config: str, out: Path, overrides: list[str]) -> list[str]:
 def start_preparation(config: str, overrides: list[str]) -> subprocess.Popen:
     """Tokenize the config's data once into oelm's caches (a process of its own, every core the
     tokenizer wants), so the runs started later read the cache instead of each tokenizing it."""
-    code = ("import sys; from oelm.config import load_config; from oelm.data.prepare import prepare_data; "
+    code = ("import sys; from oelm.config import load_config; from oelm.matrix.data import prepare_data; "
             "prepare_data(load_config(sys.argv[1], sys.argv[2:]))")
     return subprocess.Popen([sys.executable, "-c", code, config, *overrides], env={**os.environ, "TOKENIZERS_PARALLELISM": "true"})
 
@@ -73,7 +73,7 @@ def _probe_worker(index: int, config: str, overrides: list[str], device: str, ph
         import torch
 
         from oelm.config import load_config
-        from oelm.models.build import build_model
+        from oelm.matrix.model import build_model
 
         cfg = load_config(config, overrides)
         torch.manual_seed(index)

@@ -48,9 +48,10 @@ def build(overrides: list[str], base: dict = BASE):
     (``base``: the config the overrides apply to)."""
     from accelerate.utils import set_seed
 
-    from oelm.config import _merge, config_from_dict, parse_overrides
-    from oelm.data.prepare import make_loaders as _loaders, prepare_data
-    from oelm.models.build import build_model
+    from oelm.config import config_from_dict, parse_overrides
+    from oelm.config.reading import merge as _merge
+    from oelm.matrix.data import make_loaders as _loaders, prepare_data
+    from oelm.matrix.model import build_model
     from oelm.method import apply_oelm
 
     config = config_from_dict(_merge(base, parse_overrides(overrides)))

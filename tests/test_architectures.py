@@ -38,9 +38,10 @@ from oelm import (
     register_architecture,
 )
 from oelm.architectures import AttentionSpec, SplitQKV, split_fused_projections
+from oelm.architectures import find_attention_projections
 from oelm.checkpoint import WEIGHTS_NAME
 from oelm.config import TrainingConfig
-from oelm.method import OELMConfig, find_attention_projections, parameter_report
+from oelm.method import OELMConfig, parameter_report
 from oelm.models.gpt import GPTConfig, GPTForCausalLM
 from oelm.training import build_optimizer
 
@@ -293,7 +294,7 @@ def test_reservoir_and_mimetic_on_every_family(family):
 @pytest.mark.parametrize("num_kv_heads", [1, 2])
 def test_polar_per_head_under_grouped_query_attention(num_kv_heads):
     """oelm_polar: each head's nearest orthonormal rows (closer than QR's), the key per key/value head."""
-    from oelm.init import head_wise_orthogonal_, polar_head_wise_
+    from oelm.method.init import head_wise_orthogonal_, polar_head_wise_
 
     model = build("llama", num_key_value_heads=num_kv_heads)
     before = [(s.query.weight.detach().clone(), s.key.weight.detach().clone()) for s in find_attention_projections(model)]
@@ -563,7 +564,7 @@ def test_experiment_config_declares_custom_architecture(tmp_path, restore_regist
     from pathlib import Path
 
     from oelm.config import config_from_dict
-    from oelm.models.build import build_model
+    from oelm.matrix.model import build_model
 
     torch.manual_seed(0)  # GPT-J is not in the registry: attn.q_proj/k_proj, n_head
     T.GPTJForSequenceClassification(

@@ -283,7 +283,7 @@ def test_a_model_too_large_for_this_machine_is_refused_before_allocating():
     """hidden_size 2**20 is 4.4e12 parameters: torch's allocator traceback before; now one line
     with the parameter count, the bytes training needs and what the machine has (shapes counted
     on the meta device, so nothing is allocated)."""
-    from oelm.models.build import build_model
+    from oelm.matrix.model import build_model
 
     config = config_from_dict(_config(model={"gpt": "gpt-tiny", "gpt_overrides": {"num_layers": 1, "hidden_size": 2**20, "num_heads": 2}}))
     with pytest.raises(ConfigError) as info:
@@ -294,7 +294,7 @@ def test_a_model_too_large_for_this_machine_is_refused_before_allocating():
 
 
 def test_a_model_that_fits_is_built_with_the_same_weights_as_without_the_size_check():
-    from oelm.models.build import build_model
+    from oelm.matrix.model import build_model
     from oelm.models.gpt import build_gpt
 
     config = config_from_dict(_config())
@@ -356,7 +356,7 @@ def test_more_samples_than_the_split_holds_says_all_are_used(tmp_path, data_dir)
     """Real SST-2 validation sentences as both splits of a small copy of the data dir."""
     import shutil
 
-    from oelm.data.prepare import prepare_data
+    from oelm.matrix.data import prepare_data
 
     (tmp_path / "sst2").mkdir()
     for split in ("train", "validation"):
@@ -382,7 +382,7 @@ def test_a_gpt_vocab_smaller_than_the_tokenizer_is_refused(data_dir):
     from types import SimpleNamespace
 
     from oelm.data.lm import get_lm_tokenizer
-    from oelm.models.build import build_model
+    from oelm.matrix.model import build_model
 
     tokenizer = get_lm_tokenizer("gpt2", None, None, data_dir=str(data_dir))
     config = config_from_dict(_config(model={"gpt": "gpt-tiny", "gpt_overrides": {**TINY_GPT["gpt_overrides"], "vocab_size": 100}}))

@@ -277,7 +277,7 @@ def test_empty_lm_split(data_dir, tmp_path):
 
 
 def test_lm_split_shorter_than_one_block_names_block_size(data_dir, tmp_path):
-    from oelm.data.prepare import prepare_data
+    from oelm.matrix.data import prepare_data
 
     for rel in ("tinystories/train_head_2316.txt.gz", "tinystories/validation_head_sample.txt.gz"):
         path = _copy(data_dir, rel, tmp_path)
@@ -405,7 +405,8 @@ class _LSTMClassifier(nn.Module):
 
 
 def test_unsupported_architecture_lists_the_supported_ones():
-    from oelm.method import ARCHITECTURES, apply_oelm
+    from oelm.architectures import ARCHITECTURES
+    from oelm.method import apply_oelm
 
     with pytest.raises(UnsupportedModelError) as info:
         apply_oelm(_LSTMClassifier(), "oelm_freeze", seed=0)
@@ -420,7 +421,7 @@ def test_unsupported_architecture_lists_the_supported_ones():
 
 def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(SRC), HF_HUB_OFFLINE="1")
-    return subprocess.run([sys.executable, "-m", "oelm.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "oelm", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 
 def _with_a_result(out: Path) -> None:

@@ -128,7 +128,7 @@ def test_tokenizer_without_vocabulary_is_named_not_fewer_tokens_than_a_block(dat
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     from oelm.config import config_from_dict
-    from oelm.data.prepare import prepare_data
+    from oelm.matrix.data import prepare_data
 
     backend = Tokenizer(models.BPE())  # no vocabulary, no merges: every text encodes to []
     backend.pre_tokenizer = pre_tokenizers.ByteLevel()

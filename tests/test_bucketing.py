@@ -114,7 +114,7 @@ def _tiny_config(tmp_path, data_dir, training: str):
     ("max_steps: 2", False),  # None, eager: per-batch longest, as before
 ])
 def test_length_buckets_setting_decides_the_loaders_padding(tmp_path, data_dir, monkeypatch, training, bucketed):
-    from oelm.data.prepare import make_loaders, prepare_data
+    from oelm.matrix.data import make_loaders, prepare_data
 
     monkeypatch.setenv("OELM_CACHE_DIR", str(tmp_path / "cache"))
     config = _tiny_config(tmp_path, data_dir, training)

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from oelm.matrix.run_one import promote
 from oelm.cli import main
 from oelm.config import load_config
-from oelm.data.prepare import prepare_data
 from oelm.errors import ChecksumError
 from oelm.io import sha256_file
 from oelm.matrix.assemble import resolve_init_from
+from oelm.matrix.data import prepare_data
+from oelm.matrix.run_one import promote
 from oelm.records import PlannedRun, RunRecord
 
 TINY_GPT = "{gpt: gpt-tiny, gpt_overrides: {hidden_size: 32, num_layers: 2, num_heads: 2, intermediate_size: 64, dropout: 0.0}}"

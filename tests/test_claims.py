@@ -1,4 +1,4 @@
-"""The claims table (oelm.report.claims): its verdict rule, its measurements equal the committed
+"""The claims table (research.claims): its verdict rule, its measurements equal the committed
 comparisons' paired statistics, each row's p comes from its own interval and is Holm-adjusted within
 its family, and docs/results/README.md carries exactly the computed table."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oelm.report.claims import (
+from research.claims import (
     BEGIN, CLAIMS, END, RESEARCH, Claim, claims_markdown, main, measure, measure_all, update_readme, verdict,
 )
 
@@ -22,8 +22,9 @@ RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 @pytest.fixture(scope="module")
 def committed():
     """The committed table's measurements (measure_all, Holm within families) and the table itself:
-    computed once for the module (each takes ~15 s of bootstraps)."""
-    return measure_all(CLAIMS + RESEARCH, RESULTS), claims_markdown(RESULTS)
+    computed once for the module (~15 s of bootstraps); the table from the same measurements."""
+    measured = measure_all(CLAIMS + RESEARCH, RESULTS)
+    return measured, claims_markdown(RESULTS, measured)
 
 
 @pytest.mark.parametrize(("gap", "ci", "p", "expected"), [
@@ -88,16 +89,21 @@ def test_untestable_and_pending_claims_say_why(tmp_path):
 def test_readme_carries_the_computed_table(committed):
     text = (RESULTS / "README.md").read_text()
     block = text[text.index(BEGIN) + len(BEGIN) + 1:text.index(END)]
-    assert block == committed[1], "run: python -m oelm.report.claims docs/results --update docs/results/README.md"
+    assert block == committed[1], "run: python -m research.claims docs/results --update docs/results/README.md"
 
 
 def test_update_rewrites_only_the_block_and_names_a_file_without_markers(tmp_path, capsys):
+    """The block's rewrite, over a results folder holding the committed CPU benchmark only (the
+    rows read the committed matrices are test_readme_carries_the_computed_table's)."""
+    results = tmp_path / "results"
+    shutil.copytree(RESULTS / "bench-cpu", results / "bench-cpu")
     readme = tmp_path / "README.md"
     readme.write_text(f"# title\n\n{BEGIN}\nold table\n{END}\n\nafter\n")
-    assert main([str(RESULTS), "--update", str(readme)]) == 0
+    assert main([str(results), "--update", str(readme)]) == 0
     text = readme.read_text()
-    assert text.startswith("# title\n\n" + BEGIN + "\n| original claim") and text.endswith(END + "\n\nafter\n")
-    assert "old table" not in text and update_readme(readme, RESULTS) is False
+    assert text.startswith("# title\n\n" + BEGIN + "\n" + claims_markdown(results)) and text.endswith(END + "\n\nafter\n")
+    assert "| original claim" in text and "57% faster per step" in text
+    assert "old table" not in text and update_readme(readme, results) is False
     bare = tmp_path / "bare.md"
     bare.write_text("no markers\n")
     with pytest.raises(ValueError, match="bare.md: no claims block"):
@@ -112,8 +118,9 @@ def test_speed_claim_row_reads_the_committed_benchmark(tmp_path, committed):
     assert f"FLOP bound {100 * (1 - ratio['theory']):.1f}%" in row
     assert (f"| not reproduced at this shape (4 layers × 256): measured {100 * (1 - ratio['median']):.1f}% time saved, "
             "not ≥ 36%;") in row
-    # without the benchmark the row says pending instead of inventing a number
-    shutil.copytree(RESULTS, tmp_path / "results", ignore=shutil.ignore_patterns("bench-cpu"))
+    # without the benchmark the row says pending instead of inventing a number (a results folder of no
+    # benchmark: the row reads bench-cpu/ only)
+    (tmp_path / "results").mkdir()
     row = next(line for line in claims_markdown(tmp_path / "results").splitlines() if "57% faster per step" in line)
     assert row.endswith("| pending |")
 
@@ -121,8 +128,8 @@ def test_speed_claim_row_reads_the_committed_benchmark(tmp_path, committed):
 def test_speed_claim_has_a_row_per_committed_gpu_benchmark(tmp_path):
     """Each `bench-*.json` of a committed GPU check (docs/results/gpu-*/) adds a row with its own
     ratio, GPU name, precision and compile setting; without GPU checks there is no such row."""
-    results = tmp_path / "results"
-    shutil.copytree(RESULTS, results, ignore=shutil.ignore_patterns("gpu-*"))
+    results = tmp_path / "results"  # the CPU benchmark, without the committed GPU checks (the rows read no matrix)
+    shutil.copytree(RESULTS / "bench-cpu", results / "bench-cpu")
     assert not [line for line in claims_markdown(results).splitlines() if line.startswith("| …on a GPU |")]
     bench = json.loads((RESULTS / "bench-cpu" / "cpu-bench.json").read_text())
     ratios = {"compile": 0.902, "nocompile": 0.911}
@@ -154,7 +161,7 @@ def test_sst2_anchor_row_compares_baseline_with_the_published_minilm_figure(tmp_
     folder.mkdir()
     stat = {"mean": mean, "std": 0.4, "n": 3}
     (folder / "comparison.json").write_text(json.dumps({"methods": {"baseline": {"best_validation": stat}}}))
-    from oelm.report.claims_rows import PUBLISHED_MINILM_L6_SST2, anchor_row as _anchor_row
+    from research.claims_rows import PUBLISHED_MINILM_L6_SST2, anchor_row as _anchor_row
 
     row = _anchor_row(tmp_path)
     assert row[2].startswith(f"{mean:.2f} ± 0.40") and f"{mean - PUBLISHED_MINILM_L6_SST2:+.2f} points" in row[2]
@@ -166,7 +173,7 @@ def test_a_verdict_carries_the_caveats_of_its_comparison(tmp_path):
     2-rate grid and some runs were best at their last step, so the OELM-Freeze row's verdict
     names both for baseline and oelm_freeze; an excluded (collapsed) run and a grid grown after
     test results existed are named too; a comparison without them has no caveat."""
-    from oelm.report.claims import caveats
+    from research.claims import caveats
 
     shutil.copytree(RESULTS / "cpu-sst2", tmp_path / "evidence-sst2-minilm")
     row = next(l for l in claims_markdown(tmp_path).splitlines() if l.startswith("| BERT-base SST-2"))
@@ -199,7 +206,7 @@ def test_speed_row_reads_a_bert_bench_file():
     gives a speed row naming an encoder, not a KeyError."""
     import json
 
-    from oelm.report.claims_rows import bench_row as _bench_row
+    from research.claims_rows import bench_row as _bench_row
 
     bench = json.loads((RESULTS / "bench-cpu" / "cpu-bench.json").read_text())
     bench["model"] = {k: v for k, v in bench["model"].items() if k != "gpt_config"} | {
@@ -219,13 +226,13 @@ def test_speed_row_reads_a_bert_bench_file():
     ([-4.66, -3.98], 3, 0.0004, []),
 ])
 def test_fragile_rule(ci, n, p, expected):
-    from oelm.report.claims import fragile
+    from research.claims import fragile
 
     assert fragile({"ci95": ci, "n": n, "p_value": p}) == expected
 
 
 def test_fragile_reads_the_adjusted_p_when_there_is_one():
-    from oelm.report.claims import fragile
+    from research.claims import fragile
 
     assert fragile({"ci95": [0.5, 2.0], "n": 5, "p_value": 0.004, "p_holm": 0.036}) == ["Holm-adjusted p = 0.036"]
     assert fragile({"ci95": [0.5, 2.0], "n": 5, "p_value": 0.02, "p_holm": 0.2}) == []
@@ -244,7 +251,7 @@ def test_committed_fragile_row_says_so(committed):
     ([-3.0, -1.0], False, "differs at 22.7M parameters: m better than r"),
 ])
 def test_difference_verdict_of_our_questions(ci, higher, expected):
-    from oelm.report.claims import difference_verdict
+    from research.claims import difference_verdict
 
     assert difference_verdict(ci, 5, "22.7M parameters", "m", "r", higher) == expected
 
@@ -253,7 +260,7 @@ def test_every_research_row_reads_the_folder_its_config_names_and_is_pending_wit
     """The research rows read docs/results/<the config's name:>/, and say pending (running in the
     background) while it is absent."""
     from oelm.config import load_config
-    from oelm.report.claims import RESEARCH
+    from research.claims import RESEARCH
 
     root = Path(__file__).resolve().parents[1]
     for claim in RESEARCH + tuple(c for c in CLAIMS if c.comparison and c.comparison.startswith("research-")):
@@ -302,13 +309,13 @@ def test_a_comparison_with_predictions_gets_the_seeds_by_examples_interval(stand
 
 
 def _rows_of(claims, results):
-    from oelm.report.claims import _row
+    from research.claims import _row
 
     return "\n".join(_row(c, measure(c, results)) for c in claims)
 
 
 def test_classification_versus_generation_row():
-    from oelm.report.claims import task_kind_row
+    from research.claims import task_kind_row
 
     def m(lo, hi, scale="1.3M parameters"):
         return {"status": "measured", "mean": (lo + hi) / 2, "ci95": [lo, hi], "scale": scale}
@@ -338,7 +345,7 @@ def test_bert_timing_rows_read_the_interleaved_minilm_benchmark(tmp_path):
     the step-time CV and the Brown-Forsythe test recomputed here from the per-step times."""
     from scipy import stats
 
-    from oelm.report.claims_rows import per_step_row, stability_row
+    from research.claims_rows import per_step_row, stability_row
 
     bench = json.loads((RESULTS / "bench-cpu" / "minilm-cls.json").read_text())
     ratio = bench["ratios"]["oelm_freeze"]
@@ -398,7 +405,7 @@ def test_each_committed_row_is_judged_on_its_familys_holm_adjusted_p(committed):
     within each, the rows whose Holm-adjusted p is below α are exactly those Holm's procedure rejects
     (recomputed here from the rows' raw p); a row's verdict calls it significant exactly then; and rows
     without a p stay outside (their p_holm is None)."""
-    from oelm.report.claims import ALPHA, ORIGINAL, OURS
+    from research.claims import ALPHA, ORIGINAL, OURS
 
     measured, _ = committed
     claims = {c.key: c for c in CLAIMS + RESEARCH}

@@ -227,7 +227,7 @@ def test_plain_shell_run_with_data_dir_prints_processes_warnings_and_report_html
 
 
 def test_stop_sends_sigterm_to_the_pid_in_the_lock_and_nothing_else(tmp_path, data_dir):
-    from oelm.lock import LOCK_NAME, read_holder
+    from oelm.runtime.lock import LOCK_NAME, read_holder
 
     out = tmp_path / "out"
     run = subprocess.Popen(

@@ -185,7 +185,7 @@ def test_original_bert_configs_build_on_the_bert_base_architecture(name):
 
 
 def test_original_gpt_config_builds():
-    from oelm.models.build import build_model
+    from oelm.matrix.model import build_model
     from oelm.method import apply_oelm
 
     config = load_config(Path(__file__).resolve().parents[1] / "configs" / "original" / "phase2_gpt_lm" / "tinystories.yaml")

@@ -15,7 +15,7 @@ import pytest
 from oelm.config import load_config
 from oelm.data import get_dataset_spec
 from oelm.data.registry import find_local_files, resolve_split
-from oelm.models.build import build_model
+from oelm.matrix.model import build_model
 from oelm.method import apply_oelm
 
 ROOT = Path(__file__).resolve().parents[1] / "configs"

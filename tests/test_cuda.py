@@ -52,7 +52,7 @@ def test_cuda_graphs_give_the_eager_losses():
 
 
 def test_cuda_events_time_kernels_of_known_length():
-    from oelm.timing import StepTimer
+    from oelm.runtime.timing import StepTimer
 
     timer = StepTimer("cuda", warmup_steps=0)
     for cycles in (1_000_000, 20_000_000):  # ~0.5 ms and ~10 ms at ~2 GHz

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from oelm.cli import main
+from oelm.cli.monitor import collect_runs, snapshot_text
 from oelm.errors import DamagedFileError
 from oelm.io import read_json, read_json_object
 from oelm.records import MatrixFolder, read_record
-from oelm.monitor import collect_runs, snapshot_text
 
 ROOT = Path(__file__).resolve().parents[1]
 SST2 = ROOT / "docs" / "results" / "cpu-sst2"
@@ -264,7 +264,7 @@ def test_report_that_cannot_be_written_is_one_line_and_the_runs_stay(sst2, capsy
 
 
 def test_claims_on_a_damaged_committed_comparison_names_it(tmp_path):
-    from oelm.report.claims import claims_markdown
+    from research.claims import claims_markdown
 
     results = tmp_path / "results"
     shutil.copytree(ROOT / "docs" / "results", results, ignore=shutil.ignore_patterns("runs", "report_files"))

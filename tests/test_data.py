@@ -471,7 +471,7 @@ def test_test_samples_draws_one_fixed_subset_of_the_test_split(data_dir):
     """task.test_samples: a random subset of the test split, the same on every call (subset_seed);
     None keeps the whole split (SST-2's labelled test set: 1,821 sentences)."""
     from oelm.config import ExperimentConfig
-    from oelm.data.prepare import prepare_data
+    from oelm.matrix.data import prepare_data
 
     def config(**task):
         return ExperimentConfig.model_validate({
@@ -498,7 +498,7 @@ def test_a_test_split_equal_to_the_validation_split_is_its_held_out_rest(data_di
     from oelm.config import ExperimentConfig
     from oelm.data import load_documents, subsample
     from oelm.data.classification import held_out_rest
-    from oelm.data.prepare import _load_splits
+    from oelm.matrix.data import _load_splits
 
     def config(**task):
         return ExperimentConfig.model_validate({

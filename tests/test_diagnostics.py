@@ -1,4 +1,4 @@
-"""Attention diagnostics (oelm.diagnostics, issue 36 item 6): the quantities on constructed cases
+"""Attention diagnostics (oelm.method.diagnostics, issue 36 item 6): the quantities on constructed cases
 with known answers, the hooks against the model's own attention (output_attentions) and a hand
 recomputation, every registered family, real MiniLM on the SST-2 validation batch (oelm_freeze keeps
 the pretrained row space, oelm_random does not), a real short matrix that records them per final
@@ -18,9 +18,11 @@ import pytest
 import torch
 
 from _tiny_matrix import write_config
+from oelm.architectures import find_attention_projections
 from oelm.cli import main
 from oelm.records import RunRecord
-from oelm.diagnostics import (
+from oelm.method import apply_oelm
+from oelm.method.diagnostics import (
     attention_diagnostics,
     attention_entropy,
     diagnostic_batch,
@@ -30,7 +32,6 @@ from oelm.diagnostics import (
     subspace_overlap,
     uniform_entropy,
 )
-from oelm.method import apply_oelm, find_attention_projections
 from oelm.models.gpt import GPTConfig, GPTForCausalLM
 from test_architectures import FAMILIES, build, randomize_
 
@@ -254,7 +255,7 @@ def test_grouped_query_heads_read_their_own_key_head():
 def minilm(data_dir):
     from oelm.config import load_config
     from oelm.matrix.output import prepare_matrix_data
-    from oelm.models.build import build_model
+    from oelm.matrix.model import build_model
 
     config = load_config(ROOT / "configs/quickstart.yaml")
     data = prepare_matrix_data(config, None, lambda s: None, save_tokenizer=False)
@@ -347,7 +348,7 @@ def test_oelm_diagnose_writes_the_file_for_a_run_without_them(tiny_matrix, tmp_p
     assert (out / "runs/oelm_freeze-seed0/diagnostics.json").stat().st_mtime_ns == stamp
 
     from oelm.records import RunRecord
-    from oelm.report.diagnostics import diagnostics_comparison
+    from oelm.report.diagnostics_summary import diagnostics_comparison
 
     comparison = {"methods": {"oelm_freeze": {"included_seeds": [0]}}}
     section = diagnostics_comparison(comparison, {"oelm_freeze": [RunRecord(r)]}, out)["diagnostics"]
@@ -355,7 +356,7 @@ def test_oelm_diagnose_writes_the_file_for_a_run_without_them(tiny_matrix, tmp_p
     # weights trained again since: the file is stale, and says so instead of being used
     from oelm.errors import OELMError
     from oelm.records import RunFolder
-    from oelm.report.diagnostics import recorded_diagnostics
+    from oelm.report.diagnostics_summary import recorded_diagnostics
 
     r["checkpoint"]["sha256"] = "0" * 64
     with pytest.raises(OELMError, match="diagnostics.json was computed from other weights .* `oelm diagnose"):
@@ -396,7 +397,7 @@ def _record(method: str, seed: int, entropy: float, rank: float, overlap: float 
 
 def test_report_section_means_and_seed_spread(tmp_path):
     from oelm.records import RunRecord
-    from oelm.report.diagnostics import diagnostics_blocks, diagnostics_comparison
+    from oelm.report.diagnostics_summary import diagnostics_blocks, diagnostics_comparison
     from oelm.report.render import Section, render_markdown
 
     runs = {"baseline": [_record("baseline", s, 2.0 + s / 10, 30.0, 1.0) for s in range(3)],

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import oelm
-from oelm.predictions import read_predictions
+from oelm.records.predictions import read_predictions
 
 from _tiny_lm import tiny_lm_overrides
 
@@ -112,7 +112,7 @@ def test_two_process_fsdp_keeps_query_key_frozen_and_orthogonal(tmp_path, data_d
     rank 0 saves full (unsharded) weights."""
     from safetensors.torch import load_file
 
-    from oelm.init import max_orthogonality_error
+    from oelm.method.init import max_orthogonality_error
 
     out = tmp_path / "fsdp"
     overrides = [*_overrides(4), "training.distributed=fsdp", "training.save_best_checkpoint=true",

@@ -43,8 +43,8 @@ import oelm
 from _tiny_model import TinyCustomLM
 from oelm.architectures import ARCHITECTURES, SplitQKV
 from oelm.data import DATASETS
-from oelm.merge import OELM_ATTRIBUTES
-from oelm.treated import PART_OF_ATTRIBUTE
+from oelm.method.marks import PART_OF_ATTRIBUTE
+from oelm.method.merge import OELM_ATTRIBUTES
 
 ROOT = Path(__file__).resolve().parents[1]
 

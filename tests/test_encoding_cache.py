@@ -140,7 +140,7 @@ def test_prepare_data_reads_the_cached_encodings(data_dir, bert_tokenizer, monke
     """The second prepare of the same task reads every split from the cache ($OELM_CACHE_DIR,
     a per-session temp folder in the tests) and gives the same examples and tokenizer record."""
     from oelm.config import ExperimentConfig
-    from oelm.data.prepare import cache_dir, prepare_data
+    from oelm.matrix.data import cache_dir, prepare_data
 
     config = ExperimentConfig.model_validate({
         "name": "t", "methods": [{"name": "baseline"}], "model": {"pretrained": "bert-base-uncased"},

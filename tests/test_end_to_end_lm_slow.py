@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from oelm.cli import main
-from oelm.init import max_orthogonality_error
+from oelm.method.init import max_orthogonality_error
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

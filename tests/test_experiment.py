@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from oelm.cli import main
 from oelm.experiment import plan_runs, run_name, run_order
-from oelm.init import max_orthogonality_error
+from oelm.method.init import max_orthogonality_error
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_SST2 = [
@@ -72,7 +72,7 @@ def test_result_json_has_every_field(sst2_run):
 def test_label_summary_counts_each_label_of_real_sst2(data_dir):
     """SST-2 validation (GLUE card): 428 negative, 444 positive -> a constant predictor scores 50.92%."""
     from oelm.data import get_dataset_spec, load_classification
-    from oelm.data.prepare import label_summary as _label_summary
+    from oelm.matrix.data import label_summary as _label_summary
 
     frame = load_classification("sst2", "validation")
     summary = _label_summary(frame, list(get_dataset_spec("sst2").label_names))
@@ -544,7 +544,7 @@ def test_interrupted_run_stops_the_matrix_and_resumes(tmp_path, data_dir, monkey
     import oelm.matrix.run_one
     import oelm.training
     from oelm.errors import RunInterruptedError
-    from oelm.monitor import collect_runs
+    from oelm.cli.monitor import collect_runs
 
     real_train, calls = oelm.training.train, []
 
@@ -578,7 +578,7 @@ def test_pretrain_then_finetune_loads_each_methods_weights(tmp_path, data_dir):
     from safetensors.torch import load_file
 
     from oelm.config import load_config
-    from oelm.data.prepare import prepare_data
+    from oelm.matrix.data import prepare_data
     from oelm.matrix.assemble import build_run_model as _build_run_model
 
     model = "{gpt: gpt-tiny, gpt_overrides: {hidden_size: 32, num_layers: 2, num_heads: 2, intermediate_size: 64, dropout: 0.0, context_length: 32}}"

@@ -1,5 +1,5 @@
-"""Tests for oelm.flops (PaLM FLOP count for any model) and the peak / MFU helpers of
-oelm.environment: datasheet table, measured-probe fallback, mfu_record arithmetic."""
+"""Tests for oelm.architectures.flops (PaLM FLOP count for any model) and the peak / MFU helpers of
+oelm.runtime.environment: datasheet table, measured-probe fallback, mfu_record arithmetic."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import pytest
 import torch
 from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel
 
-from oelm import apply_oelm, environment
-from oelm.environment import mfu_record, peak_flops, peaks
-from oelm.flops import count_matmul_parameters, executed_flops_per_token, model_flops_per_token
+from oelm import apply_oelm
+from oelm.architectures.flops import count_matmul_parameters, executed_flops_per_token, model_flops_per_token
 from oelm.models.gpt import GPTConfig, GPTForCausalLM
+from oelm.runtime import environment
+from oelm.runtime.environment import mfu_record, peak_flops, peaks
 
 # ---------------------------------------------------------------------------------------------
 # FLOPs per token, against hand counts
@@ -177,7 +178,7 @@ def test_layers_and_width_are_asked_of_the_registered_architecture(monkeypatch):
     from types import SimpleNamespace
 
     from oelm.architectures import ARCHITECTURES, architecture_from_dict, architecture_of, register_architecture
-    from oelm.flops import model_layers_and_width
+    from oelm.architectures.flops import model_layers_and_width
 
     class Tiny(torch.nn.Module):
         def __init__(self):

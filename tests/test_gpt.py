@@ -600,7 +600,7 @@ def test_fixed_attention_keeps_causality_trains_around_the_map_and_is_seeded():
 
 
 def test_fixed_attention_map_is_not_counted_as_matmul_parameters():
-    from oelm.flops import count_matmul_parameters
+    from oelm.architectures.flops import count_matmul_parameters
 
     baseline, fixed = make(GPTForCausalLM), _fixed_attention_model()
     assert count_matmul_parameters(fixed) == count_matmul_parameters(baseline)

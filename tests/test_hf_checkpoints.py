@@ -22,7 +22,7 @@ import transformers as T
 import oelm
 from oelm import CheckpointError, CheckpointMismatchError, apply_oelm
 from oelm.architectures import SplitQKV
-from oelm.recipe import RECIPE_KEY
+from oelm.method.checkpoint_record import RECIPE_KEY
 
 BLOCK, BLOCKS = 32, 24
 FAMILIES = {

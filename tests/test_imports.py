@@ -65,12 +65,12 @@ def test_oelm_run_start_up_loads_no_report_library():
     belong to the report, written after the runs, and are no start-up cost (issue 12, item 6)."""
     code = (
         "from oelm.config import load_config\n"
-        "from oelm.distributed import is_main_process\n"
+        "from oelm.runtime.distributed import is_main_process\n"
         "from oelm.errors import RunInterruptedError\n"
         "from oelm.matrix import run_matrix\n"
-        "import oelm.matrix.driver, oelm.training, oelm.models.build, oelm.data.prepare\n"
-        "import inspect, oelm.cli\n"
-        "src = inspect.getsource(oelm.cli.cmd_run)\n"
+        "import oelm.matrix.driver, oelm.training, oelm.matrix.model, oelm.matrix.data\n"
+        "import inspect, oelm.cli.run\n"
+        "src = inspect.getsource(oelm.cli.run.cmd_run)\n"
         "head = src.split('started = ')[0]\n"
         "assert 'oelm.report' not in head, head  # the report is imported after the runs\n"
     )
@@ -115,9 +115,28 @@ def test_the_old_module_names_stay_public_aliases_that_nothing_inside_oelm_impor
         for node in ast.walk(ast.parse(path.read_text())):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module] if isinstance(node, ast.ImportFrom) and not node.level else [])
-            if any(n in ("oelm.train", "oelm.experiment") for n in names):
+            if any(n in ("oelm.train", "oelm.experiment", "oelm.peft") for n in names):
                 importers.append(str(path.relative_to(src)))
     assert importers == []
+
+
+def test_oelm_peft_is_the_peft_integration_under_its_documented_name():
+    """``import oelm.peft`` (the documented name) gives the module oelm.integrations.peft itself, not a
+    second copy (PEFT would get OELM registered twice); ``oelm.peft`` works as an attribute too, and
+    ``import oelm`` alone loads neither."""
+    pytest.importorskip("peft")
+    code = (
+        "import sys, oelm\n"
+        "assert 'oelm.integrations.peft' not in sys.modules and 'peft' not in sys.modules\n"
+        "import oelm.peft\n"
+        "import oelm.integrations.peft as integration\n"
+        "assert oelm.peft is integration and sys.modules['oelm.peft'] is integration\n"
+        "assert oelm.peft.OELMPeftConfig is integration.OELMPeftConfig and oelm.peft.__name__ == 'oelm.integrations.peft'\n"
+        "from oelm.peft import OELMPeftConfig, add_lora\n"
+        "import importlib; assert importlib.import_module('oelm.peft') is integration\n"
+    )
+    _loaded_after(code)  # asserts a zero exit status
+    _loaded_after("import oelm\nassert oelm.peft.OELMPeftConfig.__module__ == 'oelm.integrations.peft'")
 
 
 def test_unknown_attribute_is_an_attribute_error():
@@ -133,7 +152,7 @@ def test_omp_default_is_set_before_torch_loads():
     brings torch in (busy-waiting OpenMP threads made CPU steps ~20x slower on 2 cores)."""
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     code = (
-        "import oelm.method, os, sys\n"
+        "import oelm.method.apply, os, sys\n"
         "assert 'torch' in sys.modules\n"
         "assert os.environ['OMP_WAIT_POLICY'] == 'PASSIVE', os.environ.get('OMP_WAIT_POLICY')\n"
     )

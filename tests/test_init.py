@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from oelm.init import (
-    INIT_NAMES,
+from oelm.method.config import INIT_KINDS, INIT_NAMES
+from oelm.method.init import (
     INITS,
     MIMETIC_IDENTITY,
     MIMETIC_NOISE,
@@ -279,11 +279,13 @@ def test_one_init_table_feeds_the_config_schema_the_method_and_the_checkpoint():
     from oelm.method import METHODS, OELMConfig
 
     assert INIT_NAMES == tuple(INITS)
+    declared = [(k.name, k.summary, k.source, k.draws_random, k.pairs) for k in INIT_KINDS.values()]
+    assert [(k.name, k.summary, k.source, k.draws_random, k.pairs) for k in INITS.values()] == declared
     assert set(get_args(get_args(MethodEntry.model_fields["init"].annotation)[0])) == set(INITS)  # the YAML's allowed values
     assert CHECKPOINT_RANDOM == {name for name, kind in INITS.items() if kind.draws_random}
     assert {"random_orthogonal", "normal", "mimetic"} <= CHECKPOINT_RANDOM and "orthogonalize" not in CHECKPOINT_RANDOM
     for kind in INITS.values():
         assert kind.source and kind.summary
-        assert not (kind.weight and kind.pair)
+        assert not (kind.weight and kind.pair) and kind.pairs == (kind.pair is not None)
         OELMConfig(init=kind.name)  # every kind is a valid method init
     assert {m.init for m in METHODS.values()} <= set(INITS)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from oelm.config import ExperimentConfig, TrainingConfig
-from oelm.data.prepare import AUTO_MAX_WORKERS, loader_workers, make_loaders, prepare_data
+from oelm.matrix.data import AUTO_MAX_WORKERS, loader_workers, make_loaders, prepare_data
 
 
 def test_auto_workers_are_none_on_cpu_and_a_few_per_gpu_process():

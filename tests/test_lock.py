@@ -12,18 +12,18 @@ from pathlib import Path
 
 import pytest
 
-import oelm.matrix as matrix
-import oelm.matrix.driver as driver
 from oelm.cli import main
 from oelm.config import load_config
 from oelm.errors import OELMError, OutputLockedError, RunInterruptedError
-from oelm.lock import LOCK_NAME, acquire, read_holder, release
+import oelm.matrix as matrix
+import oelm.matrix.driver as driver
+from oelm.runtime.lock import LOCK_NAME, acquire, read_holder, release
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 HOLDER = (
     "import sys\n"
-    "from oelm.lock import acquire\n"
+    "from oelm.runtime.lock import acquire\n"
     "acquire(sys.argv[1])\n"
     "print('held', flush=True)\n"
     "sys.stdin.read()\n"  # hold until the test closes stdin (or kills us)
@@ -117,7 +117,7 @@ def test_only_the_main_process_takes_the_lock(tmp_path, monkeypatch):
 
 def test_lock_path_that_is_a_directory_is_one_line_naming_it(tmp_path, capsys):
     """A `.oelm.lock` directory (made by hand or a sync tool) was an IsADirectoryError traceback."""
-    from oelm.lock import hold_shared_lock
+    from oelm.runtime.lock import hold_shared_lock
 
     out = tmp_path / "out"
     (out / LOCK_NAME).mkdir(parents=True)

@@ -14,9 +14,9 @@ import pytest
 from _tiny_matrix import CONFIG, numbers, write_config
 from oelm.cli import main
 from oelm.config import config_from_dict
-from oelm.lock import acquire, release
 from oelm.matrix.plan import marked_final, ready_runs, select_learning_rates
 from oelm.records import MatrixFolder, RunRecord, read_record, run_name, time_split_text
+from oelm.runtime.lock import acquire, release
 
 SWEPT = {
     "name": "x", "task": {"dataset": "sst2"}, "model": {"gpt": "gpt-tiny"}, "seeds": [0, 1],
@@ -219,7 +219,7 @@ def test_plan_runs_beside_only_jobs_but_a_grown_grid_waits_for_them(local, tmp_p
     """A batch system plans the next runs while earlier --only jobs still train (they hold the
     folder's shared lock): the same config plans beside them; a grown grid (experiment.json
     rewritten) and a driver still need the folder to themselves."""
-    from oelm.lock import hold_shared_lock
+    from oelm.runtime.lock import hold_shared_lock
 
     cfg, _ = local
     out = tmp_path / "out"
@@ -268,7 +268,7 @@ def test_executor_settings_are_checked_with_one_line(tmp_path, capsys):
     config; on the command line --parallel N / --address / --gpus-per-run imply --executor ray."""
     import argparse
 
-    from oelm.cli import _executor_config
+    from oelm.cli.run import _executor_config
     from oelm.errors import ConfigError
 
     base = {"name": "x", "task": {"dataset": "sst2"}, "model": {"gpt": "gpt-tiny"}, "methods": [{"name": "baseline"}]}
@@ -301,6 +301,36 @@ def test_the_ray_executor_defaults_to_one_lane_with_the_local_executors_threads(
     assert LocalExecutor(ExecutorConfig(), config)._placement["cpus_per_run"] == ray.cpus_per_run
     chosen = RayExecutor(ExecutorConfig(name="ray", parallel=3, cpus_per_run=1), config)
     assert (chosen.lanes, chosen.cpus_per_run, chosen.free_slots(1)) == (3, 1, 2)
+
+
+def test_both_executors_keep_the_executor_contract(tmp_path):
+    """make_executor gives an object of the Executor protocol for each executor name, with every method
+    of the protocol under the same parameters (the driver calls nothing else); an object missing one
+    is not an Executor. (No Ray instance is started.)"""
+    import inspect
+
+    from oelm.config import ExecutorConfig, load_config
+    from oelm.matrix.executors import Executor, LocalExecutor, RayExecutor, make_executor
+
+    config = load_config(write_config(tmp_path))
+    for name, cls in (("local", LocalExecutor), ("ray", RayExecutor)):
+        executor = make_executor(ExecutorConfig(name=name), config)
+        assert type(executor) is cls and isinstance(executor, Executor) and executor.name == name
+        for method in ("__enter__", "__exit__", "bind", "running", "free_slots", "submit", "wait"):
+            expected = list(inspect.signature(getattr(Executor, method)).parameters)
+            assert list(inspect.signature(getattr(cls, method)).parameters) == expected, (cls, method)
+
+    class NoWait:
+        name = "local"
+
+        def __enter__(self): return self
+        def __exit__(self, *exc): pass
+        def bind(self, ctx): pass
+        def running(self): pass
+        def free_slots(self, busy): return 1
+        def submit(self, task): pass
+
+    assert not isinstance(NoWait(), Executor)
 
 
 def test_a_plan_without_a_test_split_marks_the_selected_sweep_run_final_without_a_task(tmp_path):

@@ -10,8 +10,9 @@ from torch import nn
 from transformers import BertConfig, BertForSequenceClassification, BertModel
 
 from oelm import METHODS, ConfigError, UnsupportedModelError, apply_oelm, max_orthogonality_error
+from oelm.architectures import find_attention_projections
 from oelm.config import TrainingConfig
-from oelm.method import find_attention_projections, parameter_report
+from oelm.method import parameter_report
 from oelm.models.gpt import build_gpt
 from oelm.training import build_optimizer
 
@@ -259,7 +260,7 @@ def test_mimetic_qk_lean_towards_the_identity_per_head_frozen_or_trained():
 def test_mimetic_value_output_in_oelm_gpt_is_drawn_after_the_same_qk_and_stays_trainable():
     """oelm_mimetic_vo = oelm_mimetic's Q/K (the same draws: V/O come last) plus each attention module's
     value-output map ~ 0.4 Z - 0.4 I (Trockman & Kolter 2023), trained; mimetic_vo_trained freezes nothing."""
-    from oelm.init import MIMETIC_VO_IDENTITY, MIMETIC_VO_NOISE
+    from oelm.method.init import MIMETIC_VO_IDENTITY, MIMETIC_VO_NOISE
     from oelm.models.gpt import build_gpt
 
     def gpt():

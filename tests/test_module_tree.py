@@ -1,6 +1,6 @@
 """``apply_oelm`` sees the whole module tree (issue 37 item 6).
 
-PyTorch modules do not know their parents, so the marks go down the tree (:mod:`oelm.treated`):
+PyTorch modules do not know their parents, so the marks go down the tree (:mod:`oelm.method.marks`):
 the module ``apply_oelm`` ran on carries ``oelm_config``, each of its submodules ``oelm_part_of``.
 Checked here, on tiny BERT and GPT-2 models built from their configs (nothing downloaded):
 
@@ -36,8 +36,8 @@ import oelm
 from oelm import ConfigError, OELMError, apply_oelm, merge_and_unload
 from oelm.architectures import SplitQKV
 from oelm.data import load_classification
-from oelm.recipe import RECIPE_KEY
-from oelm.treated import PART_OF_ATTRIBUTE
+from oelm.method.checkpoint_record import RECIPE_KEY
+from oelm.method.marks import PART_OF_ATTRIBUTE
 
 N, LENGTH = 24, 32
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from oelm.cli import main
-from oelm.monitor import collect_runs, snapshot_text
+from oelm.cli.monitor import collect_runs, snapshot_text
 
 CONFIG = (
     "name: mon\n"
@@ -191,7 +191,7 @@ def test_elapsed_counts_every_process_of_a_resumed_run(finished, tmp_path):
 def test_matrix_eta_shares_the_runs_left_among_the_runs_running_now():
     """With one run running, the runs left follow it one by one; with two runs training side by side, the
     runs left go to whichever is free first (the matrix ends when the last lane ends)."""
-    from oelm.monitor import matrix_eta_seconds
+    from oelm.cli.monitor import matrix_eta_seconds
 
     assert matrix_eta_seconds([100.0], 3, 600.0) == 100.0 + 3 * 600.0
     assert matrix_eta_seconds([], 2, 600.0) == 1200.0  # nothing running: one lane
@@ -220,7 +220,7 @@ def test_plain_lines_report_each_change_once(finished, tmp_path):
     change and one for the new summary, nothing for refreshes where nothing changed."""
     import platform
 
-    from oelm.monitor import watch_lines
+    from oelm.cli.monitor import watch_lines
 
     out = tmp_path / "out"
     shutil.copytree(finished / "out", out)

@@ -20,10 +20,10 @@ import transformers as T
 peft = pytest.importorskip("peft")
 
 import oelm  # noqa: E402
-import oelm.peft  # noqa: E402  registers OELM with PEFT
 from oelm import CheckpointMismatchError, max_orthogonality_error  # noqa: E402
 from oelm.architectures import SplitQKV, find_attention_projections  # noqa: E402
-from oelm.peft import OELMPeftConfig  # noqa: E402
+import oelm.integrations.peft  # noqa: E402  registers OELM with PEFT
+from oelm.integrations.peft import OELMPeftConfig  # noqa: E402
 
 VOCAB = 100
 
@@ -68,7 +68,7 @@ def logits(model, family: str) -> torch.Tensor:
 def test_registered_with_peft_and_import_oelm_stays_without_it():
     from peft.mapping import PEFT_TYPE_TO_CONFIG_MAPPING, PEFT_TYPE_TO_TUNER_MAPPING
 
-    assert PEFT_TYPE_TO_CONFIG_MAPPING["OELM"] is OELMPeftConfig and PEFT_TYPE_TO_TUNER_MAPPING["OELM"] is oelm.peft.OELMModel
+    assert PEFT_TYPE_TO_CONFIG_MAPPING["OELM"] is OELMPeftConfig and PEFT_TYPE_TO_TUNER_MAPPING["OELM"] is oelm.integrations.peft.OELMModel
     src = str(Path(oelm.__file__).resolve().parents[1])
     probe = "import sys, oelm, oelm.method; print('peft' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env={"PYTHONPATH": src}, timeout=120)
@@ -195,7 +195,7 @@ def test_oelm_freeze_plus_lora_two_step_recipe(family, tmp_path):
 
 def test_research_lora_config_and_its_lora_step():
     from oelm.config import config_from_dict, load_config
-    from oelm.peft import add_lora
+    from oelm.integrations.peft import add_lora
 
     config = load_config(Path(__file__).resolve().parents[1] / "configs" / "research" / "lora_sst2.yaml")
     entries = {m.name: m for m in config.methods}
@@ -229,7 +229,7 @@ def test_peft_alone_accepts_a_typo_beside_a_valid_target():
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_add_lora_refuses_a_name_that_matches_no_module(family):
-    from oelm.peft import add_lora
+    from oelm.integrations.peft import add_lora
 
     good = {k: v for k, v in LORA_TARGETS[family].items() if k != "task_type"}
     model = FAMILIES[family][0]()
@@ -255,7 +255,7 @@ def test_add_lora_refuses_a_name_that_matches_no_module(family):
 def test_add_lora_leaves_the_callers_mapping_as_it_was():
     """PEFT extends a SEQ_CLS config's modules_to_save list in place (classifier, score); a matrix
     builds every run of a method from one ``lora:`` mapping, so add_lora must hand PEFT a copy."""
-    from oelm.peft import add_lora
+    from oelm.integrations.peft import add_lora
 
     lora = {"r": 4, "target_modules": ["value"], "modules_to_save": ["classifier"], "task_type": "SEQ_CLS"}
     for seed in (0, 1):
@@ -291,7 +291,7 @@ def test_skeleton_names_include_the_split_children_of_a_fused_module(tmp_path):
     before data although the checkpoint's own module tree has no such name."""
     from oelm.config import config_from_dict
     from oelm.matrix.driver import check_lora_targets
-    from oelm.models.build import skeleton_module_names
+    from oelm.matrix.model import skeleton_module_names
 
     gpt2().save_pretrained(tmp_path / "gpt2")
     base = {"name": "x", "task": {"dataset": "tinystories", "block_size": 32}, "model": {"pretrained": str(tmp_path / "gpt2")}}

@@ -1,4 +1,4 @@
-"""Per-example predictions of final runs (oelm.training.predictions, oelm.predictions): written by
+"""Per-example predictions of final runs (oelm.training.prediction_collector, oelm.records.predictions): written by
 real short runs (gpt-tiny on real SST-2 and TinyStories), checked against the numbers the runs
 recorded, their checksums verified, a damaged file refused in one line; LM token accuracy against a
 hand count on a tiny batch."""
@@ -21,9 +21,9 @@ from _tiny_matrix import write_config
 from oelm.cli import main
 from oelm.errors import ChecksumError, DamagedFileError, RecordedFileMissingError
 from oelm.io import sha256_file
-from oelm.predictions import PREDICTIONS_FILE, read_predictions
+from oelm.records.predictions import PREDICTIONS_FILE, read_predictions
 from oelm.training.evaluation import _gathered_sums, evaluate
-from oelm.training.predictions import PredictionCollector
+from oelm.training.prediction_collector import PredictionCollector
 
 ROOT = Path(__file__).resolve().parents[1]
 

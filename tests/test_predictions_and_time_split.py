@@ -26,14 +26,14 @@ import oelm.training.loop
 from _tiny_lm import tiny_lm_overrides
 from oelm.cli import main
 from oelm.config import load_config
-from oelm.data.prepare import make_loaders
 from oelm.matrix.assemble import build_run_model
+from oelm.matrix.data import make_loaders
 from oelm.matrix.output import prepare_matrix_data
-from oelm.predictions import PREDICTIONS_FILE, load_predictions_file
 from oelm.records import RunRecord, round_parts, time_split_text
+from oelm.records.predictions import PREDICTIONS_FILE, load_predictions_file
 from oelm.training import evaluate
 from oelm.training.evaluation import evaluate_predictions
-from oelm.training.predictions import BEST_PREDICTIONS_FILE, collector_for, write_final_predictions
+from oelm.training.prediction_collector import BEST_PREDICTIONS_FILE, collector_for, write_final_predictions
 
 ROOT = Path(__file__).resolve().parents[1]
 

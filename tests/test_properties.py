@@ -145,7 +145,7 @@ def test_random_overrides_parse_or_raise_config_error(items):
 
 
 def _merge_overrides(overrides):
-    from oelm.config import _merge
+    from oelm.config.reading import merge as _merge
 
     return _merge(copy.deepcopy(VALID), overrides)
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from _tiny_matrix import numbers, write_config
+from _tiny_matrix import CONFIG, numbers, write_config
 from oelm.cli import main
 from oelm.matrix.executors import cpu_cores
 
@@ -36,8 +36,16 @@ pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 
 ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", "PYTHONUNBUFFERED": "1"}
-#: Long enough runs (about 10 s each here) to be caught with a checkpoint.
-LONGER = ["training.max_steps=240", "training.checkpoint_every=20", "training.eval_every=60"]
+#: Long enough runs (about 7 s each here) to be caught with a checkpoint.
+LONGER = ["training.max_steps=160", "training.checkpoint_every=20", "training.eval_every=40"]
+#: The kill tests' matrix: the tiny matrix with baseline at one learning rate instead of its sweep,
+#: three runs (baseline, OELM-Freeze, OELM-Random): a finished run, one training and one still to
+#: come (the raylet test needs a run after the one caught: the worker may outlive its raylet long
+#: enough to finish it); the sweep and its promotion through Ray are the bit-for-bit test's
+#: (``reference``).
+SWEEP = "learning_rates: [1.0e-4, 3.0e-3]"
+assert SWEEP in CONFIG
+LONGER_CONFIG = CONFIG.replace(SWEEP, "learning_rate: 3.0e-3")
 
 
 def _netns_works() -> bool:
@@ -116,12 +124,14 @@ def reference(tmp_path_factory, data_dir):
 
 
 @pytest.fixture(scope="module")
-def longer_reference(reference, tmp_path_factory):
-    """The same matrix with runs long enough to be caught mid-way (``LONGER``), local executor."""
-    cfg, _ = reference
-    out = tmp_path_factory.mktemp("ray-longer") / "out"
-    assert main(["run", str(cfg), "--output-dir", str(out), *LONGER]) == 0
-    return cfg, out
+def longer_reference(tmp_path_factory, data_dir):
+    """The kill tests' matrix (``LONGER_CONFIG``) with runs long enough to be caught mid-way
+    (``LONGER``), local executor."""
+    tmp = tmp_path_factory.mktemp("ray-longer")
+    cfg = write_config(tmp, LONGER_CONFIG)
+    assert main(["run", str(cfg), "--output-dir", str(tmp / "out"), *LONGER]) == 0
+    assert sorted(p.name for p in (tmp / "out" / "runs").iterdir()) == ["baseline-seed0", "oelm_freeze-seed0", "oelm_random-seed0"]
+    return cfg, tmp / "out"
 
 
 @needs_netns
@@ -297,7 +307,7 @@ def test_sigterm_stops_a_ray_matrix_leaves_no_ray_process_and_a_rerun_continues(
     """SIGTERM to the driving `oelm run` (its pid from the output folder's lock): exit status 130,
     the local Ray instance it started is stopped with it (no process of it left), and rerunning
     the same command continues the interrupted run from its checkpoint and finishes the matrix."""
-    from oelm.lock import read_holder
+    from oelm.runtime.lock import read_holder
 
     cfg, _ = longer_reference
     out = tmp_path / "out"

@@ -17,8 +17,8 @@ from scipy import stats
 
 from _tiny_lm import tiny_lm_overrides
 from oelm.cli import main
-from oelm.report import compare_results, load_results, original_layout, write_comparison
 from oelm.records import RunRecord
+from oelm.report import compare_results, load_results, original_layout, write_comparison
 from oelm.report.stats import (
     CHANCE_MARGIN_POINTS,
     collapse_reasons,
@@ -436,7 +436,7 @@ def test_layers_point_one_way_report_and_monitor_never_import_the_experiment():
 
     code = (
         "import sys, oelm.records, oelm.metrics; a = 'oelm.experiment' in sys.modules; "
-        "import oelm.report, oelm.monitor; b = 'oelm.experiment' in sys.modules; print(a, b)"
+        "import oelm.report, oelm.cli.monitor; b = 'oelm.experiment' in sys.modules; print(a, b)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]

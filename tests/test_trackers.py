@@ -1,4 +1,4 @@
-"""oelm.trackers: report_to names, the missing-package error, and real metrics logged through
+"""oelm.integrations.trackers: report_to names, the missing-package error, and real metrics logged through
 Accelerate to TensorBoard, W&B (offline mode) and MLflow (a file store), read back from what each
 wrote. W&B and MLflow tests skip, with the reason, when the optional package is not installed."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from oelm.errors import ConfigError
-from oelm.trackers import TRACKERS, Trackers, check_installed, flatten_config, validate_report_to
+from oelm.integrations.trackers import TRACKERS, Trackers, check_installed, flatten_config, validate_report_to
 
 CONFIG = {"name": "unit", "seeds": [0, 1], "training": {"learning_rate": 1e-3, "warmup_steps": None}}
 LOSSES = [2.0, 1.25, 0.5]

@@ -12,7 +12,7 @@ import torch
 import yaml
 
 from oelm.config import TrainingConfig, load_config
-from oelm.config_aliases import TRAINER_ALIASES, TRAINER_REFUSED
+from oelm.config.aliases import TRAINER_ALIASES, TRAINER_REFUSED
 from oelm.errors import ConfigError
 from oelm.matrix.output import config_fingerprint, start_output
 

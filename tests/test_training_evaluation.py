@@ -16,12 +16,12 @@ import torch
 
 from _reliability import in_process, in_process_summary, metrics_records, sigterm_at
 from _tiny_model import Tiny, tiny_loader
-import oelm.training.evaluation
 from oelm.cli import main
+from oelm.cli.monitor import snapshot_text
 from oelm.errors import RunInterruptedError
 from oelm.metrics import ACCURACY, PERPLEXITY, get_metric
-from oelm.monitor import snapshot_text
 from oelm.training import TrainState
+import oelm.training.evaluation
 
 
 def test_metric_direction_chance_and_format():

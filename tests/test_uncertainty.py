@@ -20,8 +20,8 @@ import pytest
 from scipy import stats
 
 from oelm.config import config_from_dict
-from oelm.predictions import predictions_record, write_predictions
 from oelm.records import RunRecord
+from oelm.records.predictions import predictions_record, write_predictions
 from oelm.report import compare_results, write_comparison
 from oelm.report.uncertainty import hierarchical_bootstrap, mcnemar, seeds_needed
 

@@ -24,8 +24,10 @@ _os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import importlib as _importlib
 import importlib.util as _importlib_util
+import sys as _sys
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
+from oelm._version import __version__  # noqa: E402
 from oelm.errors import ConfigError, DataFormatError, DataNotFoundError, OELMError, UnsupportedModelError  # noqa: E402
 
 # The rest of the public API is imported on first use (module ``__getattr__``, PEP 562), so that
@@ -33,40 +35,44 @@ from oelm.errors import ConfigError, DataFormatError, DataNotFoundError, OELMErr
 # name -> the module that defines it.
 _LAZY = {
     **dict.fromkeys(
-        ("global_orthogonal_", "head_wise_orthogonal_", "matched_std", "max_orthogonality_error", "normal_"), "oelm.init"
+        ("global_orthogonal_", "head_wise_orthogonal_", "matched_std", "max_orthogonality_error", "normal_"),
+        "oelm.method.init",
     ),
     **dict.fromkeys(
-        (
-            "ARCHITECTURES", "METHODS", "ArchitectureSpec", "OELMConfig", "ParameterReport", "apply_oelm",
-            "architecture_from_dict", "find_attention_projections", "get_method", "get_oelm_model",
-            "load_architecture", "merge_and_unload", "parameter_report", "print_trainable_parameters",
-            "register_architecture",
-        ),
+        ("METHODS", "OELMConfig", "ParameterReport", "apply_oelm", "get_method", "get_oelm_model", "merge_and_unload",
+         "parameter_report", "print_trainable_parameters"),
         "oelm.method",
+    ),
+    **dict.fromkeys(
+        ("ARCHITECTURES", "ArchitectureSpec", "architecture_from_dict", "find_attention_projections", "load_architecture",
+         "register_architecture"),
+        "oelm.architectures",
     ),
     **dict.fromkeys(("CheckpointError", "CheckpointMismatchError", "SaveReport", "load_oelm", "save_pretrained"), "oelm.checkpoint"),
 }
 
 if _TYPE_CHECKING:  # static analysers and IDEs see the eager imports
-    from oelm.checkpoint import CheckpointError, CheckpointMismatchError, SaveReport, load_oelm, save_pretrained
-    from oelm.init import global_orthogonal_, head_wise_orthogonal_, matched_std, max_orthogonality_error, normal_
-    from oelm.method import (
+    from oelm.architectures import (
         ARCHITECTURES,
-        METHODS,
         ArchitectureSpec,
+        architecture_from_dict,
+        find_attention_projections,
+        load_architecture,
+        register_architecture,
+    )
+    from oelm.checkpoint import CheckpointError, CheckpointMismatchError, SaveReport, load_oelm, save_pretrained
+    from oelm.method import (
+        METHODS,
         OELMConfig,
         ParameterReport,
         apply_oelm,
-        architecture_from_dict,
-        find_attention_projections,
         get_method,
         get_oelm_model,
-        load_architecture,
         merge_and_unload,
         parameter_report,
         print_trainable_parameters,
-        register_architecture,
     )
+    from oelm.method.init import global_orthogonal_, head_wise_orthogonal_, matched_std, max_orthogonality_error, normal_
 
 
 def __getattr__(name: str):
@@ -86,7 +92,32 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-__version__ = "0.1.0"
+# Documented module names kept where users import them, for a module that moved into a package:
+# ``import oelm.peft`` gives oelm.integrations.peft itself (one module under two names, so PEFT gets
+# OELM registered once). A finder on sys.meta_path answers for these names only; nothing inside
+# oelm imports them.
+_MODULE_ALIASES = {"oelm.peft": "oelm.integrations.peft"}
+
+
+class _ModuleAlias:
+    """Finder and loader (``importlib``'s protocols) of :data:`_MODULE_ALIASES`."""
+
+    @staticmethod
+    def find_spec(fullname: str, path=None, target=None):
+        return _importlib_util.spec_from_loader(fullname, _ModuleAlias) if fullname in _MODULE_ALIASES else None
+
+    @staticmethod
+    def create_module(spec):
+        return _importlib.import_module(_MODULE_ALIASES[spec.name])
+
+    @staticmethod
+    def exec_module(module) -> None:
+        """Nothing: the module ran under its own name."""
+
+
+if _ModuleAlias not in _sys.meta_path:
+    _sys.meta_path.append(_ModuleAlias)
+
 
 __all__ = [
     "CheckpointError",

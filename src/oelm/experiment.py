@@ -7,11 +7,11 @@ Nothing inside oelm imports this module. The protocol lives in :mod:`oelm.matrix
 
 from __future__ import annotations
 
-from oelm.data.prepare import PreparedData, prepare_data
-from oelm.matrix.driver import run_matrix as run_experiment
 from oelm.matrix.assemble import resolve_init_from
+from oelm.matrix.data import PreparedData, prepare_data
+from oelm.matrix.driver import run_matrix as run_experiment
+from oelm.matrix.model import build_model
 from oelm.matrix.plan import plan_runs, run_order
-from oelm.models.build import build_model
 from oelm.records import PlannedRun, run_name
 
 __all__ = ["PreparedData", "prepare_data", "build_model", "run_order", "run_name", "plan_runs", "PlannedRun",

@@ -1,4 +1,6 @@
-"""Atomic writes: a reader sees the old file (or directory) or the new one, never half of one."""
+"""Files: atomic writes (a reader sees the old file, or directory, or the new one, never half of one),
+reads that name a damaged file in one line, and the header check of a safetensors file
+(:func:`safetensors_problem`: an ``init_from`` file, a local model's weights)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-__all__ = ["as_disk_full", "disk_writes", "atomic_path", "write_text_atomic", "write_bytes_atomic", "write_json_atomic", "read_json", "read_json_object", "read_jsonl", "sha256_file", "write_dir_atomic", "verify_dir", "json_value", "cache_dir"]
+__all__ = ["as_disk_full", "disk_writes", "atomic_path", "write_text_atomic", "write_bytes_atomic", "write_json_atomic", "read_json", "read_json_object", "read_jsonl", "sha256_file", "write_dir_atomic", "verify_dir", "json_value", "cache_dir", "safetensors_problem"]
 
 
 def _umask() -> int:
@@ -331,3 +333,32 @@ def cache_dir() -> Path:
     ``tokenizer-hashes/`` (:func:`oelm.data.lm.tokenizer_record` hashes), ``file-hashes/``
     (:func:`oelm.data.identity.file_sha256`)."""
     return Path(os.environ.get("OELM_CACHE_DIR", Path.home() / ".cache" / "oelm"))
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why ``path`` is not a whole safetensors file (a phrase), or None when it reads as one.
+
+    A safetensors file is an 8-byte little-endian header length N, N bytes of JSON (tensor name ->
+    dtype, shape, data_offsets), then the tensor bytes; only the header is read, and the file's
+    size must be the one the header's offsets give (a truncated copy is caught)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            size = path.stat().st_size
+            if len(head) < 8:
+                return f"is {size} bytes, too short for a safetensors header"
+            n = int.from_bytes(head, "little")
+            if n < 2 or 8 + n > size or n > 100_000_000:
+                return "does not start with a safetensors header (the first 8 bytes give no valid header length)"
+            header = f.read(n)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    try:
+        entries = json.loads(header)
+        ends = [int(v["data_offsets"][1]) for k, v in entries.items() if k != "__metadata__"]
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return "does not start with a safetensors header (no JSON table of tensors after the first 8 bytes)"
+    if 8 + n + max(ends, default=0) != size:
+        return (f"is damaged: its header describes {8 + n + max(ends, default=0):,} bytes, the file has {size:,} "
+                "(truncated copy or download?)")
+    return None

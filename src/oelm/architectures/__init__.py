@@ -6,7 +6,7 @@ attention *kind*: ``self``, ``cross``, ``encoder.self``, ``decoder.cross`` ...),
 hold the query and key projections, where the head counts live, and how fused projections are
 laid out. :func:`find_attention_projections` turns a spec into one :class:`ProjectionSite` per
 (kind, layer); :func:`split_fused_projections` replaces fused Q/K/V modules by
-:class:`SplitQKV` (:mod:`oelm.fused`), three ``nn.Linear`` whose concatenated output equals the fused output, so
+:class:`SplitQKV` (:mod:`oelm.architectures.fused`), three ``nn.Linear`` whose concatenated output equals the fused output, so
 the model's own attention code runs unchanged and Q/K can be frozen as whole tensors;
 :func:`fuse_split_projections` puts the fused modules back (with the trained values) for a
 checkpoint that stock ``transformers`` loads (``oelm.merge_and_unload``).
@@ -43,13 +43,16 @@ Another architecture is added without editing oelm, from Python::
 or from a dict / YAML file (:func:`architecture_from_dict`, :func:`load_architecture`), which an
 experiment config can carry as ``model.architecture``. A single model needs no entry at all: name
 its projections PEFT style, ``apply_oelm(model, method, target_modules={"query": "q_proj", "key":
-"k_proj"})`` (:mod:`oelm.architectures.targets`), and the spec stays on that model instance.
+"k_proj"})`` (:mod:`oelm.architectures.target_modules`), and the spec stays on that model instance.
 """
 
-from oelm.architectures.sites import ProjectionSite, find_attention_projections, split_fused_projections
+import importlib as _importlib
+
+from oelm.architectures import builtin  # noqa: F401  registers the families oelm ships
 from oelm.architectures.spec import (
     ARCHITECTURE_ATTRIBUTE,
     ARCHITECTURES,
+    FUSED_LAYOUTS,
     PARAMETER_GROUPS,
     ArchitectureSpec,
     AttentionSpec,
@@ -59,10 +62,29 @@ from oelm.architectures.spec import (
     load_architecture,
     register_architecture,
 )
-from oelm.architectures.targets import architecture_from_targets, attach_architecture, set_architecture
-from oelm.fused import FUSED_LAYOUTS, SplitQKV, fuse_split_projections
 
-from oelm.architectures import builtin  # noqa: E402,F401  registers the families oelm ships
+# The specs and the registry above import no torch (the experiment config's first pass reads them);
+# the names that work on modules are imported on first use (PEP 562). name -> its module.
+_LAZY = {
+    **dict.fromkeys(("ProjectionSite", "find_attention_projections", "split_fused_projections"), "sites"),
+    **dict.fromkeys(("architecture_from_targets", "attach_architecture", "set_architecture"), "target_modules"),
+    **dict.fromkeys(("SplitQKV", "fuse_split_projections"), "fused"),
+}
+
+
+def __getattr__(name: str):
+    """``oelm.architectures.<name>`` for the names of :data:`_LAZY`, imported on first use."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'oelm.architectures' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(f"oelm.architectures.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "PARAMETER_GROUPS",

@@ -1,6 +1,6 @@
 """Where a model keeps its query/key projections: one :class:`ProjectionSite` per (attention kind,
 layer) from its :class:`~oelm.architectures.spec.ArchitectureSpec`, and fused Q/K/V modules split into
-:class:`~oelm.fused.SplitQKV` so Q and K can be frozen as whole tensors."""
+:class:`~oelm.architectures.fused.SplitQKV` so Q and K can be frozen as whole tensors."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from oelm.architectures.fused import NAME_HOOKS, SplitQKV, carry_hooks, refuse_hooks
 from oelm.architectures.spec import ArchitectureSpec, AttentionSpec, HeadCount, architecture_of
 from oelm.errors import UnsupportedModelError
-from oelm.fused import NAME_HOOKS, SplitQKV, carry_hooks, refuse_hooks
 
 
 
@@ -199,7 +199,7 @@ def _site(
 
 
 # --------------------------------------------------------------------------------------------
-# Fused projections (SplitQKV and fusing back: oelm.fused)
+# Fused projections (SplitQKV and fusing back: oelm.architectures.fused)
 # --------------------------------------------------------------------------------------------
 
 

@@ -8,15 +8,16 @@ import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
-
-from torch import nn
+from typing import TYPE_CHECKING, Any, Callable
 
 from oelm.errors import ConfigError, UnsupportedModelError
-from oelm.fused import FUSED_LAYOUTS
+
+if TYPE_CHECKING:  # torch only in annotations: the experiment config reads this module before torch loads
+    from torch import nn
 
 __all__ = [
     "PARAMETER_GROUPS",
+    "FUSED_LAYOUTS",
     "AttentionSpec",
     "ArchitectureSpec",
     "ARCHITECTURES",
@@ -28,6 +29,12 @@ __all__ = [
     "architecture_of",
     "ARCHITECTURE_ATTRIBUTE",
 ]
+
+# Fused Q/K/V layouts, named by how the fused output features are ordered:
+#   qkv           nn.Linear, rows [q (num_heads*head_dim); k (num_kv_heads*head_dim); v (same)]
+#   qkv_conv1d    transformers Conv1D (y = x @ W + b, W: [in, out]), output columns as ``qkv``
+#   qkv_per_head  nn.Linear, rows [num_heads, 3, head_dim]: each head's q, k, v next to each other
+FUSED_LAYOUTS = ("qkv", "qkv_conv1d", "qkv_per_head")
 
 PARAMETER_GROUPS = (
     "embeddings",
@@ -106,7 +113,7 @@ class ArchitectureSpec:
         head_dim: attribute name, integer, or None; when None (or the attribute is missing or
             None), derived from the projection's size: ``out_features // num_heads``.
         num_layers / hidden_size: the transformer's layers and width (``L``, ``H`` of the FLOP
-            count, :mod:`oelm.flops`): config attribute names or integers; the defaults are the
+            count, :mod:`oelm.architectures.flops`): config attribute names or integers; the defaults are the
             Hugging Face names, which every ``PretrainedConfig`` maps (``attribute_map``).
         max_positions: the longest input in tokens (what ``task.max_length`` / ``block_size`` is
             checked against before a run): attribute name, integer, or None (relative

@@ -9,16 +9,16 @@ What runs, in one process, on the same batches::
 
 (:mod:`oelm.bench.runners` says what each step does; :mod:`oelm.bench.shapes` lists the shapes,
 from the dispatch-bound CPU proxy to GPT-2 124M and a BERT-base-sized classifier.) Every step is
-timed by its own :class:`oelm.timing.StepTimer` (CUDA events on a GPU, ``perf_counter`` on CPU);
+timed by its own :class:`oelm.runtime.timing.StepTimer` (CUDA events on a GPU, ``perf_counter`` on CPU);
 the first ``warmup_steps`` are excluded; with compile, the first step of each runner (which
 compiles) is reported apart as ``compile_seconds``.
 
-Figures: per runner ``ms/step`` (median, p10, p90), tokens/s, MFU (:func:`oelm.environment.mfu_record`:
+Figures: per runner ``ms/step`` (median, p10, p90), tokens/s, MFU (:func:`oelm.runtime.environment.mfu_record`:
 datasheet peak of the GPU, else the measured matmul peak), peak step memory (CUDA: the
 allocator's peak during the step above what was allocated when it began); across runners, the
 **median of per-step ratios** ``method / baseline`` (each between steps that ran next to each
 other, so slow drifts of the machine cancel), and ``engine / plain`` the same way (plus the
-ratio of the best steps). ``theory`` is :func:`oelm.flops.executed_flops_per_token` of the
+ratio of the best steps). ``theory`` is :func:`oelm.architectures.flops.executed_flops_per_token` of the
 method over the baseline's. After the steps, one more step of the baseline engine and of the
 plain loop runs under ``torch.profiler``: operators per step, and the ones the engine calls more
 often, by name (:mod:`oelm.bench.operators`). Every frozen tensor is compared byte for byte with
@@ -74,7 +74,7 @@ def verdict(interval: tuple[float, float] | None, target: float) -> str:
 
 
 def _median_ratio(numerator: list[float], denominator: list[float]) -> dict:
-    from oelm.timing import summarize_step_times
+    from oelm.runtime.timing import summarize_step_times
 
     ratios = [a / b for a, b in zip(numerator, denominator) if b > 0]
     s = summarize_step_times(ratios)
@@ -88,7 +88,7 @@ def _interleaved_peak(device: torch.device, precision: str, before: dict | None)
     """Where no datasheet peak applies (a CPU): the matmul peak probed before the steps and again
     after them, averaged, so the MFU's reference met the same load as the run (a cached peak may
     come from a loaded moment: issue 33 saw 132 GFLOP/s cached against ~230 quiet)."""
-    from oelm.environment import matmul_column, peak_flops, probe_peak
+    from oelm.runtime.environment import matmul_column, peak_flops, probe_peak
 
     if device.type == "cuda" and peak_flops(device, matmul_column(device, precision)) is not None:
         return None
@@ -147,7 +147,7 @@ def run_bench(config: BenchConfig, progress: bool = True) -> dict:
     Keys: ``config`` (the knobs, resolved: ``compile`` true whenever a ``compile_mode`` is),
     ``model`` (family, config dict, ``num_layers``, ``hidden_size``, batch size and whether it was
     found automatically, seq_len, FLOPs per token; ``gpt_config`` for oelm's GPT), ``data``, ``device``, ``environment``
-    (:func:`oelm.environment.capture_environment` without the probe), ``runners`` (name -> ``kind``,
+    (:func:`oelm.runtime.environment.capture_environment` without the probe), ``runners`` (name -> ``kind``,
     ``per_step_ms`` {median, mean, p10, p90, n}, ``step_times_ms``, ``tokens_per_second``, ``mfu``,
     ``peak_step_memory_mib`` (CUDA), ``compile_seconds``, ``final_loss``, ``frozen_tensors``,
     ``frozen_bit_identical``), ``ratios`` (method -> median/p10/p90/n/best of per-step
@@ -160,8 +160,8 @@ def run_bench(config: BenchConfig, progress: bool = True) -> dict:
         ConfigError: an unknown model, method, precision, compile mode, data source or device, or bad sizes.
         DataNotFoundError: ``data="tinystories"`` and the local files are missing.
     """
-    from oelm.environment import capture_environment
-    from oelm.flops import model_flops_per_token
+    from oelm.runtime.environment import capture_environment
+    from oelm.architectures.flops import model_flops_per_token
     from oelm.training import autocast_context
 
     check(config)
@@ -224,7 +224,7 @@ def _interleave(runners: list[_runners.Runner], batches: list[dict[str, torch.Te
     step's loss. Returns the wall seconds of the whole loop."""
     from tqdm.auto import tqdm
 
-    from oelm.timing import cuda_synchronize_if_needed
+    from oelm.runtime.timing import cuda_synchronize_if_needed
 
     total = len(batches)
     start = time.perf_counter()
@@ -251,7 +251,7 @@ def _interleave(runners: list[_runners.Runner], batches: list[dict[str, torch.Te
 
 def _runner_figures(r: _runners.Runner, flops: float, device: torch.device, precision: str, peak: dict | None) -> dict:
     """One runner's entry of ``result["runners"]`` (see :func:`run_bench`), from its timed steps."""
-    from oelm.environment import mfu_record
+    from oelm.runtime.environment import mfu_record
 
     summary = r.timer.summary()
     return {
@@ -271,7 +271,7 @@ def _runner_figures(r: _runners.Runner, flops: float, device: torch.device, prec
 def _method_ratios(methods, by_name: dict[str, _runners.Runner], seq_len: int) -> dict:
     """``result["ratios"]``: per method other than the baseline, the median of per-step
     ``method / baseline`` (:func:`_median_ratio`) and ``theory``, the ratio of executed FLOPs per token."""
-    from oelm.flops import executed_flops_per_token
+    from oelm.architectures.flops import executed_flops_per_token
 
     base_ms = by_name["baseline"].timer.measured_step_times_ms
     base_exec = executed_flops_per_token(by_name["baseline"].base, seq_len)

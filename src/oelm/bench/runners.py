@@ -103,8 +103,8 @@ def make_runners(template: nn.Module, names: list[str], *, device: torch.device,
     compiles every runner's model the same way; None leaves them eager."""
     from torch.utils.data import DataLoader
 
-    from oelm.method import apply_oelm
-    from oelm.timing import StepTimer
+    from oelm.method.apply import apply_oelm
+    from oelm.runtime.timing import StepTimer
     from oelm.training import TrainState, build_engine, build_optimizer, make_scheduler
 
     training = training_config(learning_rate, steps, warmup_steps, precision)

@@ -152,7 +152,7 @@ def resolve_device(name: str) -> torch.device:
 
 def check(config: BenchConfig) -> None:
     """Raise ConfigError naming the first bad knob of ``config``."""
-    from oelm.method import METHODS
+    from oelm.method.config import METHODS
     from oelm.models.gpt import PRESETS
 
     if config.model not in BENCH_SHAPES and config.model not in PRESETS:

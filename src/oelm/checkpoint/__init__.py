@@ -33,7 +33,7 @@ fresh base before any tensor is restored, a method that restructures modules (e.
 fused QKV projection into separate q/k/v linears) is reproduced first, and the names match.
 
 Seed ``None`` with a random draw (``OELMConfig.draws_random``: an init kind of
-:data:`RANDOM_INITS`, read from the init table :data:`oelm.init.INITS`, or reservoir layers, or a
+:data:`RANDOM_INITS`, read from the init table :data:`oelm.method.config.INIT_KINDS`, or reservoir layers, or a
 fixed attention map, which are drawn from the seed as well and so regenerated and checked the same
 way): the draw came
 from torch's global random state and cannot be regenerated, so :func:`save_pretrained` stores the
@@ -47,7 +47,7 @@ All writes are atomic: a temporary file beside the target, fsync, rename, fsync 
 
 Hugging Face-layout checkpoints (``config.json`` with the recipe under ``"oelm"``, weights in the
 stock layout: what ``model.save_pretrained`` of an OELM model and ``Trainer`` write, see
-:mod:`oelm.recipe`) load through the same ``load_oelm`` (:mod:`.stock`).
+:mod:`oelm.method.checkpoint_record`) load through the same ``load_oelm`` (:mod:`.stock`).
 
 Layout: :mod:`.common` (file names, errors, the recipe checks and :func:`regenerate`, the one call
 that applies a recorded method to a fresh base), :mod:`.save`, :mod:`.load` (lean), :mod:`.stock`
@@ -58,7 +58,6 @@ from oelm.checkpoint.common import (
     CHECKPOINT_FORMAT,
     WEIGHTS_NAME,
     METADATA_NAME,
-    RANDOM_INITS,
     CheckpointError,
     CheckpointMismatchError,
     regenerate,
@@ -67,6 +66,7 @@ from oelm.checkpoint.common import (
 )
 from oelm.checkpoint.load import load_oelm
 from oelm.checkpoint.save import SaveReport, save_pretrained
+from oelm.method.config import RANDOM_INITS
 
 __all__ = [
     "CHECKPOINT_FORMAT",

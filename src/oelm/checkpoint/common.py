@@ -12,14 +12,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from oelm._version import __version__
 from oelm.architectures import architecture_from_dict, set_architecture
 from oelm.errors import CheckpointError, CheckpointMismatchError, ConfigError, UnsupportedModelError
-from oelm.init import RANDOM_INITS  # noqa: F401 - re-exported: the init kinds that draw from the seed
-from oelm.method import OELMConfig, apply_oelm
-from oelm.recipe import keep_recipe_on_config, tensor_sha256
+from oelm.method.apply import apply_oelm
+from oelm.method.checkpoint_record import keep_recipe_on_config, tensor_sha256
+from oelm.method.config import OELMConfig
 
 __all__ = [
-    "CHECKPOINT_FORMAT", "FORMAT_VERSION", "WEIGHTS_NAME", "METADATA_NAME", "RANDOM_INITS", "CheckpointError",
+    "CHECKPOINT_FORMAT", "FORMAT_VERSION", "WEIGHTS_NAME", "METADATA_NAME", "CheckpointError",
     "CheckpointMismatchError", "tensor_sha256", "safetensors_size", "regenerate", "reapply", "oelm_config_from",
     "refreeze", "check_frozen", "mismatch_causes",
 ]
@@ -105,15 +106,13 @@ def _persistent_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
 def _versions() -> dict[str, str | None]:
     import safetensors
 
-    import oelm
-
     try:
         import transformers
 
         tf_version = transformers.__version__
     except ImportError:  # pragma: no cover - transformers is a dependency
         tf_version = None
-    return {"oelm": oelm.__version__, "torch": torch.__version__, "transformers": tf_version, "safetensors": safetensors.__version__}
+    return {"oelm": __version__, "torch": torch.__version__, "transformers": tf_version, "safetensors": safetensors.__version__}
 
 
 def _config_dict(model: nn.Module) -> tuple[str | None, dict[str, Any] | None]:

@@ -13,9 +13,6 @@ import torch
 from torch import nn
 
 from oelm.architectures import ARCHITECTURE_ATTRIBUTE, architecture_to_dict
-from oelm.errors import ConfigError
-from oelm.io import atomic_path, sha256_file, write_json_atomic
-from oelm.treated import treated_modules
 from oelm.checkpoint.common import (
     CHECKPOINT_FORMAT,
     CheckpointError,
@@ -30,6 +27,9 @@ from oelm.checkpoint.common import (
     safetensors_size,
     tensor_sha256,
 )
+from oelm.errors import ConfigError
+from oelm.io import atomic_path, sha256_file, write_json_atomic
+from oelm.method.marks import treated_modules
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Hugging Face-layout checkpoints of OELM models: what ``model.save_pretrained`` of a model that
 went through ``apply_oelm`` writes (and so every ``checkpoint-N`` of Hugging Face ``Trainer``):
-``config.json`` with the recipe under ``"oelm"`` (:mod:`oelm.recipe`) and the weights in the stock
+``config.json`` with the recipe under ``"oelm"`` (:mod:`oelm.method.checkpoint_record`) and the weights in the stock
 layout (``model.safetensors``, or shards with ``model.safetensors.index.json``).
 
 :func:`load_with_recipe` (reached through ``oelm.load_oelm(directory)``) rebuilds the OELM model:
@@ -10,7 +10,7 @@ stock class does not have, is then copied in from the weights); with one, the re
 frozen tensors on the base first. Either way every frozen tensor is checked against the recipe's
 sha256. Hugging Face ``Trainer``'s ``resume_from_checkpoint`` does not come here: it calls
 ``model.load_state_dict`` on the live model, whose hooks split the fused keys and refuse a frozen
-tensor that would change (:func:`oelm.recipe.before_load_state_dict`).
+tensor that would change (:func:`oelm.method.checkpoint_record.before_load_state_dict`).
 
 A task model's checkpoint whose base model went through ``apply_oelm`` (``apply_oelm(model.bert)``,
 then ``model.save_pretrained``: the recipe's ``applied_to`` names the base model's class) loads the
@@ -41,8 +41,8 @@ from oelm.checkpoint.common import (
     refreeze,
     regenerate,
 )
-from oelm.recipe import RECIPE_FORMAT, RECIPE_KEY, RECIPE_VERSION
-from oelm.temperature import TEMPERATURE_NAME
+from oelm.method.checkpoint_record import RECIPE_FORMAT, RECIPE_KEY, RECIPE_VERSION
+from oelm.method.temperature import TEMPERATURE_NAME
 
 __all__ = ["has_recipe", "load_with_recipe"]
 

@@ -1,4 +1,4 @@
-"""The datasets oelm ships: one :class:`~oelm.data.spec.DatasetSpec` per task in :data:`SHIPPED`,
+"""The datasets oelm ships: one :class:`~oelm.data.dataset_spec.DatasetSpec` per task in :data:`SHIPPED`,
 which :mod:`oelm.data.registry` registers when it is imported (this module imports nothing of the
 registry). Counts and caveats: shared/data/MANIFEST.md and the Hub dataset cards."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from oelm.data.spec import DatasetSpec
+from oelm.data.dataset_spec import DatasetSpec
 
 #: The shipped specs by name, in the order they are defined here.
 SHIPPED: dict[str, DatasetSpec] = {}

@@ -31,7 +31,7 @@ from typing import Literal
 import numpy as np
 
 from oelm.data.catalog import SHIPPED
-from oelm.data.spec import LOCAL_FORMATS, TEXT_FIXES, DatasetSpec  # the spec lives there; its names stay importable here
+from oelm.data.dataset_spec import DatasetSpec
 from oelm.errors import ConfigError, DataFormatError, DataNotFoundError
 
 __all__ = [

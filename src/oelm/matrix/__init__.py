@@ -3,7 +3,8 @@
 - :mod:`~oelm.matrix.plan`: config + results found so far -> the runs, which are ready, the
   learning-rate selection (pure functions).
 - :mod:`~oelm.matrix.run_one`: train exactly one planned run; :mod:`~oelm.matrix.assemble` builds
-  its model (``init_from`` weights, the method).
+  its model (``init_from`` weights, the method) from the config's fresh model
+  (:mod:`~oelm.matrix.model`); the config's data is :mod:`~oelm.matrix.data`.
 - :mod:`~oelm.matrix.executors`: where a ready run trains (local, Ray).
 - :mod:`~oelm.matrix.driver`: the plan driven by an executor; ``oelm plan`` / ``--only`` /
   ``--collect`` for batch systems.

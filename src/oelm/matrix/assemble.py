@@ -1,4 +1,4 @@
-"""Assemble one run's model: seeded, built from the config (:func:`oelm.models.build.build_model`),
+"""Assemble one run's model: seeded, built from the config (:func:`oelm.matrix.model.build_model`),
 started from ``init_from`` weights (pretrain -> fine-tune: the pretraining matrix's run of the
 same method and seed, checked against its recorded sha256 and tokenizer), then the method
 applied (:func:`oelm.apply_oelm`). What :mod:`oelm.matrix.run_one` trains.
@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from oelm.config import ExperimentConfig, MethodEntry
-from oelm.config_io import safetensors_problem
 from oelm.errors import ConfigError
-from oelm.method import apply_oelm
-from oelm.models.build import SKELETON_VOCAB, build_model, skeleton_model
+from oelm.io import safetensors_problem
+from oelm.matrix.model import SKELETON_VOCAB, build_model, skeleton_model
+from oelm.method.apply import apply_oelm
+from oelm.method.temperature import TEMPERATURE_NAME
 from oelm.records import MatrixFolder, RunFolder
-from oelm.temperature import TEMPERATURE_NAME
 
 if TYPE_CHECKING:
-    from oelm.data.prepare import PreparedData
+    from oelm.matrix.data import PreparedData
 
 __all__ = ["build_run_model", "resolve_init_from", "check_init_tokenizer", "check_init_shapes", "load_init_weights"]
 
@@ -115,7 +115,7 @@ def _shape_mismatch(path: Path, name: str, there: tuple[int, ...], here: tuple[i
 def check_init_shapes(config: ExperimentConfig) -> None:
     """Before any data: resolve every ``init_from`` checkpoint of the matrix (each method and seed,
     :func:`resolve_init_from`) and compare its tensor shapes, read from the safetensors header only,
-    with the model's weightless skeleton (:func:`oelm.models.build.skeleton_model`). Tensors whose
+    with the model's weightless skeleton (:func:`oelm.matrix.model.skeleton_model`). Tensors whose
     shape follows the tokenizer (the embedding and the LM head) wait for the data
     (:func:`load_init_weights` checks them when a run starts), as does the tokenizer itself
     (:func:`check_init_tokenizer`).
@@ -225,7 +225,7 @@ def build_run_model(config: ExperimentConfig, entry: MethodEntry, seed: int, dat
     if init_path is not None and oelm_cfg.head_temperature is not None:  # made by apply_oelm: the pretraining's go in now
         init_info["loaded"] += _load_head_temperatures(model, init_path)
     if entry.lora is not None:  # PEFT is imported only for a method with a LoRA adapter (the peft extra)
-        from oelm.peft import add_lora
+        from oelm.integrations.peft import add_lora
 
         model, report = add_lora(model, entry.lora, report)
     return model, oelm_cfg, report, init_info

@@ -1,10 +1,10 @@
-"""Attention diagnostics of a matrix's final runs (:mod:`oelm.diagnostics`): once at the end of each
+"""Attention diagnostics of a matrix's final runs (:mod:`oelm.method.diagnostics`): once at the end of each
 final run, from its best-on-validation weights, into ``result.json`` (:func:`run_diagnostics`); and
 after the fact, for runs that finished without them, from each run's saved best weights into
 ``runs/<run>/diagnostics.json`` (:func:`diagnose_output`, ``oelm diagnose OUTPUT_DIR``), which the
 report reads when ``result.json`` has none. A finished run's ``result.json`` is never rewritten.
 
-The batch is the first :data:`~oelm.diagnostics.DIAGNOSTIC_EXAMPLES` examples of the matrix's
+The batch is the first :data:`~oelm.method.diagnostics.DIAGNOSTIC_EXAMPLES` examples of the matrix's
 validation split (dataset order: the same for every run); the overlap's reference is the pretrained
 checkpoint's Q/K (``model.pretrained``; none for a model trained from scratch).
 """
@@ -19,15 +19,15 @@ from typing import Any, Callable
 import torch
 
 from oelm.config import ExperimentConfig
-from oelm.data.prepare import PreparedData
-from oelm.distributed import is_main_process, num_processes
-from oelm.diagnostics import attention_diagnostics, diagnostic_batch, qk_weights
 from oelm.errors import OELMError
 from oelm.io import write_json_atomic
 from oelm.matrix.assemble import build_run_model
-from oelm.models.build import build_model
+from oelm.matrix.data import PreparedData
+from oelm.matrix.model import build_model
+from oelm.method.diagnostics import attention_diagnostics, diagnostic_batch, qk_weights
 from oelm.records import MatrixFolder, RunFolder, RunRecord
-from oelm.report.diagnostics import recorded_diagnostics
+from oelm.report.diagnostics_summary import recorded_diagnostics
+from oelm.runtime.distributed import is_main_process, num_processes
 
 __all__ = ["run_diagnostics", "diagnose_output"]
 
@@ -35,7 +35,7 @@ _REFERENCE: dict[str, Any] = {}  # one model's pretrained Q/K, kept for the runs
 
 
 def _reference(config: ExperimentConfig, data: PreparedData) -> dict[str, Any] | None:
-    """The pretrained checkpoint's Q/K (:func:`~oelm.diagnostics.qk_weights`), loaded once per
+    """The pretrained checkpoint's Q/K (:func:`~oelm.method.diagnostics.qk_weights`), loaded once per
     process and model (the global RNG is left as it was); None for a model trained from scratch."""
     if not config.model.pretrained:
         return None
@@ -52,7 +52,7 @@ def run_diagnostics(model: torch.nn.Module, config: ExperimentConfig, data: Prep
                     log: Callable[[str], None] = print) -> dict[str, Any] | None:
     """The ``diagnostics`` of a final run whose ``model`` holds its best weights: the fixed batch
     (``batch``), the overlap's ``reference`` and every field of
-    :func:`~oelm.diagnostics.attention_diagnostics`; ``seconds``: the whole pass, the reference's
+    :func:`~oelm.method.diagnostics.attention_diagnostics`; ``seconds``: the whole pass, the reference's
     loading included (in no run timing: it runs after them).
 
     Rank 0 alone computes them (None on the other ranks: they write no result). An FSDP job is

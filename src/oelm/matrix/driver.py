@@ -18,17 +18,17 @@ from typing import Any, Callable
 
 from oelm import report  # light: its statistics and plots load on first use
 from oelm.config import ExecutorConfig, ExperimentConfig
-from oelm.config_methods import lora_target_message, lora_target_problems
 from oelm.data.registry import get_dataset_spec
-from oelm.distributed import barrier, is_main_process, num_processes
 from oelm.errors import ConfigError, OELMError
-from oelm.lock import hold_output_lock, hold_shared_lock
-from oelm.models.build import check_sequence_length, skeleton_module_names
-from oelm.trackers import check_installed
+from oelm.integrations.lora import lora_target_message, lora_target_problems
+from oelm.integrations.trackers import check_installed
+from oelm.matrix.model import check_sequence_length, skeleton_module_names
+from oelm.runtime.distributed import barrier, is_main_process, num_processes
+from oelm.runtime.lock import hold_output_lock, hold_shared_lock
 from oelm.training import check_warmup
 
 from oelm.matrix.assemble import check_init_shapes
-from oelm.matrix.executors import make_executor, torch_threads
+from oelm.matrix.executors import Executor, make_executor, torch_threads
 from oelm.matrix.output import (
     _check_fingerprint, _experiment, _quiet, config_fingerprint, interruptible, open_output_dir, prepare_matrix_data, start_output,
     write_selection,
@@ -38,7 +38,7 @@ from oelm.matrix.plan import (
 )
 from oelm.matrix.run_one import RunContext, mark_final, placement_record, train_planned_run, verify_kept
 from oelm.records import MatrixFolder, RunRecord, time_split_text
-from oelm.timing import PhaseTimer, process_age_seconds
+from oelm.runtime.timing import PhaseTimer, process_age_seconds
 
 __all__ = ["run_matrix", "plan_matrix", "run_only", "collect", "time_lines", "task_metric", "check_before_data",
            "check_lora_targets"]
@@ -75,7 +75,7 @@ def check_before_data(config: ExperimentConfig) -> None:
 
 def check_lora_targets(config: ExperimentConfig) -> None:
     """Refuse a method whose ``lora:`` names a module the model does not have
-    (:func:`oelm.config_methods.lora_target_problems`, PEFT's matching rules), from the model's
+    (:func:`oelm.integrations.lora.lora_target_problems`, PEFT's matching rules), from the model's
     weightless skeleton, before any data is prepared. PEFT itself refuses only a ``target_modules``
     that matches nothing, so one typo in a list would train a different model than the config says.
 
@@ -129,7 +129,7 @@ def run_matrix(config: ExperimentConfig, output_dir: str | Path | None = None, l
         ChecksumError: the best weights of a finished run that is kept, promoted or used by
             ``init_from`` do not match their recorded sha256 (``RecordedFileMissingError`` when
             missing, unless ``allow_missing_weights``).
-        OutputLockedError: another ``oelm run`` is using ``output_dir`` (:mod:`oelm.lock`).
+        OutputLockedError: another ``oelm run`` is using ``output_dir`` (:mod:`oelm.runtime.lock`).
         RunInterruptedError: a run was interrupted (SIGTERM/SIGINT); rerunning continues it.
         OELMError subclasses: data or model problems, raised before any run starts; no run finished.
     """
@@ -163,7 +163,7 @@ def _check_kept(ctx: RunContext, results: dict[str, RunRecord], names: set[str])
 
 
 def _drive(config: ExperimentConfig, out: Path, log: Callable[[str], None], retry_failed: bool,
-           allow_missing_weights: bool, executor: Any, phases: PhaseTimer) -> dict[str, Any]:
+           allow_missing_weights: bool, executor: Executor, phases: PhaseTimer) -> dict[str, Any]:
     """The body of :func:`run_matrix`, run while the output directory's lock is held."""
     if not is_main_process():
         log = _quiet  # the other processes of a launched job run the same protocol silently

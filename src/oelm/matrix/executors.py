@@ -39,19 +39,18 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ContextManager, Iterator, Protocol, runtime_checkable
 
 import torch
 
 from oelm.config import ExecutorConfig, ExperimentConfig
 from oelm.errors import ConfigError, OELMError, RunLostError
-from oelm.records import RunRecord
-
 from oelm.matrix.plan import RunTask
 from oelm.matrix.ray_connect import check_resources, exit_on_signal, loopback_proxy, resolve_address, user_proxies
 from oelm.matrix.run_one import RunContext, execute, placement_record, train_planned_run
+from oelm.records import RunRecord
 
-__all__ = ["LocalExecutor", "RayExecutor", "make_executor", "cpu_cores", "default_threads"]
+__all__ = ["Executor", "LocalExecutor", "RayExecutor", "make_executor", "cpu_cores", "default_threads"]
 
 #: Environment variables a run needs on every node (data, caches, offline Hub, thread policy).
 _FORWARDED_ENV = ("OELM_DATA_DIR", "OELM_CACHE_DIR", "HF_HUB_OFFLINE", "HF_HOME", "HF_DATASETS_OFFLINE",
@@ -105,6 +104,47 @@ def torch_threads(threads: float | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """What the driver (:mod:`oelm.matrix.driver`) asks of an executor: :class:`LocalExecutor` and
+    :class:`RayExecutor` (the module docstring shows the calls in order). An executor decides only
+    *where* a ready run trains; the plan decides what is ready."""
+
+    #: ``executor.name`` of the config: ``"local"`` or ``"ray"``.
+    name: str
+
+    def __enter__(self) -> "Executor":
+        """Check what this executor can refuse (one line, before the output folder is touched) and
+        join its engine; the executor itself.
+
+        Raises:
+            ConfigError: threads, workers or resources this machine or cluster cannot give.
+        """
+
+    def __exit__(self, *exc: Any) -> None:
+        """Let go of what ``__enter__`` joined (runs still queued are dropped)."""
+
+    def bind(self, ctx: RunContext) -> None:
+        """The matrix's runs share ``ctx`` (its data prepared)."""
+
+    def running(self) -> ContextManager[None]:
+        """A block in which runs are in flight: leaving it, by an error too, cancels those still running."""
+
+    def free_slots(self, busy: int) -> int:
+        """How many more runs may be submitted while ``busy`` are in flight (0 or less: none)."""
+
+    def submit(self, task: RunTask) -> None:
+        """Start one ready run (or queue it until :meth:`wait`)."""
+
+    def wait(self) -> list[tuple[RunTask, RunRecord]]:
+        """Block until at least one submitted run has finished; each finished task with its record.
+
+        Raises:
+            OELMError: a run's deliberate error, re-raised as its own type.
+            RunLostError: a run whose process or node died beyond its retries.
+        """
 
 
 class LocalExecutor:
@@ -392,7 +432,7 @@ class RayExecutor:
         return finished
 
 
-def make_executor(config: ExecutorConfig, experiment: ExperimentConfig, log: Callable[[str], None] = print):
+def make_executor(config: ExecutorConfig, experiment: ExperimentConfig, log: Callable[[str], None] = print) -> Executor:
     """The executor ``config`` names for the matrix of ``experiment`` (not entered yet)."""
     if config.name == "ray":
         return RayExecutor(config, experiment, log)

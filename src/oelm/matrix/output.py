@@ -19,14 +19,14 @@ import yaml
 from oelm.config import ExperimentConfig, TrainingConfig
 from oelm.data.identity import source_change
 from oelm.data.lm import save_tokenizer as write_tokenizer  # the name save_tokenizer is a flag here
-from oelm.data.prepare import PreparedData, prepare_data
-from oelm.distributed import is_main_process, main_process_only
 from oelm.errors import ConfigError, DamagedFileError, OELMError, RunInterruptedError
 from oelm.io import read_json_object, write_json_atomic, write_text_atomic
+from oelm.matrix.data import PreparedData, prepare_data
 from oelm.models.pretrained import load_tokenizer
 from oelm.records import (
     MatrixFolder, format_rates, grid_edge_note, read_status, read_sweep, run_name, sweep_file, utc_now,
 )
+from oelm.runtime.distributed import is_main_process, main_process_only
 
 from oelm.matrix.assemble import check_init_tokenizer, resolve_init_from
 from oelm.matrix.plan import Selection, plan_runs

@@ -19,23 +19,23 @@ import torch
 from torch.utils.data import DataLoader
 
 from oelm.config import ExperimentConfig, MethodEntry, TrainingConfig, config_from_dict
-from oelm.data.prepare import PreparedData, make_loaders
 from oelm.data.registry import resolve_data_dir
-from oelm.distributed import barrier, is_main_process, main_process_only, num_processes
-from oelm.environment import capture_environment, probe_drift_percent
 from oelm.errors import OELMError, RecordedFileMissingError, RunFaultError, RunInterruptedError
-from oelm.lock import pid_alive
+from oelm.integrations.trackers import TrackedRun
+from oelm.matrix.data import PreparedData, make_loaders
 from oelm.metrics import get_metric
-from oelm.predictions import predictions_record
 from oelm.records import (
     MatrixFolder, PlannedRun, RunFolder, RunRecord, budget_record, failed_result, finished_result, read_record,
     read_status, run_identity, write_record,
 )
 from oelm.records import write_status as _write_status_file
-from oelm.trackers import TrackedRun
+from oelm.records.predictions import predictions_record
+from oelm.runtime.distributed import barrier, is_main_process, main_process_only, num_processes
+from oelm.runtime.environment import capture_environment, probe_drift_percent
+from oelm.runtime.lock import pid_alive
 from oelm.training import evaluate, optimizer_steps_per_epoch, planned_total_steps, train
 from oelm.training.evaluation import evaluate_predictions, token_accuracy_fields
-from oelm.training.predictions import collector_for, write_final_predictions
+from oelm.training.prediction_collector import collector_for, write_final_predictions
 
 from oelm.matrix.assemble import build_run_model
 from oelm.matrix.diagnose import run_diagnostics
@@ -137,9 +137,9 @@ def _train(ctx: RunContext, run: PlannedRun, folder: RunFolder, *, evaluate_test
         train=result,
         # path, sha256 and size of the best weights train() wrote (rank 0): checked on every reuse
         checkpoint=folder.checkpoint_record() if training.save_best_checkpoint and is_main_process() else None,
-        # path, sha256 and size of the final run's per-example predictions (oelm.predictions); None for a sweep run
+        # path, sha256 and size of the final run's per-example predictions (oelm.records.predictions); None for a sweep run
         predictions=predictions_record(folder.path) if is_main_process() else None,
-        diagnostics=diagnostics,  # oelm.diagnostics on the fixed validation batch; None for a sweep run
+        diagnostics=diagnostics,  # oelm.method.diagnostics on the fixed validation batch; None for a sweep run
     )
 
 
@@ -343,7 +343,7 @@ def promote(config: ExperimentConfig, entry: MethodEntry, run: PlannedRun, data:
     """Make the finished sweep run at the selected learning rate a final run: evaluate the test
     split once, from its best-on-validation checkpoint, save its predictions (validation, evaluated
     once more with those weights: a sweep run keeps none, and test:
-    :func:`~oelm.training.predictions.write_final_predictions`; none without best weights) and mark
+    :func:`~oelm.training.prediction_collector.write_final_predictions`; none without best weights) and mark
     it ``stage: final``, ``selected: true``. The run is not retrained (same seed, data order and
     budget as a fresh final run would have).
 

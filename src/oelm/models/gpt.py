@@ -40,8 +40,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers.modeling_outputs import CausalLMOutput, SequenceClassifierOutput
 
+from oelm.architectures.flops import model_flops_per_token
 from oelm.errors import ConfigError
-from oelm.flops import model_flops_per_token
 from oelm.models.gpt_configuration import PRESETS, GPTConfig, gpt_config  # PRESETS: re-exported from here
 from oelm.models.loss import causal_lm_loss  # defined there beside the chunked loss; still importable from here
 
@@ -294,7 +294,7 @@ class _GPTBase(nn.Module):
         ``N = num_parameters(exclude_embeddings=True)``; ``L = num_layers``, ``C = hidden_size``,
         ``T = seq_len``. The formula ignores the causal mask's saved work (it counts full
         ``T x T`` attention, as PaLM and nanoGPT's MFU do), and counts frozen weights like
-        trainable ones. It is :func:`oelm.flops.model_flops_per_token` (the same count for any
+        trainable ones. It is :func:`oelm.architectures.flops.model_flops_per_token` (the same count for any
         model), with the context length checked here.
 
         Raises:

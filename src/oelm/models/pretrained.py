@@ -29,8 +29,8 @@ import importlib
 import json
 from pathlib import Path
 
-from oelm.config_io import safetensors_problem
 from oelm.errors import ConfigError, DataFormatError, DataNotFoundError, OELMError
+from oelm.io import safetensors_problem
 
 __all__ = ["PACKAGED_CHECKPOINTS", "TOKENIZER_FILES", "WEIGHT_FILES", "check_local_checkpoint", "resolve_pretrained",
            "load_pretrained", "load_tokenizer"]

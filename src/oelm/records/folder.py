@@ -4,7 +4,7 @@ folder, and the listings of runs (their records, their folders).
 A matrix's output folder (``--output-dir``)::
 
     <out>/
-      .oelm.lock          held (flock) by the process driving the matrix (oelm.lock)
+      .oelm.lock          held (flock) by the process driving the matrix (oelm.runtime.lock)
       config.yaml         the resolved config            experiment.json  its fingerprint (resume check)
       plan.json           every planned run (monitor)    sweep.json       selection on validation
       tokenizer.json      oelm GPT's tokenizer           comparison.json, report.md, report.html
@@ -48,7 +48,7 @@ __all__ = ["MatrixFolder", "RunFolder", "PlannedRun", "run_name", "step_checkpoi
 
 #: The best-on-validation weights of a finished run, relative to its run folder.
 BEST_CHECKPOINT = "checkpoint/model.safetensors"
-#: A final run's per-example predictions (:mod:`oelm.predictions`), relative to its run folder.
+#: A final run's per-example predictions (:mod:`oelm.records.predictions`), relative to its run folder.
 PREDICTIONS_FILE = "predictions.npz"
 #: What ``oelm diagnose`` writes into a run folder (:mod:`oelm.matrix.diagnose`): ``{"run_name",
 #: "method", "seed", "checkpoint_sha256" (of the weights it read), "diagnostics"}``.
@@ -136,7 +136,7 @@ class RunFolder:
 
     @property
     def predictions(self) -> Path:
-        """``predictions.npz``: a final run's per-example predictions (sha256 in result.json; :mod:`oelm.predictions`)."""
+        """``predictions.npz``: a final run's per-example predictions (sha256 in result.json; :mod:`oelm.records.predictions`)."""
         return self.path / PREDICTIONS_FILE
 
     @property
@@ -156,7 +156,7 @@ class RunFolder:
 
     @property
     def lock(self) -> Path:
-        """``.oelm.lock``: held while ``oelm run --only`` trains this run (oelm.lock)."""
+        """``.oelm.lock``: held while ``oelm run --only`` trains this run (oelm.runtime.lock)."""
         return self.path / ".oelm.lock"
 
     def holds_results(self) -> bool:

@@ -1,5 +1,5 @@
 """The run record: the typed :class:`RunRecord` every reader of ``runs/<name>/result.json``
-uses, the validated read (against :class:`~oelm.records.schema.RunResult`), and the writer's one
+uses, the validated read (against :class:`~oelm.records.schema.ResultFile`), and the writer's one
 constructor of a finished (or failed) result, checked by the same schema before the atomic write.
 
 Result keys are spelled here (and in the JSON / HTML writers) only: readers ask the record's
@@ -17,14 +17,14 @@ from oelm.errors import DamagedFileError
 from oelm.io import json_value, read_json_object, write_json_atomic
 
 from oelm.records.schema import (  # re-exported: the schema lives beside the record
-    Data, DataSource, Diagnostics, Environment, EvalRecord, Executor, Mfu, Parameters, Performance, Predictions, RunResult, Timing,
+    Data, DataSource, Diagnostics, Environment, EvalRecord, Executor, Mfu, Parameters, Performance, Predictions, ResultFile, Timing,
     TokenAccuracy,
 )
 
 if TYPE_CHECKING:
     from oelm.records.folder import PlannedRun
 
-__all__ = ["RunResult", "Performance", "TokenAccuracy", "Predictions", "Diagnostics", "DataSource", "EvalRecord", "RunRecord", "read_record", "write_record", "validate_result", "budget_record",
+__all__ = ["ResultFile", "Performance", "TokenAccuracy", "Predictions", "Diagnostics", "DataSource", "EvalRecord", "RunRecord", "read_record", "write_record", "validate_result", "budget_record",
            "finished_result", "failed_result", "run_identity", "round_parts", "time_split_text", "DAMAGED_RESULT_FIX"]
 
 #: What to do about a damaged ``result.json`` (ends the error of ``oelm report`` and readers).
@@ -36,12 +36,12 @@ DAMAGED_RESULT_FIX = ("restore it from a copy, or rerun `oelm run` with the same
 def _result_schema():
     from pydantic import TypeAdapter  # pydantic costs ~0.3 s: only when a record is read or written
 
-    return TypeAdapter(RunResult)
+    return TypeAdapter(ResultFile)
 
 
 def _schema_problem(raw: dict[str, Any]) -> str | None:
     """``"field <where> = <value> (<reason>)"`` for the first field of ``raw`` that does not fit
-    :class:`RunResult` (strict types: a number where a number belongs; unknown keys are free),
+    :class:`ResultFile` (strict types: a number where a number belongs; unknown keys are free),
     None when it fits."""
     from pydantic import ValidationError
 
@@ -56,7 +56,7 @@ def _schema_problem(raw: dict[str, Any]) -> str | None:
 
 def read_record(path: str | os.PathLike, fix: str = DAMAGED_RESULT_FIX) -> "RunRecord":
     """The :class:`RunRecord` of the ``result.json`` at ``path``, its fields checked against
-    :class:`RunResult` (strict types: a number where a number belongs; unknown keys are free).
+    :class:`ResultFile` (strict types: a number where a number belongs; unknown keys are free).
 
     Raises:
         DamagedFileError: the file does not parse, is not an object, or a field has the wrong
@@ -71,7 +71,7 @@ def read_record(path: str | os.PathLike, fix: str = DAMAGED_RESULT_FIX) -> "RunR
 
 
 def validate_result(raw: dict[str, Any]) -> dict[str, Any]:
-    """``raw`` as it will be on disk (NaN/Inf as null), checked against :class:`RunResult`.
+    """``raw`` as it will be on disk (NaN/Inf as null), checked against :class:`ResultFile`.
 
     Raises:
         ValueError: a field does not fit the schema (a bug in the writer: nothing is written)."""
@@ -131,7 +131,7 @@ def finished_result(identity: dict[str, Any], *, config: dict[str, Any], method_
             is complete and kept, the matrix stops after it).
         checkpoint: ``{path, sha256, bytes}`` of the best weights, or None.
         predictions: ``{path, sha256, bytes, format}`` of a final run's per-example predictions
-            (:func:`oelm.predictions.predictions_record`), or None.
+            (:func:`oelm.records.predictions.predictions_record`), or None.
         diagnostics: a final run's attention diagnostics of its best weights
             (:class:`~oelm.records.schema.Diagnostics`), or None.
 
@@ -220,7 +220,7 @@ def _get(section: str, key: str, doc: str | None = None) -> property:
 
 @dataclass(frozen=True)
 class RunRecord:
-    """A run's ``result.json``, typed (schema: :class:`RunResult`).
+    """A run's ``result.json``, typed (schema: :class:`ResultFile`).
 
     ``raw`` is the JSON object as written (only the writer and the JSON writers touch it); the
     properties are what readers use: identity (``method``, ``seed``, ``learning_rate``,

@@ -1,4 +1,4 @@
-"""The schema of ``runs/<name>/result.json`` (:class:`RunResult`, checked on every read and before
+"""The schema of ``runs/<name>/result.json`` (:class:`ResultFile`, checked on every read and before
 every write by :mod:`oelm.records.result`) and of a ``metrics.jsonl`` evaluation line
 (:class:`EvalRecord`, documented, not validated). A field another part of oelm adds to a result
 is declared here and read through a :class:`~oelm.records.result.RunRecord` property.
@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from typing_extensions import TypedDict  # pydantic validates it (typing.TypedDict only from Python 3.12)
 
-__all__ = ["RunResult", "Performance", "TokenAccuracy", "Mfu", "Timing", "Environment", "Parameters", "Data",
+__all__ = ["ResultFile", "Performance", "TokenAccuracy", "Mfu", "Timing", "Environment", "Parameters", "Data",
            "Executor", "Predictions", "Diagnostics", "DiagnosticsMean", "DataSource", "EvalRecord"]
 
 
@@ -39,7 +39,7 @@ class Performance(TypedDict, total=False):
 
 class Predictions(TypedDict, total=False):
     """``result["predictions"]``: the final run's per-example predictions file
-    (:mod:`oelm.predictions`): ``path`` relative to the run folder, ``sha256`` (hex), ``bytes``,
+    (:mod:`oelm.records.predictions`): ``path`` relative to the run folder, ``sha256`` (hex), ``bytes``,
     ``format`` (its layout's version)."""
 
     path: str
@@ -50,7 +50,7 @@ class Predictions(TypedDict, total=False):
 
 class DiagnosticsMean(TypedDict, total=False):
     """``result["diagnostics"]["mean"]``: one run's attention diagnostics averaged over every site
-    and head (:func:`oelm.diagnostics.attention_diagnostics`): entropy and a uniform attention's
+    and head (:func:`oelm.method.diagnostics.attention_diagnostics`): entropy and a uniform attention's
     (nats), normalized entropy (entropy / uniform), logit scale (mean |q.k|/sqrt(head_dim)),
     effective rank of W_q^T W_k (of head_dim), overlap with the pretrained Q/K (0..1)."""
 
@@ -98,11 +98,11 @@ class EvalRecord(TypedDict, total=False):
     token_accuracy: float | None  # language modelling: next-token top-1 accuracy (%)
     train_wall_seconds: float | None  # seconds spent training up to this evaluation (evaluations excluded)
     train_tokens: int | None  # tokens trained on up to this evaluation
-    train_flops: float | None  # model FLOPs trained up to this evaluation (oelm.flops)
+    train_flops: float | None  # model FLOPs trained up to this evaluation (oelm.architectures.flops)
 
 
 class Mfu(TypedDict, total=False):
-    """``result["timing"]["mfu"]`` (:func:`oelm.environment.mfu_record`): model FLOPs utilization
+    """``result["timing"]["mfu"]`` (:func:`oelm.runtime.environment.mfu_record`): model FLOPs utilization
     (a fraction) and the peak (FLOP/s) it divides by; with a measured peak also when that peak was
     taken (UTC, its age in s) and the machine's 1-minute load average then and at the run's end
     (absent in older results)."""
@@ -208,7 +208,7 @@ class Executor(TypedDict, total=False):
     overlapped: list[dict[str, Any]]
 
 
-class RunResult(TypedDict, total=False):
+class ResultFile(TypedDict, total=False):
     """The schema of ``runs/<name>/result.json`` (a plain JSON object on disk).
 
     Identity: ``method``, ``seed``, ``run_name``, ``learning_rate``, ``stage`` ("sweep" |

@@ -22,9 +22,7 @@ from oelm.report.budgets import budgets_comparison
 from oelm.report.caveats import warnings_of
 from oelm.report.compute import matrix_compute
 from oelm.report.convergence import time_to_quality_comparison
-from oelm.report.diagnostics import diagnostics_comparison
-from oelm.report.targets import targets_comparison
-from oelm.report.uncertainty import uncertainty_comparison
+from oelm.report.diagnostics_summary import diagnostics_comparison
 from oelm.report.stats import (
     CHANCE_MARGIN_POINTS,
     best_at_last_evaluation,
@@ -35,6 +33,8 @@ from oelm.report.stats import (
     summarize,
     time_to_target,
 )
+from oelm.report.target_verdicts import targets_comparison
+from oelm.report.uncertainty import uncertainty_comparison
 
 __all__ = ["compare_results", "read_metrics", "run_records", "metrics_records", "num_labels_of",
            "majority_percent_of", "device_label", "learning_rate_of", "step_times_of", "mfu_reference"]

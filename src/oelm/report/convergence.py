@@ -4,7 +4,7 @@ records, :func:`time_to_quality_comparison` for ``comparison.json`` and
 :func:`convergence_blocks` for the report.
 
 The x axes come from each ``eval`` record of ``metrics.jsonl``
-(:func:`oelm.training.timing.training_progress`): ``train_wall_seconds`` (seconds of optimizer
+(:func:`oelm.training.run_timing.training_progress`): ``train_wall_seconds`` (seconds of optimizer
 steps and data stalls so far; validation and checkpoints excluded) and ``train_flops`` (the FLOPs
 the steps executed so far). Runs written before oelm recorded them get no such section.
 

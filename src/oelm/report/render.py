@@ -21,8 +21,8 @@ from oelm.report.budgets import runs_blocks
 from oelm.report.compare import metrics_records, mfu_reference
 from oelm.report.compute import compute_line, time_split_blocks
 from oelm.report.convergence import convergence_blocks
-from oelm.report.diagnostics import diagnostics_blocks
-from oelm.report.targets import targets_blocks
+from oelm.report.diagnostics_summary import diagnostics_blocks
+from oelm.report.target_verdicts import targets_blocks
 from oelm.report.uncertainty import uncertainty_blocks
 
 __all__ = ["Section", "comparison_rows", "build_sections", "render_markdown", "render_html", "curves_from_runs"]

@@ -1,5 +1,5 @@
 """Uncertainty over seeds x test examples: what the final runs' saved predictions
-(:mod:`oelm.predictions`) add to the seed-only intervals of :mod:`oelm.report.stats`.
+(:mod:`oelm.records.predictions`) add to the seed-only intervals of :mod:`oelm.report.stats`.
 
 Pure functions on arrays:
 
@@ -61,7 +61,7 @@ import numpy as np
 
 from oelm.errors import OELMError
 from oelm.records import MatrixFolder, RunRecord
-from oelm.predictions import RunPredictions, read_predictions
+from oelm.records.predictions import RunPredictions, read_predictions
 from oelm.report.stats import sound_runs, summarize
 
 __all__ = [

@@ -17,7 +17,7 @@ step counts), :mod:`~oelm.training.step` (:func:`optimizer_step`, the warm-up),
 :mod:`~oelm.training.evaluation` (:func:`evaluate`, validations, early stopping),
 :mod:`~oelm.training.checkpoint` (checkpoints, resume, best weights), :mod:`~oelm.training.rng`,
 :mod:`~oelm.training.faults` (NaN, OOM, full disk, stop signals), :mod:`~oelm.training.metrics_log`,
-:mod:`~oelm.training.timing` (epoch clock, ``TrainResult.timing``, MFU),
+:mod:`~oelm.training.run_timing` (epoch clock, ``TrainResult.timing``, MFU),
 :mod:`~oelm.training.precision` (the one reader of ``mixed_precision``) and
 :mod:`~oelm.training.state`. ``oelm.train`` re-exports the public names.
 
@@ -50,7 +50,7 @@ Host syncs:
     stops the run within ``log_every`` steps. fp16's ``GradScaler`` hands its inf flag to the
     fused AdamW (no sync); only a non-fused optimizer makes it read the flag every step.
     :func:`evaluate` sums on the device and reads once per evaluation. Left: the GPU step
-    timer's events are read at log steps (:mod:`oelm.timing`); several processes all-reduce the
+    timer's events are read at log steps (:mod:`oelm.runtime.timing`); several processes all-reduce the
     stop flag at log steps and the early-stopping flag after a validation.
 
 Checkpoints and resume:
@@ -98,8 +98,8 @@ Timing (``TrainResult.timing``):
     loader's worker processes), ``per_epoch_seconds``, ``per_step_ms`` {median, mean, p10, p90, n}, ``step_ms``,
     ``process_start_steps``, ``tokens_per_second``, ``samples_per_second``, ``warmup_seconds``,
     ``compile`` / ``compile_mode`` / ``compile_seconds``, ``num_processes``,
-    ``gradient_accumulation_steps``, ``mfu`` (:func:`oelm.environment.mfu_record`) and
-    ``gpu_telemetry``; see :mod:`oelm.timing` for how steps are timed.
+    ``gradient_accumulation_steps``, ``mfu`` (:func:`oelm.runtime.environment.mfu_record`) and
+    ``gpu_telemetry``; see :mod:`oelm.runtime.timing` for how steps are timed.
 """
 
 from oelm.training.engine import (

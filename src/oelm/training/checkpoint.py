@@ -20,7 +20,7 @@ from oelm.records import RunFolder, step_checkpoints
 from oelm.training.evaluation import cpu_copy
 from oelm.training.faults import DISK_FULL, TrainingDivergedError, all_finite, check_finite, disk_full_error, raise_disk_full
 from oelm.training.metrics_log import MetricsLog
-from oelm.training.predictions import BEST_PREDICTIONS_FILE, load_best_predictions, save_best_predictions
+from oelm.training.prediction_collector import BEST_PREDICTIONS_FILE, load_best_predictions, save_best_predictions
 from oelm.training.rng import capture_rng, gather_rng, rank_rng
 from oelm.training.state import TrainState
 

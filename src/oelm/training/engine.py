@@ -19,16 +19,16 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from oelm.config import TrainingConfig
-from oelm.distributed import cpu_only
 from oelm.errors import ConfigError, OELMError
 from oelm.metrics import Metric, get_metric
 from oelm.records import RunFolder
-from oelm.timing import PhaseTimer, StepTimer
+from oelm.runtime.distributed import cpu_only
+from oelm.runtime.timing import PhaseTimer, StepTimer
 from oelm.training.metrics_log import MetricsLog
 from oelm.training.precision import Precision
 
 if TYPE_CHECKING:
-    from oelm.training.predictions import SplitPredictions
+    from oelm.training.prediction_collector import SplitPredictions
 
 __all__ = ["Engine", "build_engine", "build_optimizer", "check_warmup", "compile_mode", "compiled_graphs", "direct_step_safe",
            "make_scheduler", "optimizer_steps_per_epoch", "planned_total_steps", "use_fused_adamw", "with_learning_rate"]

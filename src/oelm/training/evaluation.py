@@ -17,8 +17,8 @@ from oelm.metrics import Metric, get_metric
 from oelm.training.faults import is_oom, oom_error
 from oelm.training.metrics_log import log_train
 from oelm.training.precision import Precision
-from oelm.training.predictions import PredictionCollector, SplitPredictions, collector_for
-from oelm.training.timing import training_progress
+from oelm.training.prediction_collector import PredictionCollector, SplitPredictions, collector_for
+from oelm.training.run_timing import training_progress
 
 if TYPE_CHECKING:
     from oelm.training.engine import Engine
@@ -47,7 +47,7 @@ def evaluate(
     drops the examples Accelerate repeated to even out the shards, so every example counts once
     and every process returns the same numbers.
 
-    ``predictions`` (:class:`~oelm.training.predictions.PredictionCollector`) is handed every
+    ``predictions`` (:class:`~oelm.training.prediction_collector.PredictionCollector`) is handed every
     batch's logits, to keep per-example outcomes (the final runs' ``predictions.npz``), and the
     returned dict as its ``result``.
 

@@ -17,9 +17,9 @@ from torch.utils.data import DataLoader
 
 from oelm.config import TrainingConfig
 from oelm.errors import RunInterruptedError
+from oelm.integrations.trackers import check_installed
 from oelm.metrics import Metric
-from oelm.telemetry import GPUTelemetry
-from oelm.trackers import check_installed
+from oelm.runtime.telemetry import GPUTelemetry
 from oelm.training.checkpoint import remove_unfinished, save_best_weights, save_checkpoint, start_or_resume
 from oelm.training.engine import Engine, setup, with_learning_rate
 from oelm.training.evaluation import (
@@ -27,14 +27,14 @@ from oelm.training.evaluation import (
 )
 from oelm.training.faults import StopSignals
 from oelm.training.metrics_log import log_train, start_trackers
-from oelm.training.predictions import PredictionCollector, collector_for, write_final_predictions
+from oelm.training.prediction_collector import PredictionCollector, collector_for, write_final_predictions
 from oelm.training.rng import epoch_seed, restore_rng
+from oelm.training.run_timing import EpochClock, run_timing
 from oelm.training.state import TrainResult, TrainState
 from oelm.training.step import next_batch, optimizer_step, warm_up
-from oelm.training.timing import EpochClock, run_timing
 
 if TYPE_CHECKING:
-    from oelm.trackers import TrackedRun
+    from oelm.integrations.trackers import TrackedRun
 
 __all__ = ["finish", "train"]
 
@@ -50,7 +50,7 @@ def train(model: nn.Module, train_loader: DataLoader, eval_loader: DataLoader, *
     accumulation, warm-up, checkpoints and resume, early stopping, faults and the returned timing
     are described in the package docstring of :mod:`oelm.training`. ``config.report_to``'s W&B /
     MLflow trackers get every metrics record as a run named ``run_dir``'s name (``tracked``: its
-    project, config and output folder; :class:`oelm.trackers.TrackedRun`). With ``predictions``
+    project, config and output folder; :class:`oelm.integrations.trackers.TrackedRun`). With ``predictions``
     (a matrix's final runs) the best weights' per-example predictions on the validation split (kept
     during the best validation, and in the checkpoints after it) and the test split (its one
     evaluation) are saved to ``run_dir/predictions.npz`` (:func:`_save_predictions`).
@@ -225,7 +225,7 @@ def _interrupt(engine: Engine, state: TrainState, stop: StopSignals) -> None:
 def finish(engine: Engine, state: TrainState, test_loader: DataLoader | None,
            test_predictions: PredictionCollector | None = None) -> float | None:
     """Load and save the best-on-validation weights (rank 0), evaluate the test split once with
-    them (``test_predictions``: a :class:`~oelm.training.predictions.PredictionCollector` that keeps
+    them (``test_predictions``: a :class:`~oelm.training.prediction_collector.PredictionCollector` that keeps
     its per-example outcomes), close the log and remove the resumable checkpoints. Returns the
     test value (None without a test split)."""
     import shutil

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from oelm.errors import RunInterruptedError
+from oelm.integrations.trackers import TrackedRun, Trackers
 from oelm.records import RunFolder
-from oelm.trackers import TrackedRun, Trackers
 from oelm.training.faults import DISK_FULL, check_finite, disk_full_error
 
 if TYPE_CHECKING:

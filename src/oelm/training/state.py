@@ -38,7 +38,7 @@ class TrainResult:
     #: (:func:`oelm.training.evaluation.token_accuracy_of`); None for classification
     token_accuracy: dict[str, float | None] | None = None
     #: with ``train(predictions=True)``: per split the value / loss / n / rows of the evaluation its
-    #: saved predictions come from (:func:`oelm.training.predictions.write_final_predictions`); else None
+    #: saved predictions come from (:func:`oelm.training.prediction_collector.write_final_predictions`); else None
     predictions: dict[str, Any] | None = None
 
 

@@ -1,0 +1,243 @@
+"""OELM as a PEFT method: ``get_peft_model(model, OELMPeftConfig(method="oelm_freeze"))``.
+
+Importing this module registers OELM with PEFT (``pip install oelm[peft]``; tested with PEFT
+0.21.2); ``import oelm`` alone never imports PEFT. Then the PEFT calls work as for LoRA::
+
+    import oelm.peft                        # the documented name of this module, oelm.integrations.peft
+    from peft import PeftModel, get_peft_model
+
+    model = get_peft_model(base, oelm.peft.OELMPeftConfig(method="oelm_freeze", seed=0))
+    model.print_trainable_parameters()      # everything but the frozen orthogonal Q/K trains
+    ...                                     # train (Trainer, your loop)
+    model.save_pretrained(out)              # adapter_config.json + the trained tensors only
+    model = PeftModel.from_pretrained(fresh_base, out, is_trainable=True)   # Q/K regenerated, checked
+    plain = model.merge_and_unload()        # the base architecture again (fused Q/K/V fused back)
+
+What OELM is in PEFT's terms. A LoRA adapter adds small trained matrices to a frozen base; OELM
+instead changes the base in place (:func:`oelm.apply_oelm`: Q/K orthogonalized per head and
+frozen, fused Q/K/V split) and trains *everything else*. So the "adapter" PEFT saves is every
+tensor of the model except the frozen ones (PEFT's ``save_pretrained`` stores only what trained,
+as oelm's lean checkpoints do); the frozen Q/K are regenerated from the recorded method and seed
+on load, and checked against the sha256 record that ``save_pretrained`` writes into
+``adapter_config.json`` (``frozen``). ``merge_and_unload`` is :func:`oelm.merge_and_unload`.
+``unload`` and disabling the adapter are refused: OELM keeps no copy of the original Q/K.
+
+Registration: PEFT 0.21's ``register_peft_method`` accepts only names of its own ``PeftType``
+enum, which has no OELM entry; :func:`register` calls it when a PEFT version has one, and
+otherwise makes the same four entries in PEFT's mappings under the string ``"OELM"``, the way PEFT
+supports out-of-tree methods with a string ``peft_type`` (huggingface/peft#2634, #2635).
+
+Frozen orthogonal Q/K *plus LoRA* on V/O (PEFT's mixed adapters take only its own LoRA-family
+types, so this is a two-step recipe, tested in ``tests/test_peft.py``)::
+
+    oelm.apply_oelm(base, "oelm_freeze", seed=0)                       # 1. Q/K orthogonal, frozen
+    model = get_peft_model(base, LoraConfig(target_modules=["value", "attention.output.dense"]))  # 2. LoRA
+    model.save_pretrained(out)                                         # the LoRA adapter
+    oelm.apply_oelm(fresh_base, "oelm_freeze", seed=0)                 # reload: the same step 1, then
+    model = PeftModel.from_pretrained(fresh_base, out)
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+from peft import LoraConfig, PeftConfig, get_peft_model
+from peft.tuners.tuners_utils import BaseTuner, BaseTunerLayer
+from torch import nn
+
+from oelm.checkpoint.common import check_frozen, mismatch_causes
+from oelm.errors import CheckpointError, ConfigError
+from oelm.integrations.lora import LORA_KEYS, lora_target_message, lora_target_problems
+from oelm.method.apply import apply_oelm
+from oelm.method.checkpoint_record import tensor_sha256
+from oelm.method.config import METHODS, OELMConfig, get_method
+from oelm.method.merge import merge_and_unload
+from oelm.method.parameters import ParameterReport, parameter_report
+
+__all__ = ["OELM_PEFT_TYPE", "OELMPeftConfig", "OELMModel", "register", "add_lora"]
+
+OELM_PEFT_TYPE = "OELM"
+
+
+@dataclass
+class OELMPeftConfig(PeftConfig):
+    """The PEFT config of an OELM method (``peft_type="OELM"``); ``metadata["help"]`` documents each field.
+
+    Raises:
+        ConfigError: unknown method, a seed that is not a non-negative int or None.
+    """
+
+    method: str = field(default="oelm_freeze", metadata={"help": f"An OELM method name: {', '.join(METHODS)}."})
+    seed: Optional[int] = field(
+        default=0, metadata={"help": "Seed of the method's random draws; the frozen Q/K are regenerated from it on load."}
+    )
+    target_modules: Optional[dict] = field(
+        default=None,
+        metadata={"help": "For a model no oelm registry entry knows: {'query': 'q_proj', 'key': 'k_proj'} or "
+                          "{'qkv': 'c_attn', 'layout': 'qkv_conv1d'} (see oelm.apply_oelm)."},
+    )
+    num_heads: Optional[int] = field(default=None, metadata={"help": "Query heads, with target_modules, when the config has none."})
+    frozen: Optional[dict] = field(
+        default=None,
+        metadata={"help": "Written by save_pretrained: {name: {dtype, shape, sha256}} of every frozen tensor, "
+                          "checked when the adapter is loaded."},
+    )
+    torch_version: Optional[str] = field(default=None, metadata={"help": "Written by save_pretrained: torch's version."})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.peft_type = OELM_PEFT_TYPE
+        get_method(self.method)  # unknown name -> ConfigError naming the closest one
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+            raise ConfigError(f"OELMPeftConfig.seed must be None or a non-negative int, got {self.seed!r}")
+
+    def oelm_config(self) -> OELMConfig:
+        """The :class:`~oelm.method.OELMConfig` this applies: the named method with ``seed``."""
+        return get_method(self.method).replace(seed=self.seed)
+
+
+def _tuner_of(model: nn.Module) -> "OELMModel":
+    return model if isinstance(model, OELMModel) else model.base_model
+
+
+def _frozen_names(model: nn.Module) -> set[str]:
+    """Names (relative to ``model``: a PeftModel or the tuner) of the parameters OELM froze."""
+    tuner = _tuner_of(model)
+    frozen = {id(p) for n, p in tuner.model.named_parameters() if n in tuner.oelm_frozen}
+    return {n for n, p in model.named_parameters(remove_duplicate=False) if id(p) in frozen}
+
+
+class OELMModel(BaseTuner):
+    """The PEFT tuner of :class:`OELMPeftConfig` (built by ``get_peft_model``, not by hand).
+
+    Injection is :func:`oelm.apply_oelm` with the config's method and seed; ``oelm_frozen`` holds
+    the names of the parameters it froze. One OELM adapter per model: a second would mix two
+    methods on the same weights.
+    """
+
+    prefix = "oelm_"
+    tuner_layer_cls = BaseTunerLayer
+    target_module_mapping: dict[str, list[str]] = {}
+
+    def inject_adapter(self, model: nn.Module, adapter_name: str, autocast_adapter_dtype: bool = True,
+                       low_cpu_mem_usage: bool = False, state_dict: dict | None = None) -> None:
+        config = self.peft_config[adapter_name]
+        if len(self.peft_config) > 1:
+            raise ValueError(f"an OELM model has one adapter; got {sorted(self.peft_config)}")
+        report = apply_oelm(model, config.oelm_config(), target_modules=config.target_modules, num_heads=config.num_heads)
+        self.oelm_frozen = tuple(n for n, p in model.named_parameters() if not p.requires_grad)
+        self.targeted_module_names = sorted({p["module"] for p in report.projections})
+        if config.inference_mode:
+            for p in model.parameters():
+                p.requires_grad_(False)
+
+    def _create_and_replace(self, *args: Any, **kwargs: Any) -> None:  # pragma: no cover - inject_adapter is overridden
+        raise NotImplementedError("OELM changes the model in place (oelm.apply_oelm); it replaces no module")
+
+    def _mark_only_adapters_as_trainable(self, model: nn.Module) -> None:
+        """OELM's trainable set is everything but the frozen Q/K; apply_oelm already set it."""
+
+    @classmethod
+    def _get_adapter_state_dict(cls, model: nn.Module, config: OELMPeftConfig, adapter_name: str,
+                                state_dict: dict[str, torch.Tensor], unwanted_adapter_names: list[str]) -> dict[str, torch.Tensor]:
+        """What PEFT saves: every tensor but the frozen ones (a tied weight once). Records the frozen
+        tensors' sha256 in ``config.frozen``, which PEFT writes to ``adapter_config.json`` next."""
+        frozen = _frozen_names(model)
+        params = dict(model.named_parameters(remove_duplicate=False))
+        first = {id(p): n for n, p in reversed(list(params.items()))}  # the first name of each tensor
+        keep = {k: v for k, v in state_dict.items() if k not in frozen and (k not in params or first[id(params[k])] == k)}
+        config.frozen = {n: {"dtype": str(params[n].dtype), "shape": list(params[n].shape), "sha256": tensor_sha256(params[n])}
+                         for n in sorted(frozen) if first[id(params[n])] == n}
+        config.torch_version = torch.__version__
+        return keep
+
+    @classmethod
+    def _remove_adapter_name_from_key(cls, key: str, adapter_name: str) -> str:
+        return key  # OELM's tensors are the model's own: no adapter name in their keys
+
+    @classmethod
+    def _remap_adapter_state_dict_for_load(cls, model: nn.Module, config: OELMPeftConfig, adapter_name: str,
+                                           state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Before PEFT loads the saved tensors: the regenerated frozen tensors must match the record.
+
+        Raises:
+            CheckpointError: the record names a tensor the model does not freeze.
+            CheckpointMismatchError: a regenerated tensor differs (named, with the likely causes).
+        """
+        if config.frozen:
+            params = dict(model.named_parameters(remove_duplicate=False))
+            unknown = sorted(set(config.frozen) - _frozen_names(model))
+            if unknown:
+                raise CheckpointError(f"adapter_config.json records frozen tensor(s) {unknown[:5]} that this model "
+                                      f"with {config.method!r} does not freeze; load it onto the base it was trained from")
+            causes = mismatch_causes(None, config.oelm_config(), config.torch_version)
+            check_frozen(params, config.frozen, config.oelm_config(), causes)
+        return state_dict
+
+    def _unload_and_optionally_merge(self, merge: bool = True, progressbar: bool = False, safe_merge: bool = False,
+                                     adapter_names: list[str] | None = None) -> nn.Module:
+        if not merge:
+            raise ValueError(
+                "OELM changed the base weights in place (orthogonalized Q/K) and keeps no copy of the original ones, "
+                "so unload() cannot give the original base back; use merge_and_unload() for the trained plain model"
+            )
+        return merge_and_unload(self.model)
+
+    def _enable_adapter_layers(self, enabled: bool = True) -> None:
+        if not enabled:
+            raise ValueError("OELM cannot be disabled: it changed the base weights in place and keeps no copy of "
+                             "the original Q/K (disable_adapter, disable_adapter_layers)")
+
+    def set_adapter(self, adapter_name: str | list[str], inference_mode: bool = False) -> None:
+        if adapter_name not in (self.active_adapter, [self.active_adapter]):
+            raise ValueError(f"an OELM model has one adapter ({self.active_adapter!r}), got {adapter_name!r}")
+
+
+def add_lora(model: nn.Module, lora: dict[str, Any], report: ParameterReport | None = None) -> tuple[nn.Module, ParameterReport]:
+    """Step 2 of the frozen-Q/K-plus-LoRA recipe: PEFT's LoRA (``LoraConfig(**lora)``) on a model
+    ``apply_oelm`` already changed. LoRA freezes every base parameter (the frozen Q/K stay frozen)
+    and trains its matrices and ``modules_to_save``. Returns the PEFT model and its parameter
+    report (``report``'s method name and Q/K projections kept).
+
+    Raises:
+        ConfigError: a field LoraConfig does not know, a value it refuses, or a ``target_modules`` /
+            ``modules_to_save`` entry that names no module of ``model`` (the message names it).
+    """
+    unknown = sorted(set(lora) - LORA_KEYS)
+    if unknown:
+        raise ConfigError(f"lora: unknown field(s) {unknown}; allowed: {sorted(LORA_KEYS)}")
+    try:  # a copy: PEFT extends modules_to_save in place (SEQ_CLS adds classifier, score), and a matrix reuses `lora`
+        config = LoraConfig(**copy.deepcopy(lora))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"lora: {exc}") from None
+    names = [name for name, _ in model.named_modules()]
+    problems = lora_target_problems(lora, names)
+    if problems:  # PEFT refuses only a target_modules that matches nothing at all
+        raise ConfigError(lora_target_message(problems, names, type(model).__name__))
+    wrapped = get_peft_model(model, config)
+    new = parameter_report(wrapped, method=report.method if report is not None else "")
+    new.projections = report.projections if report is not None else []
+    return wrapped, new
+
+
+def register() -> None:
+    """Register OELM with PEFT (idempotent; run when this module is imported): PEFT's own
+    ``register_peft_method`` when its ``PeftType`` has ``OELM``, else the same mapping entries
+    under the string ``"OELM"`` (see the module docstring)."""
+    from peft.mapping import PEFT_TYPE_TO_CONFIG_MAPPING, PEFT_TYPE_TO_PREFIX_MAPPING, PEFT_TYPE_TO_TUNER_MAPPING
+    from peft.utils import PeftType, register_peft_method
+
+    if PEFT_TYPE_TO_CONFIG_MAPPING.get(OELM_PEFT_TYPE) is OELMPeftConfig:
+        return
+    if OELM_PEFT_TYPE in PeftType.__members__:
+        register_peft_method(name=OELM_PEFT_TYPE.lower(), config_cls=OELMPeftConfig, model_cls=OELMModel, prefix=OELMModel.prefix)
+        return
+    PEFT_TYPE_TO_CONFIG_MAPPING[OELM_PEFT_TYPE] = OELMPeftConfig
+    PEFT_TYPE_TO_TUNER_MAPPING[OELM_PEFT_TYPE] = OELMModel
+    PEFT_TYPE_TO_PREFIX_MAPPING[OELM_PEFT_TYPE] = OELMModel.prefix
+
+
+register()
