@@ -7,7 +7,7 @@ import argparse
 
 from oelm.cli.console import version
 from oelm.cli.inspect import cmd_inspect
-from oelm.cli.run import cmd_bench, cmd_diagnose, cmd_env, cmd_monitor, cmd_plan, cmd_report, cmd_run, cmd_stop
+from oelm.cli.run import cmd_bench, cmd_diagnose, cmd_env, cmd_export, cmd_monitor, cmd_plan, cmd_report, cmd_run, cmd_stop
 from oelm.cli.starter import cmd_configs, cmd_init
 
 
@@ -64,7 +64,7 @@ def _add_run(sub, env: argparse.ArgumentParser) -> None:
 
 
 def _add_matrix_tools(sub, env: argparse.ArgumentParser) -> None:
-    """plan, stop, monitor, report, diagnose: the commands around a matrix's output folder."""
+    """plan, stop, monitor, report, diagnose, export: the commands around a matrix's output folder."""
     p = sub.add_parser("plan", parents=[env],
                        help="the runs of a matrix that are ready to train now, one JSON object a line (for batch systems)")
     p.add_argument("config", help="experiment YAML, or a shipped config's name")
@@ -93,6 +93,13 @@ def _add_matrix_tools(sub, env: argparse.ArgumentParser) -> None:
     p.add_argument("dir", help="an `oelm run` output directory")
     p.add_argument("--force", action="store_true", help="recompute diagnostics.json files that exist")
     p.set_defaults(func=cmd_diagnose)
+
+    p = sub.add_parser("export", parents=[env], help="a finished run's best weights as a Hugging Face model folder "
+                       "(method merged out, model card README.md) that a stock AutoModelFor...from_pretrained(OUT) "
+                       "loads without oelm")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a finished run's folder: OUTPUT_DIR/runs/<run>")
+    p.add_argument("out", metavar="OUT", help="a new (or empty) folder to write")
+    p.set_defaults(func=cmd_export)
 
 
 def _add_inspect(sub, env: argparse.ArgumentParser) -> None:
