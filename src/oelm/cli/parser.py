@@ -127,7 +127,10 @@ def _add_inspect(sub, env: argparse.ArgumentParser) -> None:
                    "inits that apply to --model, a fixed learning-rate grid, seeds, a targets example; oelm.config.suite)")
     p.add_argument("--model", help="--suite: an oelm GPT preset (from scratch: gpt-tiny) or a Hugging Face id / local "
                    "dir (pretrained: sentence-transformers/all-MiniLM-L6-v2)")
-    p.add_argument("--task", help="--suite: a registered dataset (oelm.data.DATASETS: sst2, ag_news, imdb, xnli-en-dev, tinystories, gutenberg, ...)")
+    p.add_argument("--task", help="--suite: a registered dataset (oelm.data.DATASETS: sst2, ag_news, imdb, xnli-en-dev, "
+                   "tinystories, gutenberg, ...), or your own data as a config's task takes it: "
+                   "'{dataset: NAME, source: {files: {train: FILE, validation: FILE}, text_columns: [COLUMN]}}' "
+                   "inline or in a .yaml file")
     p.add_argument("--seeds", type=int, help="--suite: seeds per method (default 5, at least 3)")
     p.add_argument("--force", action="store_true", help="overwrite PATH if it exists")
     p.set_defaults(func=cmd_init)
