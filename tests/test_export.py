@@ -112,13 +112,16 @@ def test_bad_folders_are_refused_in_one_line(exported, tmp_path, capsys):
         ([str(run_dir), str(hf)], "is not an empty folder"),                       # never over an existing export
         ([str(run_dir.parents[1]), str(tmp_path / "a")], "give one run's folder"),  # the matrix, not a run
         ([str(tmp_path), str(tmp_path / "b")], "not an oelm run folder"),
+        ([str(run_dir), str(tmp_path / "link")], "is a symbolic link"),            # never where a link points
     ]
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "empty")
     for argv, message in cases:
         capsys.readouterr()
         assert main(["export", *argv]) == 2  # oelm's error exit
         err = capsys.readouterr().err.strip()
         assert message in err and len(err.splitlines()) == 1, err
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists() and not any((tmp_path / "empty").iterdir())
 
 
 def test_oelm_s_gpt_is_refused_with_what_to_use(tmp_path, capsys):

@@ -63,6 +63,8 @@ def _finished_run(run_dir: Path) -> tuple[RunFolder, RunRecord, ExperimentConfig
 
 
 def _check_out(out: Path) -> None:
+    if out.is_symlink():  # the export would land wherever it points
+        raise OELMError(f"{out} is a symbolic link; give a new folder for the export (nothing was written)")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise OELMError(f"{out} exists and is not an empty folder; give a new folder for the export (nothing was written)")
 
@@ -204,7 +206,7 @@ def model_card(record: RunRecord, config: ExperimentConfig) -> str:
         "---", yaml.safe_dump(meta, sort_keys=False).strip(), "---", "",
         f"# {config.name}: {record.name}", "",
         f"`{config.model.pretrained}` fine-tuned on `{config.task.dataset}` with oelm's method `{record.method}` "
-        f"(seed {record.seed}, learning rate {record.method_learning_rate:g}), exported by `oelm export`. "
+        f"(seed {record.seed}, learning rate {record.method_learning_rate}), exported by `oelm export`. "
         "The method is merged out: this is a plain transformers model (`AutoModelFor...from_pretrained` loads it; "
         "no oelm import, no `trust_remote_code`).", "",
         "## Method", "",
