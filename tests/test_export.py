@@ -21,7 +21,8 @@ from oelm.data import load_classification, subsample
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_SST2 = [
-    "task.train_samples=64", "task.validation_samples=40", "training.max_steps=6", "training.batch_size=16",
+    "task.train_samples=64", "task.validation_samples=40", "task.test_split=test", "task.test_samples=24",
+    "training.max_steps=6", "training.batch_size=16",
     "training.eval_every=3", "training.log_every=3", "training.timing_warmup_steps=1", "training.progress_bar=false",
     "methods=[{name: oelm_freeze, learning_rate: 3.0e-4}]",
 ]
@@ -98,7 +99,9 @@ def test_the_model_card_names_the_run_s_numbers(exported):
     assert validation["metrics"] == [{"type": "accuracy", "value": round(result["performance"]["best_validation"] / 100, 6),
                                       "name": "validation accuracy"}]
     assert validation["dataset"] == {"name": "sst2", "type": "nyu-mll/glue", "split": "validation", "config": "sst2"}
-    assert f"{result['performance']['best_validation']:.4f}%" in card
+    (test,) = [r for r in meta["model-index"][0]["results"] if r["dataset"]["split"] == "test"]
+    assert test["metrics"][0]["value"] == round(result["performance"]["test"] / 100, 6)
+    assert f"{result['performance']['best_validation']:.4f}%" in card and f"{result['performance']['test']:.4f}%" in card
     assert "oelm run oelm_config.yaml --output-dir reproduce --only oelm_freeze-seed0" in card
     assert f"torch {result['environment']['packages']['torch']}" in card
     assert "init: orthogonalize" in card  # the method's settings
