@@ -155,40 +155,32 @@ def _fraction(record: RunRecord, value: float | None) -> float | None:
     return round(value / 100, 6) if record.metric == "accuracy" else value
 
 
-def card_metadata(record: RunRecord, config: ExperimentConfig) -> dict[str, Any]:
-    """The model card's YAML metadata (the Hub's model card fields: ``library_name``,
-    ``pipeline_tag``, ``base_model``, ``datasets``, ``metrics``, ``tags`` and a ``model-index`` whose
-    results are the run's validation (best, the one the weights were selected on) and test
-    metrics; accuracy as a fraction, as ``evaluate`` and the Hub's leaderboards write it)."""
+def card_metadata(record: RunRecord, config: ExperimentConfig):
+    """The model card's metadata as ``huggingface_hub.ModelCardData`` (the Hub's own model card
+    fields, written as the card's YAML front matter: ``library_name``, ``pipeline_tag``,
+    ``base_model``, ``datasets``, ``metrics``, ``tags``, and ``eval_results``, the ``model-index``
+    whose results are the run's validation metric (best: the one the weights were selected on) and
+    its test metric; accuracy as a fraction, as ``evaluate`` and the Hub's leaderboards write it)."""
+    from huggingface_hub import EvalResult, ModelCardData  # comes with transformers; only when a card is written
+
     from oelm.data.registry import get_dataset_spec  # the data registry loads only when a card is written
 
     task_type = "classification" if record.metric == "accuracy" else "language_modeling"
     try:
-        spec = get_dataset_spec(config.task.dataset) if config.task.source is None else None
+        spec = get_dataset_spec(config.task.dataset)
     except (KeyError, ValueError, OELMError):
         spec = None
-    dataset_id = (spec.hub_id if spec and spec.hub_id else config.task.dataset)
-    results = []
-    for split, value in (("validation", record.best_validation), ("test", record.test)):
-        if value is None:
-            continue
-        results.append({
-            "task": {"type": _HF_TASK[task_type][0], "name": _HF_TASK[task_type][1]},
-            "dataset": {"name": config.task.dataset, "type": dataset_id, "split": split,
-                        **({"config": spec.hub_config} if spec and spec.hub_config else {})},
-            "metrics": [{"type": record.metric, "value": _fraction(record, value),
-                         "name": f"{split} {record.metric}"}],
-        })
-    meta: dict[str, Any] = {
-        "library_name": "transformers",
-        "pipeline_tag": _PIPELINE[task_type],
-        "base_model": config.model.pretrained,
-        "datasets": [dataset_id],
-        "metrics": [record.metric],
-        "tags": ["oelm", "orthogonal-elm", f"oelm-{record.method}"],
-        "model-index": [{"name": f"{config.name}-{record.name}", "results": results}],
-    }
-    return meta
+    dataset_id = spec.hub_id if spec is not None and spec.hub_id else config.task.dataset
+    results = [EvalResult(task_type=_HF_TASK[task_type][0], task_name=_HF_TASK[task_type][1],
+                          dataset_type=dataset_id, dataset_name=config.task.dataset, dataset_split=split,
+                          dataset_config=spec.hub_config if spec is not None else None,
+                          metric_type=record.metric, metric_value=_fraction(record, value),
+                          metric_name=f"{split} {record.metric}")
+               for split, value in (("validation", record.best_validation), ("test", record.test)) if value is not None]
+    return ModelCardData(library_name="transformers", pipeline_tag=_PIPELINE[task_type],
+                         base_model=config.model.pretrained, datasets=[dataset_id], metrics=[record.metric],
+                         tags=["oelm", "orthogonal-elm", f"oelm-{record.method}"],
+                         model_name=f"{config.name}-{record.name}", eval_results=results)
 
 
 def model_card(record: RunRecord, config: ExperimentConfig) -> str:
@@ -200,10 +192,10 @@ def model_card(record: RunRecord, config: ExperimentConfig) -> str:
     packages = env.get("packages") or {}
     cuda = env.get("cuda") or {}
     method_config = yaml.safe_dump(record.method_config, sort_keys=False).strip()
-    hub = meta["datasets"][0]
+    hub = meta.datasets[0]
     splits = ", ".join(f"{k} {v['examples']}" for k, v in record.data.items() if isinstance(v, dict) and "examples" in v)
     lines = [
-        "---", yaml.safe_dump(meta, sort_keys=False).strip(), "---", "",
+        "---", meta.to_yaml(), "---", "",
         f"# {config.name}: {record.name}", "",
         f"`{config.model.pretrained}` fine-tuned on `{config.task.dataset}` with oelm's method `{record.method}` "
         f"(seed {record.seed}, learning rate {record.method_learning_rate}), exported by `oelm export`. "
