@@ -20,6 +20,7 @@ from _tiny_matrix import TINY_GPT, write_config
 from oelm.cli import main
 from oelm.config import TrainingConfig, config_from_dict, load_config
 from oelm.errors import ConfigError, RunInterruptedError
+from oelm.integrations.trackers import trainer_scalars
 
 MATRIX = (
     "name: tracked\n"
@@ -43,21 +44,22 @@ def mlflow_offline(monkeypatch):
 
 
 def _expected(run_dir: Path, after: int = -1, upto: int = 10**9) -> dict[str, list[tuple[int, float]]]:
-    """Every numeric field of metrics.jsonl as tracker series: ``{"train/loss": [(step, value), ...]}``."""
+    """Every numeric field of metrics.jsonl as tracker series, in Trainer's units (accuracy a fraction:
+    :func:`trainer_scalars`): ``{"train/loss": [(step, value), ...]}``; train/epoch, which the trackers
+    compute from the run's steps per epoch, is checked by test_tensorboard_conventions.py."""
     series: dict[str, list[tuple[int, float]]] = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         r = json.loads(line)
         if not after < r["step"] <= upto:
             continue
-        for k, v in r.items():
-            if k not in ("type", "step") and isinstance(v, (int, float)) and not isinstance(v, bool):
-                series.setdefault(f"{r['type']}/{k}", []).append((r["step"], float(v)))
+        for k, v in trainer_scalars(r).items():
+            series.setdefault(k, []).append((r["step"], float(v)))
     return series
 
 
 def _mlflow_series(client, run) -> dict[str, list[tuple[int, float]]]:
     return {key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
-            for key in run.data.metrics}
+            for key in run.data.metrics if key != "train/epoch"}
 
 
 def test_matrix_run_logs_to_tensorboard_once_and_to_an_mlflow_file_store(tmp_path, data_dir, mlflow_offline):
@@ -104,7 +106,7 @@ def test_wandb_offline_run_holds_the_metrics_of_the_run(tmp_path, data_dir, monk
         if record.WhichOneof("record_type") == "history":
             items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
             for k, v in items.items():
-                if not k.startswith("_"):
+                if not k.startswith("_") and k != "train/epoch":
                     logged.setdefault(k, []).append((items["_step"], float(v)))
     assert logged == _expected(run_dir)
     assert not (run_dir / "tensorboard").exists() and not (run_dir / "mlruns").exists()

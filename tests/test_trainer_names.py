@@ -111,7 +111,7 @@ def test_no_trainer_name_gets_a_wrong_suggestion(tmp_path):
     """The two suggestions the issue found (per_device_train_batch_size -> eval_batch_size,
     eval_steps -> max_steps) and every other name of the table: accepted or refused, never
     answered with the closest-spelled oelm key."""
-    values = {"bf16": "true", "fp16": "true", "torch_compile": "true", "lr_scheduler_type": "linear"}
+    values = {"bf16": "true", "fp16": "true", "torch_compile": "true", "lr_scheduler_type": "linear", "eval_on_start": "true"}
     for name in [*TRAINER_ALIASES, *TRAINER_REFUSED]:
         try:
             _config(tmp_path, f"{{{name}: {values.get(name, 4)}}}")

@@ -7,7 +7,7 @@ import argparse
 
 from oelm.cli.console import version
 from oelm.cli.inspect import cmd_inspect
-from oelm.cli.run import cmd_bench, cmd_diagnose, cmd_env, cmd_monitor, cmd_plan, cmd_report, cmd_run, cmd_stop
+from oelm.cli.run import cmd_bench, cmd_diagnose, cmd_env, cmd_export, cmd_monitor, cmd_plan, cmd_report, cmd_run, cmd_stop
 from oelm.cli.starter import cmd_configs, cmd_init
 
 
@@ -64,7 +64,7 @@ def _add_run(sub, env: argparse.ArgumentParser) -> None:
 
 
 def _add_matrix_tools(sub, env: argparse.ArgumentParser) -> None:
-    """plan, stop, monitor, report, diagnose: the commands around a matrix's output folder."""
+    """plan, stop, monitor, report, diagnose, export: the commands around a matrix's output folder."""
     p = sub.add_parser("plan", parents=[env],
                        help="the runs of a matrix that are ready to train now, one JSON object a line (for batch systems)")
     p.add_argument("config", help="experiment YAML, or a shipped config's name")
@@ -94,6 +94,13 @@ def _add_matrix_tools(sub, env: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="recompute diagnostics.json files that exist")
     p.set_defaults(func=cmd_diagnose)
 
+    p = sub.add_parser("export", parents=[env], help="a finished run's best weights as a Hugging Face model folder "
+                       "(method merged out, model card README.md) that a stock AutoModelFor...from_pretrained(OUT) "
+                       "loads without oelm")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a finished run's folder: OUTPUT_DIR/runs/<run>")
+    p.add_argument("out", metavar="OUT", help="a new (or empty) folder to write")
+    p.set_defaults(func=cmd_export)
+
 
 def _add_inspect(sub, env: argparse.ArgumentParser) -> None:
     """inspect, configs, init: looking at models and configs before a run."""
@@ -120,7 +127,10 @@ def _add_inspect(sub, env: argparse.ArgumentParser) -> None:
                    "inits that apply to --model, a fixed learning-rate grid, seeds, a targets example; oelm.config.suite)")
     p.add_argument("--model", help="--suite: an oelm GPT preset (from scratch: gpt-tiny) or a Hugging Face id / local "
                    "dir (pretrained: sentence-transformers/all-MiniLM-L6-v2)")
-    p.add_argument("--task", help="--suite: a registered dataset (oelm.data.DATASETS: sst2, ag_news, imdb, xnli-en-dev, tinystories, gutenberg, ...)")
+    p.add_argument("--task", help="--suite: a registered dataset (oelm.data.DATASETS: sst2, ag_news, imdb, xnli-en-dev, "
+                   "tinystories, gutenberg, ...), or your own data as a config's task takes it: "
+                   "'{dataset: NAME, source: {files: {train: FILE, validation: FILE}, text_columns: [COLUMN]}}' "
+                   "inline or in a .yaml file")
     p.add_argument("--seeds", type=int, help="--suite: seeds per method (default 5, at least 3)")
     p.add_argument("--force", action="store_true", help="overwrite PATH if it exists")
     p.set_defaults(func=cmd_init)

@@ -217,6 +217,14 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """``oelm export RUN_DIR OUT``: :func:`oelm.matrix.export.export_run`."""
+    from oelm.matrix.export import export_run
+
+    export_run(Path(args.run_dir), Path(args.out))
+    return 0
+
+
 def cmd_stop(args: argparse.Namespace) -> int:
     """``oelm stop DIR``: :func:`oelm.runtime.lock.stop_holder`: the driving ``oelm run``, or each
     ``oelm run --only`` job of this host that holds one of its runs (exit 0 when they stopped or

@@ -71,6 +71,11 @@ def cmd_init(args: argparse.Namespace) -> int:
         dest.write_text(text, encoding="utf-8")
     except OSError as exc:
         raise OELMError(f"cannot write {dest}: {exc.strerror or exc}") from None
-    source = f"suite {args.suite}, {args.model} on {args.task}" if args.suite else args.template or "quickstart"
+    if args.suite:
+        from oelm.config.suite import task_source
+
+        source = f"suite {args.suite}, {args.model} on {task_source(args.task)[0]}"
+    else:
+        source = args.template or "quickstart"
     print(f"wrote {dest} ({source}); edit it, then: oelm run {dest}")
     return 0

@@ -21,7 +21,7 @@ from typing import Annotated, Any, Union
 
 from pydantic import Field, ValidationInfo, create_model, field_validator, model_validator
 
-from oelm.config.aliases import canonical_training
+from oelm.config.aliases import canonical_training, trainer_hint
 from oelm.config.fields import Float, Int, Seed, StrictModel, keys_only
 from oelm.config.training import TrainingConfig
 from oelm.integrations.lora import LORA_KEYS
@@ -108,9 +108,10 @@ class MethodEntry(_WithKnobs):
                 raise ValueError(f"method {self.name!r}: learning_rates has duplicates: {self.learning_rates}")
         unknown = sorted(set(self.training) - set(TrainingConfig.model_fields))
         if unknown:
-            raise ValueError(
-                f"method {self.name!r}: training has unknown key(s) {unknown}; valid keys: {', '.join(TrainingConfig.model_fields)}"
-            )
+            keys = list(TrainingConfig.model_fields)
+            hint = trainer_hint(unknown[0], keys) if len(unknown) == 1 else ""
+            raise ValueError(f"method {self.name!r}: training has unknown key(s) {unknown}; "
+                             f"{hint or 'valid keys: ' + ', '.join(keys)}")
         if self.lora is not None:
             unknown = sorted(set(self.lora) - LORA_KEYS)
             if unknown or not self.lora.get("target_modules"):

@@ -17,7 +17,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from oelm.config.aliases import TRAINER_ALIASES, canonical_training
+from oelm.config.aliases import TRAINER_ALIASES, canonical_training, trainer_hint
+from oelm.config.training import TrainingConfig
 from oelm.errors import ConfigError
 
 __all__ = ["parse_overrides", "override_changes", "canonical_file", "override_sites", "merge", "format_validation_error",
@@ -86,8 +87,13 @@ def format_validation_error(err: ValidationError, source: str, root: type[BaseMo
             hint = ""
             model = _model_at(root, loc)
             if model is not None:
-                close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(model.model_fields)}"
+                keys = list(model.model_fields)
+                if model is TrainingConfig:  # Trainer's names are close to some (per_device_train_batch_sze)
+                    guess = trainer_hint(str(loc[-1]), keys)
+                    hint = f"; {guess}" if guess else f"; valid keys: {', '.join(keys)}"
+                else:
+                    close = difflib.get_close_matches(str(loc[-1]), keys, n=1)
+                    hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(keys)}"
             lines.append(f"  - {path}: unknown key{hint}")
         elif e["type"] == "missing":
             lines.append(f"  - {path}: required key is missing")

@@ -2,7 +2,9 @@
 
 ``oelm init PATH --suite frozen-attention --model M --task T`` writes an experiment config
 (:func:`suite_config`) with the controls and initializations that apply to model ``M`` on the
-registered task ``T``, a learning-rate grid fixed before any run, several seeds, the task's test
+task ``T`` (a registered dataset, or your own data as a config's ``task.source`` takes it:
+``--task '{dataset: my-reviews, source: {files: {train: train.csv, validation: dev.csv}}}'`` or a
+YAML file holding that mapping), a learning-rate grid fixed before any run, several seeds, the task's test
 split where it has a labelled one, and a ``targets:`` block (:mod:`oelm.config.quality_targets`) as an
 example; ``oelm run PATH`` trains it and ends with the report.
 
@@ -39,7 +41,7 @@ from typing import Any
 
 from oelm.errors import ConfigError, OELMError
 
-__all__ = ["SUITES", "GRIDS", "MIN_SEEDS", "DEFAULT_SEEDS", "suite_methods", "suite_config"]
+__all__ = ["SUITES", "GRIDS", "MIN_SEEDS", "DEFAULT_SEEDS", "suite_methods", "suite_config", "task_source"]
 
 SUITES = ("frozen-attention",)
 #: The learning-rate grid of every method (module docstring): "pretrained" / "scratch".
@@ -140,10 +142,61 @@ def _holdout_rows(spec) -> int | None:
     return rows if rows and rows >= 4 else None
 
 
-def _task_lines(spec, scratch: bool) -> list[str]:
+def task_source(task: str) -> tuple[str, dict[str, Any] | None]:
+    """``--task`` as ``(dataset name, task.source or None)``: a registered dataset's name, or your
+    own data as a config's ``task:`` takes it (:class:`oelm.config.DatasetSource`): a YAML mapping
+    ``{dataset: NAME, source: {files: {...}, text_columns: [...], ...}}``, inline or in a ``.yaml``
+    file (which may hold it under ``task:``); relative file paths are resolved against the working
+    directory, as when a config is read.
+
+    Raises:
+        ConfigError: the YAML is malformed, not such a mapping, lacks ``dataset`` or ``source``,
+            has other task keys (the suite writes those), or its ``source`` is invalid (the key named).
+    """
+    import yaml
+    from pydantic import ValidationError
+
+    from oelm.config.task import DatasetSource
+
+    text, where = task, "--task"
+    if task.endswith((".yaml", ".yml")):
+        try:
+            text, where = open(task, encoding="utf-8").read(), f"--task {task}"
+        except OSError as exc:
+            raise ConfigError(f"--task {task}: cannot read it ({exc.strerror or exc}); give a registered dataset's name "
+                              "or a YAML file holding {dataset: NAME, source: {files: {...}}}") from None
+    elif not task.lstrip().startswith("{"):
+        return task, None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: not valid YAML ({' '.join(str(exc).split())})") from None
+    if isinstance(data, dict) and isinstance(data.get("task"), dict) and len(data) == 1:
+        data = data["task"]
+    if not isinstance(data, dict) or not isinstance(data.get("dataset"), str) or not isinstance(data.get("source"), dict):
+        raise ConfigError(f"{where}: give a registered dataset's name, or your own data as "
+                          "{dataset: NAME, source: {files: {train: FILE, validation: FILE}, text_columns: [COLUMN], "
+                          "label_column: COLUMN}} (a config's task.source keys)")
+    extra = sorted(set(data) - {"dataset", "source"})
+    if extra:
+        raise ConfigError(f"{where}: {', '.join(extra)}: the suite writes the task's other keys (splits, samples, "
+                          "lengths); give dataset and source only, then edit the written file")
+    try:
+        source = DatasetSource.model_validate(data["source"])
+    except ValidationError as err:
+        e = err.errors()[0]
+        raise ConfigError(f"{where}: task.source.{'.'.join(map(str, e['loc']))}: "
+                          f"{e['msg'].removeprefix('Value error, ')}") from None
+    return data["dataset"], source.model_dump(exclude_none=True)
+
+
+def _task_lines(spec, scratch: bool, source: dict[str, Any] | None = None) -> list[str]:
     """The ``task:`` block: the test split where labelled, else half of validation held out as
-    test (when its size is known), a CPU-sized training subset, the tokenizer of a GPT from scratch."""
+    test (when its size is known), a CPU-sized training subset, the tokenizer of a GPT from scratch;
+    ``source``: your own data's ``task.source`` (:func:`task_source`)."""
     lines = ["task:", f"  dataset: {spec.name}"]
+    if source is not None:
+        lines.append(f"  source: {_flow(source)}")
     lm = spec.task_type == "language_modeling"
     if scratch:
         lines.append(_line("  tokenizer: bpe-4096", "trained on the training split (a GPT from scratch)"))
@@ -194,7 +247,8 @@ def suite_config(suite: str, model: str, task: str, name: str, seeds: int = DEFA
 
     Args:
         model: an oelm GPT preset (trained from scratch) or a Hugging Face id / local directory (pretrained).
-        task: a registered dataset (``oelm.data.DATASETS``).
+        task: a registered dataset (``oelm.data.DATASETS``), or your own data as a YAML mapping
+            ``{dataset: NAME, source: {...}}`` (inline or a ``.yaml`` file: :func:`task_source`).
         name: the experiment's name (its output folder outputs/<name>).
         seeds: seeds per method, at least :data:`MIN_SEEDS`.
 
@@ -210,7 +264,14 @@ def suite_config(suite: str, model: str, task: str, name: str, seeds: int = DEFA
     if seeds < MIN_SEEDS:
         raise ConfigError(f"--seeds {seeds}: a suite needs at least {MIN_SEEDS} seeds for an interval worth reading "
                           f"(default {DEFAULT_SEEDS})")
-    spec = get_dataset_spec(task)
+    name_of_data, source = task_source(task)
+    if source is None:
+        spec = get_dataset_spec(task)
+    else:
+        from oelm.data.sources import source_spec
+
+        spec = source_spec(name_of_data, source)
+        task = f"{name_of_data} (your own data)"
     scratch = model in PRESETS
     methods = suite_methods(suite, scratch)
     grid = GRIDS["scratch" if scratch else "pretrained"]
@@ -237,7 +298,7 @@ def suite_config(suite: str, model: str, task: str, name: str, seeds: int = DEFA
         *header, "",
         f"name: {name}",
         f"description: {json.dumps(f'{suite} suite: {len(methods)} methods on {kind}, {task}, {seeds} seeds, one fixed 3-rate grid.')}",
-        *_task_lines(spec, scratch), *model_lines, *method_lines,
+        *_task_lines(spec, scratch, source), *model_lines, *method_lines,
         f"learning_rates: {_flow(list(grid))}",
         f"seeds: {_flow(list(range(seeds)))}",
         *_training_lines(spec, scratch), *_targets_lines(spec),

@@ -10,7 +10,8 @@ makes three calls on a :class:`Trackers` (rank 0 logs; the other processes' call
     trackers.finish()                                         # once, after the last record
 
 (:meth:`Trackers.log_record` takes a ``metrics.jsonl`` record as it is: ``{"type": "train",
-"step": 10, "loss": 0.69}`` -> ``train/loss`` at step 10, the names TensorBoard shows today.)
+"step": 10, "loss": 0.69}`` -> ``train/loss`` at step 10; names and units as Hugging Face Trainer
+logs them, :func:`trainer_scalars`: accuracy a fraction, ``train/epoch`` a float.)
 
 Offline by default, as the rest of oelm: W&B runs in ``offline`` mode unless ``WANDB_MODE`` is set
 (``wandb sync OUT/wandb/offline-run-*`` uploads them later) and writes under the output
@@ -33,7 +34,8 @@ from typing import Any, Iterable, Literal
 
 from oelm.errors import ConfigError
 
-__all__ = ["TRACKERS", "validate_report_to", "check_installed", "flatten_config", "TrackedRun", "Trackers"]
+__all__ = ["TRACKERS", "PERCENT_FIELDS", "validate_report_to", "check_installed", "flatten_config", "trainer_scalars",
+           "TrackedRun", "Trackers"]
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")
 # tracker -> (module to import, how to install it)
@@ -97,6 +99,32 @@ def flatten_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[name] = str(value)
     return flat
+
+
+#: metrics.jsonl fields in percent that trackers get as a fraction (0-1), as Trainer logs ``evaluate``'s accuracy.
+PERCENT_FIELDS = ("accuracy", "token_accuracy", "best_accuracy")
+
+
+def trainer_scalars(record: dict[str, Any], steps_per_epoch: int | None = None) -> dict[str, Any]:
+    """One ``metrics.jsonl`` record as the scalars Hugging Face Trainer's TensorBoard / W&B / MLflow
+    callbacks log (``transformers.integrations.TensorBoardCallback`` with ``rewrite_logs``):
+    ``<type>/<field>`` (``train/loss``, ``train/learning_rate``, ``eval/loss``, ``eval/accuracy``,
+    ``test/accuracy``), accuracies (:data:`PERCENT_FIELDS`: % in metrics.jsonl) as fractions 0-1 as
+    ``evaluate``'s accuracy is, and a train record's ``train/epoch`` as a float of epochs done
+    (optimizer step / ``steps_per_epoch``: 0.5 half-way through the first epoch, as Trainer's
+    ``state.epoch``); without ``steps_per_epoch`` the record's epoch is dropped (an epoch index is
+    not Trainer's epoch). Fields that are not numbers are left out. metrics.jsonl keeps its own units."""
+    kind = record["type"]
+    out: dict[str, Any] = {}
+    for key, value in record.items():
+        if key in ("type", "step") or not isinstance(value, (int, float)) or isinstance(value, bool):
+            continue
+        if key == "epoch" and kind == "train":
+            if steps_per_epoch:
+                out["train/epoch"] = record["step"] / steps_per_epoch
+            continue
+        out[f"{kind}/{key}"] = value / 100 if key in PERCENT_FIELDS else value
+    return out
 
 
 @dataclass(frozen=True)
@@ -178,11 +206,10 @@ class Trackers:
         for tracker in self.trackers if values else ():
             tracker.log(values, step=step)
 
-    def log_record(self, record: dict[str, Any]) -> None:
-        """Log one ``metrics.jsonl`` record: ``{"type": "eval", "step": 40, "accuracy": 0.81}`` ->
-        ``eval/accuracy`` at step 40."""
-        kind, step = record["type"], record["step"]
-        self.log({f"{kind}/{k}": v for k, v in record.items() if k not in ("type", "step")}, step)
+    def log_record(self, record: dict[str, Any], steps_per_epoch: int | None = None) -> None:
+        """Log one ``metrics.jsonl`` record under Trainer's names and units (:func:`trainer_scalars`):
+        ``{"type": "eval", "step": 40, "accuracy": 81.0}`` -> ``eval/accuracy`` 0.81 at step 40."""
+        self.log(trainer_scalars(record, steps_per_epoch), record["step"])
 
     def finish(self, status: Literal["FINISHED", "FAILED", "KILLED"] = "FINISHED") -> None:
         """End every tracker (flushes TensorBoard, closes the W&B and MLflow runs). Safe to call twice.

@@ -114,7 +114,8 @@ def start_or_resume(engine: "Engine") -> tuple[TrainState, tuple | None, bool]:
         if engine.is_main:
             shutil.rmtree(ckpt_root, ignore_errors=True)  # a fresh start: nothing of an older attempt stays
         engine.barrier()
-        engine.log = MetricsLog(engine.run_dir, config.tensorboard, offset=0, purge_step=0, enabled=engine.is_main)
+        engine.log = MetricsLog(engine.run_dir, config.tensorboard, offset=0, purge_step=0, enabled=engine.is_main,
+                                steps_per_epoch=engine.steps_per_epoch)
         return TrainState(), None, False
     ckpt_step, ckpt_dir = found
     st = json.loads((ckpt_dir / "trainer_state.json").read_text(encoding="utf-8"))
@@ -145,7 +146,8 @@ def start_or_resume(engine: "Engine") -> tuple[TrainState, tuple | None, bool]:
     engine.best_predictions = load_best_predictions(kept) if kept.is_file() else None
     engine.phases.seconds, engine.phases.counts = dict(st["phases"]["seconds"]), dict(st["phases"]["counts"])
     engine.log = MetricsLog(engine.run_dir, config.tensorboard, offset=st["metrics_offset"],
-                            purge_step=state.step + 1, enabled=engine.is_main)
+                            purge_step=state.step + 1, enabled=engine.is_main,
+                            steps_per_epoch=engine.steps_per_epoch)
     engine.barrier()  # every rank has read the checkpoint before rank 0 prunes newer ones
     if engine.is_main:
         for newer_step, path in checkpoint_dirs(ckpt_root):

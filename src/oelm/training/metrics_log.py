@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from oelm.errors import RunInterruptedError
-from oelm.integrations.trackers import TrackedRun, Trackers
+from oelm.integrations.trackers import TrackedRun, Trackers, flatten_config, trainer_scalars
 from oelm.records import RunFolder
 from oelm.training.faults import DISK_FULL, check_finite, disk_full_error
 
@@ -35,10 +35,11 @@ class MetricsLog:
     trackers: "Trackers | None" = None
 
     def __init__(self, run_dir: Path, tensorboard: bool, offset: int = 0, purge_step: int | None = None,
-                 enabled: bool = True) -> None:
+                 enabled: bool = True, steps_per_epoch: int | None = None) -> None:
         folder = RunFolder(run_dir)
         self.path = folder.metrics
         self.enabled = enabled  # False on every process but rank 0: nothing is written
+        self.steps_per_epoch = steps_per_epoch  # the trackers' train/epoch is step / steps_per_epoch
         self._offset = offset
         self._tb = None
         if not enabled:
@@ -74,13 +75,24 @@ class MetricsLog:
             if exc.errno in DISK_FULL:
                 raise disk_full_error(exc, self.path.name, record.get("step", 0)) from exc
             raise
-        if self._tb is not None:
-            kind, step = record["type"], record["step"]
-            for k, v in record.items():
-                if k not in ("type", "step") and isinstance(v, (int, float)) and not isinstance(v, bool):
-                    self._tb.add_scalar(f"{kind}/{k}", v, step)
+        if self._tb is not None:  # Trainer's names and units: accuracy a fraction, train/epoch a float
+            for name, value in trainer_scalars(record, self.steps_per_epoch).items():
+                self._tb.add_scalar(name, value, record["step"])
         if self.trackers is not None:
-            self.trackers.log_record(record)
+            self.trackers.log_record(record, self.steps_per_epoch)
+
+    def write_hparams(self, config: dict[str, Any], metric: str) -> None:
+        """Record the run's ``config`` in TensorBoard as Trainer's TensorBoardCallback does: the
+        whole of it as text (``args``, JSON) and, flattened (:func:`flatten_config`), in the hparams
+        plugin's table (HPARAMS tab) with the run's validation metric and loss as its metrics
+        (``eval/<metric>``, ``eval/loss``), in the run's own event file."""
+        if self._tb is None:
+            return
+        from torch.utils.tensorboard.summary import hparams  # with the writer: torch's TensorBoard support
+
+        self._tb.add_text("args", json.dumps(config, indent=2, default=str))
+        for summary in hparams(flatten_config(config), {f"eval/{metric}": 0.0, "eval/loss": 0.0}):
+            self._tb.file_writer.add_summary(summary)
 
     def sync(self) -> None:
         """Make the records written so far durable (called before a checkpoint refers to them)."""
@@ -110,7 +122,8 @@ class MetricsLog:
 
 
 def start_trackers(engine: "Engine", run_name: str, tracked: "TrackedRun | None", resumed_step: int) -> float:
-    """Start the run's W&B / MLflow trackers (``training.report_to``; TensorBoard is the log's own
+    """Record the run's config in TensorBoard's hparams (a fresh start; :meth:`MetricsLog.write_hparams`)
+    and start the run's W&B / MLflow trackers (``training.report_to``; TensorBoard is the log's own
     writer, so its events are written once) on rank 0 and have ``engine.log`` feed them every
     record from now on. A resumed run is a new tracker run that logs from ``resumed_step`` on
     (recorded as ``resumed_from_step``). ``tracked``: project, config and output folder
@@ -120,12 +133,14 @@ def start_trackers(engine: "Engine", run_name: str, tracked: "TrackedRun | None"
     Raises:
         ConfigError: a tracker's package is not installed (names ``pip install "oelm[...]"``).
     """
-    names = [n for n in engine.config.report_to if n != "tensorboard"]
-    if not names or not engine.is_main:
-        return 0.0
     started = time.perf_counter()
     tracked = tracked or TrackedRun()
     config = {**(tracked.config or {}), "training": engine.config.model_dump(mode="json")}  # the run's own rate
+    if not resumed_step:  # a resumed run's event file has them from its first start
+        engine.log.write_hparams(config, engine.metric.name)
+    names = [n for n in engine.config.report_to if n != "tensorboard"]
+    if not names or not engine.is_main:
+        return time.perf_counter() - started
     if resumed_step:
         config["resumed_from_step"] = resumed_step
     trackers = Trackers(names, project=tracked.project, output_dir=tracked.output_dir)
