@@ -24,7 +24,7 @@ from oelm.architectures.spec import FUSED_LAYOUTS
 from oelm.errors import OELMError
 
 __all__ = [
-    "SplitQKV", "fuse_split_projections", "fuse_state_dict", "fuse_tensors", "split_fused_entries",
+    "SplitQKV", "fuse_split_projections", "fuse_state_dict", "fuse_entries", "fuse_tensors", "split_fused_entries",
     "split_fused_tensors", "IO_HOOKS", "NAME_HOOKS", "module_hooks", "carry_hooks", "refuse_hooks", "refuse_split_hooks",
 ]
 
@@ -225,6 +225,30 @@ def split_fused_entries(module: SplitQKV, state_dict: dict[str, Any], prefix: st
         elif b is not None and bool(b.any()):  # a Conv1D's zero bias stands in for none; anything else is lost
             raise ValueError(f"{prefix}bias is not zero, but {prefix}{part} has no bias to hold it")
     return entries
+
+
+def fuse_entries(module: SplitQKV, state_dict: dict[str, Any], prefix: str) -> bool:
+    """The inverse of :func:`split_fused_entries`, in place: ``module``'s split entries of
+    ``state_dict`` (``<prefix>query.weight`` ...) replaced by the stock fused ``<prefix>weight`` /
+    ``<prefix>bias`` (new tensors, :meth:`SplitQKV.fused_tensors`). True if replaced; False, with
+    ``state_dict`` unchanged, when an entry is missing (a LoRA layer wrapped around ``value``
+    renames it) or is a live ``nn.Parameter`` (``state_dict(keep_vars=True)``).
+
+    Raises:
+        ValueError: as :meth:`SplitQKV.fused_tensors`.
+    """
+    with_bias = module.query.bias is not None
+    keys = [f"{part}.{tensor}" for part in _PARTS for tensor in (("weight", "bias") if with_bias else ("weight",))]
+    local = {k: state_dict.get(prefix + k) for k in keys}
+    if any(v is None or isinstance(v, nn.Parameter) for v in local.values()):
+        return False
+    weight, bias = module.fused_tensors(local)
+    for k in keys:
+        del state_dict[prefix + k]
+    state_dict[prefix + "weight"] = weight
+    if bias is not None:
+        state_dict[prefix + "bias"] = bias
+    return True
 
 
 def _load_split_or_fused(module: SplitQKV, state_dict: dict[str, Any], prefix: str, local_metadata: dict, strict: bool,

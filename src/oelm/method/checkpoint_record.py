@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from oelm.architectures.fused import SplitQKV, fuse_state_dict, split_fused_entries
+from oelm.architectures.fused import SplitQKV, fuse_entries, fuse_state_dict, split_fused_entries
 from oelm.architectures.spec import ARCHITECTURE_ATTRIBUTE, architecture_to_dict
 from oelm.errors import CheckpointMismatchError
 
@@ -57,14 +57,15 @@ __all__ = [
     "attach_checkpoint_hooks",
     "detach_checkpoint_hooks",
     "keep_recipe_on_config",
+    "stock_layout_when_held",
 ]
 
 RECIPE_KEY = "oelm"  # the config.json key (and config attribute while saving)
 RECIPE_FORMAT = "oelm-recipe"
 RECIPE_VERSION = 1
 #: The instance attributes :func:`attach_checkpoint_hooks` sets: oelm's ``save_pretrained`` and
-#: the handle of the load hook.
-CHECKPOINT_ATTRIBUTES = ("save_pretrained", "oelm_load_hook")
+#: the handles of the load hook and of the state-dict hook.
+CHECKPOINT_ATTRIBUTES = ("save_pretrained", "oelm_load_hook", "oelm_state_dict_hook")
 
 
 def tensor_sha256(tensor: torch.Tensor) -> str:
@@ -226,15 +227,41 @@ def before_load_state_dict(model: nn.Module, state_dict: dict[str, Any], prefix:
     )
 
 
+def stock_layout_when_held(model: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: dict) -> None:
+    """``state_dict`` post-hook of a module that went through ``apply_oelm`` (torch's signature):
+    when a module that holds it gathers the state dict (``prefix`` is not empty:
+    ``holder.state_dict()``, and so transformers' ``holder.save_pretrained`` and every ``Trainer``
+    checkpoint of the holder), each split Q/K/V module's entries are written in the stock fused
+    layout (``<name>.weight`` / ``<name>.bias`` of GPT-2's ``c_attn`` ...: new tensors from
+    :meth:`~oelm.architectures.fused.SplitQKV.fused_tensors`), so a stock ``from_pretrained`` of the
+    holder's checkpoint loads every tensor instead of initializing ``c_attn`` at random. PyTorch
+    modules do not know their parents, so the holder's save cannot be guarded; its state dict can.
+
+    Left as they are: the module's own ``state_dict()`` (``prefix == ""``: the split names its
+    optimizer, oelm's lean checkpoints and PEFT's OELM adapter use; its own ``save_pretrained``
+    fuses a copy), ``keep_vars=True`` (the live parameters were asked for), and a split module
+    whose query/key/value are not all plain entries (a LoRA layer wrapped around one: the adapter
+    saves its own names). Loading such a state dict back (``holder.load_state_dict``: Trainer's
+    resume) splits the fused entries again (each split module's load hook)."""
+    if not prefix:
+        return
+    for name, module in model.named_modules():
+        if isinstance(module, SplitQKV):
+            fuse_entries(module, state_dict, f"{prefix}{name}." if name else prefix)
+
+
 def attach_checkpoint_hooks(model: nn.Module) -> None:
     """Give ``model`` (this instance) :func:`save_pretrained_with_recipe` as ``save_pretrained``
-    (when its class has one) and :func:`before_load_state_dict` as a ``load_state_dict`` pre-hook
-    (its handle in ``model.oelm_load_hook``), bound to the parameters frozen now. Instance attributes, not a patched class: other
-    instances are untouched, and the model still pickles and deep-copies."""
+    (when its class has one), :func:`before_load_state_dict` as a ``load_state_dict`` pre-hook
+    (its handle in ``model.oelm_load_hook``), bound to the parameters frozen now, and
+    :func:`stock_layout_when_held` as a ``state_dict`` post-hook (``model.oelm_state_dict_hook``).
+    Instance attributes, not a patched class: other instances are untouched, and the model still
+    pickles and deep-copies."""
     if hasattr(type(model), "save_pretrained"):
         model.save_pretrained = functools.partial(save_pretrained_with_recipe, model)
     frozen = tuple(n for n, p in model.named_parameters() if not p.requires_grad)
     model.oelm_load_hook = model.register_load_state_dict_pre_hook(functools.partial(before_load_state_dict, frozen=frozen))
+    model.oelm_state_dict_hook = model.register_state_dict_post_hook(stock_layout_when_held)
     keep_recipe_on_config(model)
 
 
@@ -258,11 +285,12 @@ def detach_checkpoint_hooks(model: nn.Module) -> bool:
     if isinstance(save, functools.partial) and save.func is save_pretrained_with_recipe:
         del model.save_pretrained
         removed = True
-    handle = attributes.get("oelm_load_hook")
-    if handle is not None:
-        handle.remove()
-        del model.oelm_load_hook
-        removed = True
+    for attribute in ("oelm_load_hook", "oelm_state_dict_hook"):
+        handle = attributes.get(attribute)
+        if handle is not None:
+            handle.remove()
+            delattr(model, attribute)
+            removed = True
     config = getattr(model, "config", None)
     if config is not None and RECIPE_KEY in vars(config):
         delattr(config, RECIPE_KEY)
