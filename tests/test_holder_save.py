@@ -59,30 +59,51 @@ def _train(model: torch.nn.Module, ids: torch.Tensor, kind: str) -> None:
         opt.zero_grad()
 
 
+def _read(directory) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(directory / "model.safetensors"))
+
+
 def _logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return model.eval()(input_ids=ids).logits
 
 
+def _treated(model: torch.nn.Module, backbone: str, held: bool) -> torch.nn.Module:
+    return getattr(model, backbone) if held else model
+
+
 @pytest.mark.parametrize("kind", ["gpt2", "bert"])
-@pytest.mark.parametrize("method", ["oelm_freeze", "oelm_random"])
-def test_a_stock_from_pretrained_of_a_holders_save_reproduces_its_logits(kind, method, tokens, tmp_path):
+@pytest.mark.parametrize("method", ["oelm_freeze", "oelm_random", "oelm_temperature"])
+@pytest.mark.parametrize("held", [True, False], ids=["holder", "own"])
+def test_a_stock_from_pretrained_of_a_holders_save_reproduces_its_logits(kind, method, held, tokens, tmp_path):
+    """``held``: apply_oelm ran on the backbone and the holder saves (the case of issue 46); else
+    on the model itself, whose own (oelm's) save_pretrained runs."""
     ids = tokens[kind]
     model, backbone = _holder(kind)
-    apply_oelm(getattr(model, backbone), method, seed=1)
+    apply_oelm(_treated(model, backbone, held), method, seed=1)
+    tau = [p for n, p in model.named_parameters() if n.endswith("head_temperature")]
+    assert bool(tau) == (method == "oelm_temperature")
     _train(model, ids, kind)
+    assert all((t - 1).abs().max() > 1e-3 for t in tau)  # a temperature the stock model must see
     expected = _logits(model, ids)
-    model.save_pretrained(tmp_path)  # transformers' own method, on the holder
+    model.save_pretrained(tmp_path)  # transformers' own method on the holder, or oelm's on the treated model
 
     stock, info = type(model).from_pretrained(tmp_path, output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert not info["missing_keys"], info
+    # beside the stock layout only a temperature's own tensors: tau and the exact (unfolded) query
+    assert all(k.rpartition(".")[2] in ("head_temperature", "unfolded_weight", "unfolded_bias")
+               for k in info["unexpected_keys"]), info
+    assert len(info["unexpected_keys"]) == (3 * 2 if tau else 0)  # 2 layers: tau, weight, bias each
     assert not hasattr(stock, "oelm_config") and not hasattr(getattr(stock, backbone), "oelm_config")
-    torch.testing.assert_close(_logits(stock, ids), expected, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(_logits(stock, ids), expected, atol=1e-5, rtol=1e-5)
 
     trained = {n: p.detach().clone() for n, p in model.named_parameters()}
     resumed, resumed_backbone = _holder(kind)  # Trainer's resume: the holder's load_state_dict on a live OELM model
-    apply_oelm(getattr(resumed, resumed_backbone), method, seed=1)
-    resumed.load_state_dict(model.state_dict())
+    apply_oelm(_treated(resumed, resumed_backbone, held), method, seed=1)
+    result = resumed.load_state_dict(model.state_dict() if held else _read(tmp_path), strict=False)
+    assert not result.unexpected_keys and set(result.missing_keys) <= {"lm_head.weight"}  # tied to wte, not saved
     loaded = oelm.load_oelm(tmp_path)
     for other in (resumed, loaded):
         params = dict(other.named_parameters())

@@ -254,7 +254,9 @@ def fuse_entries(module: SplitQKV, state_dict: dict[str, Any], prefix: str) -> b
 def _load_split_or_fused(module: SplitQKV, state_dict: dict[str, Any], prefix: str, local_metadata: dict, strict: bool,
                          missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str]) -> None:
     """``load_state_dict`` pre-hook of :class:`SplitQKV` (torch's signature): stock fused keys
-    are replaced by the split ones (a shape that does not fit is reported as torch reports one)."""
+    are replaced by the split ones (a shape that does not fit is reported as torch reports one); a
+    split entry the state dict also has explicitly (a tempered query's exact weight saved beside
+    the folded fused one: :func:`oelm.method.temperature.fold_saved_temperatures`) is kept."""
     try:
         entries = split_fused_entries(module, state_dict, prefix)
     except ValueError as exc:
@@ -263,7 +265,7 @@ def _load_split_or_fused(module: SplitQKV, state_dict: dict[str, Any], prefix: s
     if prefix + "weight" in state_dict:
         state_dict.pop(prefix + "weight")
         state_dict.pop(prefix + "bias", None)
-    state_dict.update(entries)
+    state_dict.update({k: v for k, v in entries.items() if k not in state_dict})  # an explicit split entry wins
 
 
 def fuse_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:

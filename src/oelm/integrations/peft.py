@@ -40,6 +40,7 @@ types, so this is a two-step recipe, tested in ``tests/test_peft.py``)::
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -52,7 +53,7 @@ from oelm.checkpoint.common import check_frozen, mismatch_causes
 from oelm.errors import CheckpointError, ConfigError
 from oelm.integrations.lora import LORA_KEYS, lora_target_message, lora_target_problems
 from oelm.method.apply import apply_oelm
-from oelm.method.checkpoint_record import tensor_sha256
+from oelm.method.checkpoint_record import own_layout, tensor_sha256
 from oelm.method.config import METHODS, OELMConfig, get_method
 from oelm.method.merge import merge_and_unload
 from oelm.method.parameters import ParameterReport, parameter_report
@@ -67,7 +68,9 @@ class OELMPeftConfig(PeftConfig):
     """The PEFT config of an OELM method (``peft_type="OELM"``); ``metadata["help"]`` documents each field.
 
     Raises:
-        ConfigError: unknown method, a seed that is not a non-negative int or None.
+        ConfigError: unknown method, a seed that is not a non-negative int or None, a field of the
+            wrong type, a ``frozen`` record that is not ``{name: {dtype, shape, sha256}}`` (a
+            damaged adapter_config.json: one line naming the field).
     """
 
     method: str = field(default="oelm_freeze", metadata={"help": f"An OELM method name: {', '.join(METHODS)}."})
@@ -90,13 +93,48 @@ class OELMPeftConfig(PeftConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.peft_type = OELM_PEFT_TYPE
+        if not isinstance(self.method, str):
+            raise ConfigError(f"OELMPeftConfig.method must be a method name ({', '.join(METHODS)}), got {self.method!r}")
         get_method(self.method)  # unknown name -> ConfigError naming the closest one
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
             raise ConfigError(f"OELMPeftConfig.seed must be None or a non-negative int, got {self.seed!r}")
+        problem = _field_problem(self)
+        if problem:
+            raise ConfigError(f"OELMPeftConfig.{problem}; if it came from an adapter's adapter_config.json, the file is "
+                              "damaged: save the adapter again from the trained model (model.save_pretrained)")
 
     def oelm_config(self) -> OELMConfig:
         """The :class:`~oelm.method.OELMConfig` this applies: the named method with ``seed``."""
         return get_method(self.method).replace(seed=self.seed)
+
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _record_problem(frozen: Any) -> str | None:
+    """Why ``frozen`` is not a ``{name: {"dtype": str, "shape": [int, ...], "sha256": 64 hex}}`` record, or None."""
+    if not isinstance(frozen, dict):
+        return f"is a {type(frozen).__name__}, not a mapping of tensor names"
+    for name, rec in frozen.items():
+        shape = rec.get("shape") if isinstance(rec, dict) else None
+        if not (isinstance(rec, dict) and isinstance(rec.get("dtype"), str) and isinstance(shape, list)
+                and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)
+                and isinstance(rec.get("sha256"), str) and _SHA256.match(rec["sha256"])):
+            return f"entry {name!r} is {rec!r}, not {{'dtype': str, 'shape': [int, ...], 'sha256': 64 hex digits}}"
+    return None
+
+
+def _field_problem(config: "OELMPeftConfig") -> str | None:
+    """The first field of ``config`` (besides method and seed) whose type does not fit, as a clause."""
+    if config.target_modules is not None and not isinstance(config.target_modules, dict):
+        return f"target_modules must be None or a mapping, got {config.target_modules!r}"
+    heads = config.num_heads
+    if heads is not None and (isinstance(heads, bool) or not isinstance(heads, int) or heads < 1):
+        return f"num_heads must be None or a positive int, got {heads!r}"
+    if config.torch_version is not None and not isinstance(config.torch_version, str):
+        return f"torch_version must be None or a str, got {config.torch_version!r}"
+    problem = None if config.frozen is None else _record_problem(config.frozen)
+    return None if problem is None else f"frozen {problem}"
 
 
 def _tuner_of(model: nn.Module) -> "OELMModel":
@@ -145,6 +183,7 @@ class OELMModel(BaseTuner):
                                 state_dict: dict[str, torch.Tensor], unwanted_adapter_names: list[str]) -> dict[str, torch.Tensor]:
         """What PEFT saves: every tensor but the frozen ones (a tied weight once). Records the frozen
         tensors' sha256 in ``config.frozen``, which PEFT writes to ``adapter_config.json`` next."""
+        state_dict = own_layout(model, state_dict)  # the treated base's hook wrote the stock layout: its names again
         frozen = _frozen_names(model)
         params = dict(model.named_parameters(remove_duplicate=False))
         first = {id(p): n for n, p in reversed(list(params.items()))}  # the first name of each tensor
@@ -164,17 +203,25 @@ class OELMModel(BaseTuner):
         """Before PEFT loads the saved tensors: the regenerated frozen tensors must match the record.
 
         Raises:
-            CheckpointError: the record names a tensor the model does not freeze.
+            CheckpointError: the record names a tensor the model does not freeze, or lacks one it
+                freezes (an emptied record included).
             CheckpointMismatchError: a regenerated tensor differs (named, with the likely causes).
         """
-        if config.frozen:
+        recorded, frozen = config.frozen or {}, _frozen_names(model)
+        missing, unknown = sorted(frozen - set(recorded)), sorted(set(recorded) - frozen)
+        if missing:
+            what = "no frozen tensors" if not recorded else f"no entry for {len(missing)} of them ({missing[0]!r} ...)"
+            raise CheckpointError(
+                f"adapter_config.json's 'frozen' record has {what}, but {config.method!r} froze {len(frozen)}: nothing "
+                "checks that this base regenerates the Q/K the adapter was trained with (the record was emptied or "
+                "edited). Fix: save the adapter again from the trained model (model.save_pretrained)")
+        if unknown:
+            raise CheckpointError(f"adapter_config.json records frozen tensor(s) {unknown[:5]} that this model "
+                                  f"with {config.method!r} does not freeze; load it onto the base it was trained from")
+        if recorded:
             params = dict(model.named_parameters(remove_duplicate=False))
-            unknown = sorted(set(config.frozen) - _frozen_names(model))
-            if unknown:
-                raise CheckpointError(f"adapter_config.json records frozen tensor(s) {unknown[:5]} that this model "
-                                      f"with {config.method!r} does not freeze; load it onto the base it was trained from")
             causes = mismatch_causes(None, config.oelm_config(), config.torch_version)
-            check_frozen(params, config.frozen, config.oelm_config(), causes)
+            check_frozen(params, recorded, config.oelm_config(), causes)
         return state_dict
 
     def _unload_and_optionally_merge(self, merge: bool = True, progressbar: bool = False, safe_merge: bool = False,

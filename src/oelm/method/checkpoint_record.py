@@ -43,6 +43,7 @@ from torch import nn
 from oelm.architectures.fused import SplitQKV, fuse_entries, fuse_state_dict, split_fused_entries
 from oelm.architectures.spec import ARCHITECTURE_ATTRIBUTE, architecture_to_dict
 from oelm.errors import CheckpointMismatchError
+from oelm.method.temperature import fold_saved_temperatures, unfold_saved_temperatures
 
 __all__ = [
     "RECIPE_KEY",
@@ -58,6 +59,7 @@ __all__ = [
     "detach_checkpoint_hooks",
     "keep_recipe_on_config",
     "stock_layout_when_held",
+    "own_layout",
 ]
 
 RECIPE_KEY = "oelm"  # the config.json key (and config attribute while saving)
@@ -134,13 +136,16 @@ def save_pretrained_with_recipe(model: nn.Module, save_directory: Any, is_main_p
                                 state_dict: dict[str, torch.Tensor] | None = None, **kwargs: Any) -> Any:
     """``model.save_pretrained`` of a model that went through ``apply_oelm`` (bound with
     :func:`functools.partial`): the class's own ``save_pretrained`` with the state dict in the
-    stock layout (:func:`~oelm.architectures.fused.fuse_state_dict` of ``state_dict`` or of the model's own) and
-    the recipe in ``config.json`` under ``"oelm"``. The model is not changed: its split modules,
+    stock layout (:func:`~oelm.architectures.fused.fuse_state_dict` of ``state_dict`` or of the model's own;
+    a learned head temperature folded into its query entries, the exact ones beside them:
+    :func:`~oelm.method.temperature.fold_saved_temperatures`) and the recipe in ``config.json`` under ``"oelm"``. The model is not changed: its split modules,
     parameters and config are as before (the recipe is on ``model.config`` only while saving).
     Every other argument goes to the class's method as given (``safe_serialization``,
     ``max_shard_size``, ``push_to_hub`` ...).
     """
-    fused = fuse_state_dict(model, state_dict)
+    state = dict(model.state_dict() if state_dict is None else state_dict)
+    fold_saved_temperatures(model, state)  # a stock from_pretrained computes the tempered logits
+    fused = fuse_state_dict(model, state)
     config = getattr(model, "config", None)
     previous = getattr(config, RECIPE_KEY, _MISSING)
     if config is not None and is_main_process:
@@ -209,6 +214,7 @@ def before_load_state_dict(model: nn.Module, state_dict: dict[str, Any], prefix:
     Raises:
         CheckpointMismatchError: names the first frozen tensor that would change and the likely causes.
     """
+    unfold_saved_temperatures(state_dict, prefix)  # the exact query entries beside the folded stock ones
     for disk, name in _legacy_names(model).items():
         if prefix + disk in state_dict and prefix + name not in state_dict:
             state_dict[prefix + name] = state_dict.pop(prefix + disk)
@@ -245,9 +251,28 @@ def stock_layout_when_held(model: nn.Module, state_dict: dict[str, Any], prefix:
     resume) splits the fused entries again (each split module's load hook)."""
     if not prefix:
         return
+    fold_saved_temperatures(model, state_dict, prefix)  # before fusing: the fused query rows are the folded ones
     for name, module in model.named_modules():
         if isinstance(module, SplitQKV):
             fuse_entries(module, state_dict, f"{prefix}{name}." if name else prefix)
+
+
+def own_layout(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of :func:`stock_layout_when_held` on a copy of ``state_dict`` (keys relative to
+    ``model``, a holder of a treated module: a PEFT model, say): the exact query entries back
+    under their names, every split module's fused entries split again (contiguous copies, so no two
+    saved tensors share memory). PEFT's OELM adapter saves these names, not the stock ones."""
+    state = dict(state_dict)
+    unfold_saved_temperatures(state)
+    for name, module in model.named_modules():
+        if isinstance(module, SplitQKV):
+            prefix = f"{name}." if name else ""
+            entries = split_fused_entries(module, state, prefix)
+            if entries:
+                state.pop(prefix + "weight")
+                state.pop(prefix + "bias", None)
+                state.update({k: v.clone(memory_format=torch.contiguous_format) for k, v in entries.items() if k not in state})
+    return state
 
 
 def attach_checkpoint_hooks(model: nn.Module) -> None:
