@@ -45,22 +45,25 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
-from peft import LoraConfig, PeftConfig, get_peft_model
+from peft import LoraConfig, LoraModel, PeftConfig, get_peft_model
 from peft.tuners.tuners_utils import BaseTuner, BaseTunerLayer
 from torch import nn
 
-from oelm.checkpoint.common import check_frozen, mismatch_causes
+from oelm.checkpoint.common import check_frozen, mismatch_causes, oelm_config_from, regenerate
 from oelm.errors import CheckpointError, ConfigError
 from oelm.integrations.lora import LORA_KEYS, lora_target_message, lora_target_problems
 from oelm.method.apply import apply_oelm
-from oelm.method.checkpoint_record import own_layout, tensor_sha256
+from oelm.method.checkpoint_record import RECIPE_FORMAT, own_layout, recipe_of, tensor_sha256
+from oelm.method.marks import treated_modules
 from oelm.method.config import METHODS, OELMConfig, get_method
 from oelm.method.merge import merge_and_unload
 from oelm.method.parameters import ParameterReport, parameter_report
 
-__all__ = ["OELM_PEFT_TYPE", "OELMPeftConfig", "OELMModel", "register", "add_lora"]
+__all__ = ["OELM_PEFT_TYPE", "OELM_LORA_PEFT_TYPE", "OELMPeftConfig", "OELMModel", "OELMLoraConfig", "OELMLoraModel",
+           "register", "add_lora"]
 
 OELM_PEFT_TYPE = "OELM"
+OELM_LORA_PEFT_TYPE = "OELM_LORA"
 
 
 @dataclass
@@ -243,6 +246,125 @@ class OELMModel(BaseTuner):
             raise ValueError(f"an OELM model has one adapter ({self.active_adapter!r}), got {adapter_name!r}")
 
 
+# ---------------------------------------------------------------- frozen orthogonal Q/K + LoRA
+
+
+@dataclass
+class OELMLoraConfig(LoraConfig):
+    """PEFT's ``LoraConfig`` for a model that went through :func:`oelm.apply_oelm` (step 2 of the
+    frozen-Q/K-plus-LoRA recipe; ``peft_type="OELM_LORA"``): every LoRA field as in ``LoraConfig``,
+    and ``oelm``, the OELM recipe of the base the adapter trains on, recorded by ``get_peft_model``
+    (while the method's frozen flags are still set: LoRA then freezes the whole base) and written
+    to ``adapter_config.json``::
+
+        {"module": "" (the module apply_oelm ran on, in the base model), "recipe": {...}}
+
+    where ``recipe`` is :func:`oelm.method.checkpoint_record.recipe_of` that module (method config
+    and seed, sha256 of every frozen tensor, split fused modules). ``PeftModel.from_pretrained``
+    then checks the base against it before LoRA goes in (:class:`OELMLoraModel`): a fresh base gets
+    the recorded method and seed applied, a base that went through ``apply_oelm`` must be the same
+    method at the same module, and every frozen tensor must have its recorded sha256. A stock
+    ``LoraConfig`` adapter cannot carry this: PEFT runs no oelm code when it saves or loads one.
+
+    Raises:
+        ConfigError: an ``oelm`` entry that is not ``{"module": str, "recipe": an oelm-recipe with a
+            non-empty frozen record}`` (a damaged adapter_config.json: one line naming the field).
+    """
+
+    oelm: Optional[dict] = field(
+        default=None,
+        metadata={"help": "Written by get_peft_model: {'module': where apply_oelm ran, 'recipe': the OELM recipe "
+                          "(method, seed, frozen tensors' sha256)}, checked when the adapter is loaded."},
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.peft_type = OELM_LORA_PEFT_TYPE
+        if self.oelm is None:
+            return
+        entry, recipe = self.oelm, self.oelm.get("recipe") if isinstance(self.oelm, dict) else None
+        problem = ("is not a mapping" if not isinstance(entry, dict) else
+                   "has no 'module' name" if not isinstance(entry.get("module"), str) else
+                   f"has no {RECIPE_FORMAT} 'recipe'" if not isinstance(recipe, dict) or recipe.get("format") != RECIPE_FORMAT
+                   else "has no 'oelm_config' mapping" if not isinstance(recipe.get("oelm_config"), dict) else
+                   "has an empty 'frozen' record" if not recipe.get("frozen") else None)
+        problem = problem or (None if _record_problem(recipe["frozen"]) is None else f"frozen {_record_problem(recipe['frozen'])}")
+        if problem:
+            raise ConfigError(f"OELMLoraConfig.oelm {problem}; if it came from an adapter's adapter_config.json, the "
+                              "file is damaged: save the adapter again from the trained model (model.save_pretrained)")
+
+
+class OELMLoraModel(LoraModel):
+    """PEFT's LoRA tuner for :class:`OELMLoraConfig` (built by ``get_peft_model`` /
+    ``PeftModel.from_pretrained``): before LoRA goes in, a new adapter records the base's OELM
+    recipe, a loaded one checks (or applies) it (:func:`_base_fits_the_recipe`)."""
+
+    def inject_adapter(self, model: nn.Module, adapter_name: str, autocast_adapter_dtype: bool = True,
+                       low_cpu_mem_usage: bool = False, state_dict: dict | None = None) -> None:
+        config = self.peft_config[adapter_name]
+        if config.oelm is None:
+            config.oelm = _recipe_entry(model)
+        else:
+            _base_fits_the_recipe(model, config.oelm)
+        super().inject_adapter(model, adapter_name, autocast_adapter_dtype=autocast_adapter_dtype,
+                               low_cpu_mem_usage=low_cpu_mem_usage, state_dict=state_dict)
+
+
+def _recipe_entry(model: nn.Module) -> dict[str, Any]:
+    """``{"module", "recipe"}`` of the one module of ``model`` that went through ``apply_oelm``.
+
+    Raises:
+        ConfigError: no module of ``model`` went through ``apply_oelm``.
+    """
+    treated = treated_modules(model)
+    if not treated:
+        raise ConfigError(f"OELMLoraConfig is for a model that went through oelm.apply_oelm, and no module of this "
+                          f"{type(model).__name__} did. Fix: oelm.apply_oelm(model, 'oelm_freeze', seed=0) first, or "
+                          "peft.LoraConfig for LoRA alone")
+    name, module = treated[0]
+    return {"module": name, "recipe": recipe_of(module)}
+
+
+def _base_fits_the_recipe(model: nn.Module, entry: dict[str, Any]) -> None:
+    """Check ``model`` (the base ``PeftModel.from_pretrained`` got) against an adapter's recorded
+    recipe: a base with no OELM anywhere gets the recorded method and seed applied at the recorded
+    module; one that went through ``apply_oelm`` must have the recorded method there; then every
+    recorded frozen tensor must have its recorded dtype, shape and sha256.
+
+    Raises:
+        CheckpointError: the recorded module is missing, or the base carries another method or
+            carries it elsewhere (one line naming both and the fix).
+        CheckpointMismatchError: a frozen tensor differs (named, with the likely causes).
+    """
+    where, recipe = entry["module"], entry["recipe"]
+    config = oelm_config_from(recipe, "adapter_config.json")
+    treated = treated_modules(model)
+    fix = "load it onto a fresh base model (the adapter applies its recorded method) or one treated exactly so"
+    if not treated:
+        try:
+            target = model.get_submodule(where)
+        except AttributeError:
+            raise CheckpointError(f"adapter_config.json's OELM recipe was applied to module {where!r}, which this "
+                                  f"{type(model).__name__} lacks; load the adapter onto the base it was trained on") from None
+        regenerate(target, config, recipe.get("architecture"), "adapter_config.json")
+        origin = "regenerated by"
+    else:
+        name, target = treated[0]
+        if name != where or target.oelm_config.to_dict() != config.to_dict():
+            raise CheckpointError(
+                f"the adapter was trained on a base with {config.method!r} (seed {config.seed}) applied at {where!r}, "
+                f"but this base went through apply_oelm with {target.oelm_config.method!r} (seed "
+                f"{target.oelm_config.seed}) at {name!r}; {fix}")
+        origin = "of this base for"
+    params = dict(target.named_parameters())
+    unknown = sorted(set(recipe["frozen"]) - set(params))
+    if unknown:
+        raise CheckpointError(f"adapter_config.json records frozen tensor(s) {unknown[:3]} that this base's "
+                              f"{type(target).__name__} does not have; load the adapter onto the base it was trained on")
+    causes = mismatch_causes(None, config, recipe.get("versions", {}).get("torch"))
+    check_frozen(params, recipe["frozen"], config, causes, origin)
+
+
 def add_lora(model: nn.Module, lora: dict[str, Any], report: ParameterReport | None = None) -> tuple[nn.Module, ParameterReport]:
     """Step 2 of the frozen-Q/K-plus-LoRA recipe: PEFT's LoRA (``LoraConfig(**lora)``) on a model
     ``apply_oelm`` already changed. LoRA freezes every base parameter (the frozen Q/K stay frozen)
@@ -271,20 +393,23 @@ def add_lora(model: nn.Module, lora: dict[str, Any], report: ParameterReport | N
 
 
 def register() -> None:
-    """Register OELM with PEFT (idempotent; run when this module is imported): PEFT's own
-    ``register_peft_method`` when its ``PeftType`` has ``OELM``, else the same mapping entries
-    under the string ``"OELM"`` (see the module docstring)."""
+    """Register OELM and OELM+LoRA with PEFT (idempotent; run when this module is imported, which
+    ``import oelm`` arranges for the first ``import peft``): PEFT's own ``register_peft_method``
+    when its ``PeftType`` has the name, else the same mapping entries under the strings ``"OELM"``
+    and ``"OELM_LORA"`` (see the module docstring)."""
     from peft.mapping import PEFT_TYPE_TO_CONFIG_MAPPING, PEFT_TYPE_TO_PREFIX_MAPPING, PEFT_TYPE_TO_TUNER_MAPPING
     from peft.utils import PeftType, register_peft_method
 
-    if PEFT_TYPE_TO_CONFIG_MAPPING.get(OELM_PEFT_TYPE) is OELMPeftConfig:
-        return
-    if OELM_PEFT_TYPE in PeftType.__members__:
-        register_peft_method(name=OELM_PEFT_TYPE.lower(), config_cls=OELMPeftConfig, model_cls=OELMModel, prefix=OELMModel.prefix)
-        return
-    PEFT_TYPE_TO_CONFIG_MAPPING[OELM_PEFT_TYPE] = OELMPeftConfig
-    PEFT_TYPE_TO_TUNER_MAPPING[OELM_PEFT_TYPE] = OELMModel
-    PEFT_TYPE_TO_PREFIX_MAPPING[OELM_PEFT_TYPE] = OELMModel.prefix
+    for name, config_cls, model_cls in ((OELM_PEFT_TYPE, OELMPeftConfig, OELMModel),
+                                        (OELM_LORA_PEFT_TYPE, OELMLoraConfig, OELMLoraModel)):
+        if PEFT_TYPE_TO_CONFIG_MAPPING.get(name) is config_cls:
+            continue
+        if name in PeftType.__members__:
+            register_peft_method(name=name.lower(), config_cls=config_cls, model_cls=model_cls, prefix=model_cls.prefix)
+            continue
+        PEFT_TYPE_TO_CONFIG_MAPPING[name] = config_cls
+        PEFT_TYPE_TO_TUNER_MAPPING[name] = model_cls
+        PEFT_TYPE_TO_PREFIX_MAPPING[name] = model_cls.prefix
 
 
 register()
