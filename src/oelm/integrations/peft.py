@@ -1,7 +1,8 @@
 """OELM as a PEFT method: ``get_peft_model(model, OELMPeftConfig(method="oelm_freeze"))``.
 
-Importing this module registers OELM with PEFT (``pip install oelm[peft]``; tested with PEFT
-0.21.2); ``import oelm`` alone never imports PEFT. Then the PEFT calls work as for LoRA::
+``import oelm`` registers OELM with PEFT when PEFT is imported (before or after it; ``import oelm``
+alone never imports PEFT: ``pip install oelm[peft]``; tested with PEFT 0.21.2), through this
+module, whose import registers. Then the PEFT calls work as for LoRA::
 
     import oelm.peft                        # the documented name of this module, oelm.integrations.peft
     from peft import PeftModel, get_peft_model
@@ -19,22 +20,27 @@ frozen, fused Q/K/V split) and trains *everything else*. So the "adapter" PEFT s
 tensor of the model except the frozen ones (PEFT's ``save_pretrained`` stores only what trained,
 as oelm's lean checkpoints do); the frozen Q/K are regenerated from the recorded method and seed
 on load, and checked against the sha256 record that ``save_pretrained`` writes into
-``adapter_config.json`` (``frozen``). ``merge_and_unload`` is :func:`oelm.merge_and_unload`.
-``unload`` and disabling the adapter are refused: OELM keeps no copy of the original Q/K.
+``adapter_config.json`` (``frozen``: a record that lacks a frozen tensor, an emptied one included,
+is refused). ``merge_and_unload`` is :func:`oelm.merge_and_unload`. ``unload`` and disabling the
+adapter are refused: OELM keeps no copy of the original Q/K.
 
 Registration: PEFT 0.21's ``register_peft_method`` accepts only names of its own ``PeftType``
 enum, which has no OELM entry; :func:`register` calls it when a PEFT version has one, and
-otherwise makes the same four entries in PEFT's mappings under the string ``"OELM"``, the way PEFT
-supports out-of-tree methods with a string ``peft_type`` (huggingface/peft#2634, #2635).
+otherwise makes the same four entries in PEFT's mappings under the strings ``"OELM"`` and
+``"OELM_LORA"``, the way PEFT supports out-of-tree methods with a string ``peft_type``
+(huggingface/peft#2634, #2635). PEFT has no entry points for such methods, so ``oelm/__init__``
+waits for the first ``import peft`` (a one-shot ``sys.meta_path`` finder) and imports this module then.
 
 Frozen orthogonal Q/K *plus LoRA* on V/O (PEFT's mixed adapters take only its own LoRA-family
-types, so this is a two-step recipe, tested in ``tests/test_peft.py``)::
+types, so this is a two-step recipe, tested in ``tests/test_peft.py`` and
+``tests/test_adapter_recipe.py``). Step 2 takes :class:`OELMLoraConfig` (every ``LoraConfig``
+field), so the adapter records the base's OELM recipe and a reload checks it, or applies it to a
+fresh base::
 
     oelm.apply_oelm(base, "oelm_freeze", seed=0)                       # 1. Q/K orthogonal, frozen
-    model = get_peft_model(base, LoraConfig(target_modules=["value", "attention.output.dense"]))  # 2. LoRA
-    model.save_pretrained(out)                                         # the LoRA adapter
-    oelm.apply_oelm(fresh_base, "oelm_freeze", seed=0)                 # reload: the same step 1, then
-    model = PeftModel.from_pretrained(fresh_base, out)
+    model = get_peft_model(base, oelm.peft.OELMLoraConfig(target_modules=["value", "attention.output.dense"]))  # 2. LoRA
+    model.save_pretrained(out)                                         # the LoRA adapter + the OELM recipe
+    model = PeftModel.from_pretrained(fresh_base, out)                 # the recorded step 1, checked, then LoRA
 """
 
 from __future__ import annotations
