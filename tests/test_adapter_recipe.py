@@ -221,3 +221,10 @@ def test_import_oelm_alone_registers_both_peft_types(first, oelm_adapter, lora_a
     out = subprocess.run([sys.executable, "-c", _LOAD, first, str(oelm_adapter), str(lora_adapter[0])],
                          capture_output=True, text=True, env={"PYTHONPATH": src, "HF_HUB_OFFLINE": "1"}, timeout=300)
     assert out.returncode == 0 and out.stdout.split()[-2:] == ["OELMPeftConfig", "OELMLoraConfig"], out.stderr[-2000:]
+
+
+def test_a_second_oelm_lora_adapter_records_the_same_recipe(ids):
+    model = oelm_plus_lora()
+    model.add_adapter("second", oelm.peft.OELMLoraConfig(r=2, target_modules=["attn.c_proj"], task_type="CAUSAL_LM"))
+    first, second = model.peft_config["default"].oelm, model.peft_config["second"].oelm
+    assert second == first and len(second["recipe"]["frozen"]) == 8  # not every base tensor LoRA has frozen since

@@ -308,8 +308,9 @@ class OELMLoraModel(LoraModel):
     def inject_adapter(self, model: nn.Module, adapter_name: str, autocast_adapter_dtype: bool = True,
                        low_cpu_mem_usage: bool = False, state_dict: dict | None = None) -> None:
         config = self.peft_config[adapter_name]
-        if config.oelm is None:
-            config.oelm = _recipe_entry(model)
+        if config.oelm is None:  # a second adapter shares the first one's record: LoRA has frozen the whole base since
+            known = [c.oelm for name, c in self.peft_config.items() if name != adapter_name and getattr(c, "oelm", None)]
+            config.oelm = copy.deepcopy(known[0]) if known else _recipe_entry(model)
         else:
             _base_fits_the_recipe(model, config.oelm)
         super().inject_adapter(model, adapter_name, autocast_adapter_dtype=autocast_adapter_dtype,
