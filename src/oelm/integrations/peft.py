@@ -112,6 +112,16 @@ class OELMPeftConfig(PeftConfig):
             raise ConfigError(f"OELMPeftConfig.{problem}; if it came from an adapter's adapter_config.json, the file is "
                               "damaged: save the adapter again from the trained model (model.save_pretrained)")
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str, subfolder: str | None = None,
+                        **kwargs: Any) -> "OELMPeftConfig":
+        """PEFT's ``from_pretrained`` (an adapter's ``adapter_config.json``), the folder kept on the
+        instance (``_read_from``, not a field): a config read from a file must carry its ``frozen``
+        record when loaded, one made in this process (Trainer's resume loads into it) need not."""
+        config = super().from_pretrained(pretrained_model_name_or_path, subfolder=subfolder, **kwargs)
+        vars(config)["_read_from"] = str(pretrained_model_name_or_path)
+        return config
+
     def oelm_config(self) -> OELMConfig:
         """The :class:`~oelm.method.OELMConfig` this applies: the named method with ``seed``."""
         return get_method(self.method).replace(seed=self.seed)
@@ -211,17 +221,23 @@ class OELMModel(BaseTuner):
                                            state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Before PEFT loads the saved tensors: the regenerated frozen tensors must match the record.
 
+        ``config`` is the one read from the adapter's file (``PeftModel.from_pretrained``), or the live
+        one when ``load_adapter`` loads into an existing adapter (Trainer's resume): without a record
+        then (made in this process, never saved) nothing is checked, as the live model's frozen
+        tensors are its own and the file holds none.
+
         Raises:
             CheckpointError: the record names a tensor the model does not freeze, or lacks one it
-                freezes (an emptied record included).
+                freezes (an emptied or removed record of a file included).
             CheckpointMismatchError: a regenerated tensor differs (named, with the likely causes).
         """
-        recorded, frozen = config.frozen or {}, _frozen_names(model)
+        recorded, frozen, read_from = config.frozen or {}, _frozen_names(model), vars(config).get("_read_from")
         missing, unknown = sorted(frozen - set(recorded)), sorted(set(recorded) - frozen)
-        if missing:
+        if missing and (read_from is not None or recorded):  # a config made here (Trainer's resume) has no record yet
             what = "no frozen tensors" if not recorded else f"no entry for {len(missing)} of them ({missing[0]!r} ...)"
             raise CheckpointError(
-                f"adapter_config.json's 'frozen' record has {what}, but {config.method!r} froze {len(frozen)}: nothing "
+                f"{read_from or '.'}/adapter_config.json's 'frozen' record has {what}, but {config.method!r} froze "
+                f"{len(frozen)}: nothing "
                 "checks that this base regenerates the Q/K the adapter was trained with (the record was emptied or "
                 "edited). Fix: save the adapter again from the trained model (model.save_pretrained)")
         if unknown:
@@ -294,7 +310,8 @@ class OELMLoraConfig(LoraConfig):
                    f"has no {RECIPE_FORMAT} 'recipe'" if not isinstance(recipe, dict) or recipe.get("format") != RECIPE_FORMAT
                    else "has no 'oelm_config' mapping" if not isinstance(recipe.get("oelm_config"), dict) else
                    "has an empty 'frozen' record" if not recipe.get("frozen") else None)
-        problem = problem or (None if _record_problem(recipe["frozen"]) is None else f"frozen {_record_problem(recipe['frozen'])}")
+        record = None if problem else _record_problem(recipe["frozen"])
+        problem = problem or (None if record is None else f"frozen {record}")
         if problem:
             raise ConfigError(f"OELMLoraConfig.oelm {problem}; if it came from an adapter's adapter_config.json, the "
                               "file is damaged: save the adapter again from the trained model (model.save_pretrained)")

@@ -138,7 +138,8 @@ def save_pretrained_with_recipe(model: nn.Module, save_directory: Any, is_main_p
     :func:`functools.partial`): the class's own ``save_pretrained`` with the state dict in the
     stock layout (:func:`~oelm.architectures.fused.fuse_state_dict` of ``state_dict`` or of the model's own;
     a learned head temperature folded into its query entries, the exact ones beside them:
-    :func:`~oelm.method.temperature.fold_saved_temperatures`) and the recipe in ``config.json`` under ``"oelm"``. The model is not changed: its split modules,
+    :func:`~oelm.method.temperature.fold_saved_temperatures`) and the recipe in ``config.json`` under
+    ``"oelm"``. The model is not changed: its split modules,
     parameters and config are as before (the recipe is on ``model.config`` only while saving).
     Every other argument goes to the class's method as given (``safe_serialization``,
     ``max_shard_size``, ``push_to_hub`` ...).
