@@ -175,20 +175,30 @@ def test_an_oelm_lora_adapter_checks_the_frozen_tensors_it_regenerates(lora_adap
     assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("edit", ["emptied frozen", "no recipe", "not a mapping"])
-def test_a_damaged_oelm_lora_record_is_one_line(edit, lora_adapter):
+@pytest.mark.parametrize("edit, error, named", [
+    ("emptied frozen", CheckpointError, r"no 'frozen' entry for 8 tensor\(s\) 'oelm_freeze' froze"),
+    ("one entry dropped", CheckpointError, r"no 'frozen' entry for 1 tensor\(s\)"),
+    ("no recipe", ConfigError, r"OELMLoraConfig\.oelm has no oelm-recipe 'recipe'"),
+    ("not a mapping", ConfigError, r"OELMLoraConfig\.oelm is not a mapping"),
+])
+def test_a_damaged_oelm_lora_record_is_one_line(edit, error, named, lora_adapter):
     folder = lora_adapter[0]
     data = json.loads((folder / "adapter_config.json").read_text())
     if edit == "emptied frozen":
         data["oelm"]["recipe"]["frozen"] = {}
+    elif edit == "one entry dropped":
+        data["oelm"]["recipe"]["frozen"].pop(sorted(data["oelm"]["recipe"]["frozen"])[0])
     elif edit == "no recipe":
         del data["oelm"]["recipe"]
     else:
         data["oelm"] = "oelm_freeze"
     (folder / "adapter_config.json").write_text(json.dumps(data))
-    with pytest.raises(ConfigError, match=r"OELMLoraConfig\.oelm .*save the adapter again") as info:
-        peft.PeftModel.from_pretrained(gpt2(), folder)
-    assert "\n" not in str(info.value)
+    treated = gpt2()
+    oelm.apply_oelm(treated, "oelm_freeze", seed=0)
+    for base in (gpt2(), treated):  # a fresh base (the recipe would be applied) and one treated by hand
+        with pytest.raises(error, match=named) as info:
+            peft.PeftModel.from_pretrained(base, folder)
+        assert "save the adapter again" in str(info.value) and "\n" not in str(info.value)
 
 
 def test_oelm_lora_config_on_a_model_without_oelm_is_refused():
@@ -228,3 +238,20 @@ def test_a_second_oelm_lora_adapter_records_the_same_recipe(ids):
     model.add_adapter("second", oelm.peft.OELMLoraConfig(r=2, target_modules=["attn.c_proj"], task_type="CAUSAL_LM"))
     first, second = model.peft_config["default"].oelm, model.peft_config["second"].oelm
     assert second == first and len(second["recipe"]["frozen"]) == 8  # not every base tensor LoRA has frozen since
+
+
+def test_oelm_runs_lora_step_records_the_recipe_and_a_method_that_freezes_nothing_reloads(ids, tmp_path):
+    """``add_lora`` (a method's ``lora:`` in an experiment) on a model that went through apply_oelm uses
+    OELMLoraConfig; LoRA alone (the ``baseline`` method: nothing frozen, an empty record) reloads too."""
+    from oelm.integrations.peft import add_lora
+
+    for method, frozen in (("baseline", 0), ("oelm_freeze", 8)):
+        model = gpt2()
+        report = oelm.apply_oelm(model, method, seed=0)
+        wrapped, _ = add_lora(model, {"r": 4, "target_modules": ["attn.c_proj"], "task_type": "CAUSAL_LM"}, report)
+        assert isinstance(wrapped.peft_config["default"], oelm.peft.OELMLoraConfig)
+        expected = train(wrapped, ids)
+        wrapped.save_pretrained(tmp_path / method)
+        recipe = json.loads((tmp_path / method / "adapter_config.json").read_text())["oelm"]["recipe"]
+        assert recipe["method"] == method and len(recipe["frozen"]) == frozen
+        assert torch.equal(logits(peft.PeftModel.from_pretrained(gpt2(), tmp_path / method), ids), expected)

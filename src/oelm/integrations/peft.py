@@ -290,7 +290,8 @@ class OELMLoraConfig(LoraConfig):
 
     Raises:
         ConfigError: an ``oelm`` entry that is not ``{"module": str, "recipe": an oelm-recipe with a
-            non-empty frozen record}`` (a damaged adapter_config.json: one line naming the field).
+            frozen record}`` (a damaged adapter_config.json: one line naming the field; a record that
+            lacks a tensor the method freezes is refused on load).
     """
 
     oelm: Optional[dict] = field(
@@ -308,8 +309,7 @@ class OELMLoraConfig(LoraConfig):
         problem = ("is not a mapping" if not isinstance(entry, dict) else
                    "has no 'module' name" if not isinstance(entry.get("module"), str) else
                    f"has no {RECIPE_FORMAT} 'recipe'" if not isinstance(recipe, dict) or recipe.get("format") != RECIPE_FORMAT
-                   else "has no 'oelm_config' mapping" if not isinstance(recipe.get("oelm_config"), dict) else
-                   "has an empty 'frozen' record" if not recipe.get("frozen") else None)
+                   else "has no 'oelm_config' mapping" if not isinstance(recipe.get("oelm_config"), dict) else None)
         record = None if problem else _record_problem(recipe["frozen"])
         problem = problem or (None if record is None else f"frozen {record}")
         if problem:
@@ -356,8 +356,9 @@ def _base_fits_the_recipe(model: nn.Module, entry: dict[str, Any]) -> None:
     recorded frozen tensor must have its recorded dtype, shape and sha256.
 
     Raises:
-        CheckpointError: the recorded module is missing, or the base carries another method or
-            carries it elsewhere (one line naming both and the fix).
+        CheckpointError: the recorded module is missing, the base carries another method or
+            carries it elsewhere (one line naming both and the fix), or the record lacks a tensor
+            the method froze (an emptied record).
         CheckpointMismatchError: a frozen tensor differs (named, with the likely causes).
     """
     where, recipe = entry["module"], entry["recipe"]
@@ -385,13 +386,19 @@ def _base_fits_the_recipe(model: nn.Module, entry: dict[str, Any]) -> None:
     if unknown:
         raise CheckpointError(f"adapter_config.json records frozen tensor(s) {unknown[:3]} that this base's "
                               f"{type(target).__name__} does not have; load the adapter onto the base it was trained on")
+    missing = sorted(n for n, p in params.items() if not p.requires_grad and n not in recipe["frozen"])
+    if missing:  # the method's frozen flags, before LoRA freezes the whole base
+        raise CheckpointError(
+            f"adapter_config.json's OELM recipe has no 'frozen' entry for {len(missing)} tensor(s) {config.method!r} "
+            f"froze ({missing[0]!r} ...): nothing checks that this base has the Q/K the adapter was trained with (the "
+            "record was emptied or edited). Fix: save the adapter again from the trained model (model.save_pretrained)")
     causes = mismatch_causes(None, config, recipe.get("versions", {}).get("torch"))
     check_frozen(params, recipe["frozen"], config, causes, origin)
 
 
 def add_lora(model: nn.Module, lora: dict[str, Any], report: ParameterReport | None = None) -> tuple[nn.Module, ParameterReport]:
-    """Step 2 of the frozen-Q/K-plus-LoRA recipe: PEFT's LoRA (``LoraConfig(**lora)``) on a model
-    ``apply_oelm`` already changed. LoRA freezes every base parameter (the frozen Q/K stay frozen)
+    """Step 2 of the frozen-Q/K-plus-LoRA recipe: PEFT's LoRA (:class:`OELMLoraConfig` ``(**lora)``,
+    ``LoraConfig`` for a model no ``apply_oelm`` touched) on a model ``apply_oelm`` already changed. LoRA freezes every base parameter (the frozen Q/K stay frozen)
     and trains its matrices and ``modules_to_save``. Returns the PEFT model and its parameter
     report (``report``'s method name and Q/K projections kept).
 
@@ -402,8 +409,10 @@ def add_lora(model: nn.Module, lora: dict[str, Any], report: ParameterReport | N
     unknown = sorted(set(lora) - LORA_KEYS)
     if unknown:
         raise ConfigError(f"lora: unknown field(s) {unknown}; allowed: {sorted(LORA_KEYS)}")
+    # a model that went through apply_oelm gets OELMLoraConfig: the adapter then records its OELM recipe
+    config_cls = OELMLoraConfig if treated_modules(model) else LoraConfig
     try:  # a copy: PEFT extends modules_to_save in place (SEQ_CLS adds classifier, score), and a matrix reuses `lora`
-        config = LoraConfig(**copy.deepcopy(lora))
+        config = config_cls(**copy.deepcopy(lora))
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"lora: {exc}") from None
     names = [name for name, _ in model.named_modules()]
