@@ -398,7 +398,8 @@ def _base_fits_the_recipe(model: nn.Module, entry: dict[str, Any]) -> None:
 
 def add_lora(model: nn.Module, lora: dict[str, Any], report: ParameterReport | None = None) -> tuple[nn.Module, ParameterReport]:
     """Step 2 of the frozen-Q/K-plus-LoRA recipe: PEFT's LoRA (:class:`OELMLoraConfig` ``(**lora)``,
-    ``LoraConfig`` for a model no ``apply_oelm`` touched) on a model ``apply_oelm`` already changed. LoRA freezes every base parameter (the frozen Q/K stay frozen)
+    so the adapter records the OELM recipe; ``LoraConfig`` for a model no ``apply_oelm`` touched) on
+    a model ``apply_oelm`` already changed. LoRA freezes every base parameter (the frozen Q/K stay frozen)
     and trains its matrices and ``modules_to_save``. Returns the PEFT model and its parameter
     report (``report``'s method name and Q/K projections kept).
 
