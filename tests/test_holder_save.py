@@ -120,3 +120,19 @@ def test_the_treated_modules_own_state_dict_keeps_its_split_names(tokens):
     assert isinstance(live["transformer.h.0.attn.c_attn.query.weight"], torch.nn.Parameter)
     oelm.merge_and_unload(model)
     assert not model.transformer._state_dict_hooks  # the way out removes the hook with the rest
+
+
+@pytest.mark.parametrize("where", ["transformer.h"])
+def test_a_deeper_module_named_by_target_modules_saves_stock_too(where, tokens, tmp_path):
+    """Whatever object apply_oelm got: here the layer list (a ModuleList), its projections named with
+    target_modules (a single block is refused by apply_oelm: not inside a numbered layer)."""
+    ids = tokens["gpt2"]
+    model, _ = _holder("gpt2")
+    apply_oelm(model.get_submodule(where), "oelm_freeze", seed=0,
+               target_modules={"qkv": "c_attn", "layout": "qkv_conv1d"}, num_heads=4)
+    _train(model, ids, "gpt2")
+    expected = _logits(model, ids)
+    model.save_pretrained(tmp_path)
+    stock, info = type(model).from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    torch.testing.assert_close(_logits(stock, ids), expected, atol=1e-6, rtol=1e-6)
