@@ -100,6 +100,8 @@ def test_get_peft_model_trains_all_but_frozen_qk_and_round_trips(family, tmp_pat
     with safe_open(str(tmp_path / "adapter_model.safetensors"), "pt") as fh:
         saved = set(fh.keys())
     assert saved and not saved & set(frozen)  # only what trained
+    own = {n for n, _ in model.named_parameters(remove_duplicate=False)} | {n for n, _ in model.named_buffers()}
+    assert saved <= own  # under the model's own names: not the stock fused c_attn a holder's state dict has
     assert set(json.loads((tmp_path / "adapter_config.json").read_text())["frozen"]) == set(frozen)
 
     loaded = peft.PeftModel.from_pretrained(make(), tmp_path, is_trainable=True)

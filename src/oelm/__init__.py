@@ -119,6 +119,50 @@ if _ModuleAlias not in _sys.meta_path:
     _sys.meta_path.append(_ModuleAlias)
 
 
+# OELM's PEFT methods are registered when PEFT is imported, without ``import oelm`` importing PEFT:
+# PEFT 0.21 has no entry points for out-of-tree methods (its PEFT_TYPE_TO_CONFIG_MAPPING is filled
+# by imports, and a saved adapter's "peft_type" is looked up there), so ``PeftModel.from_pretrained``
+# of an OELM adapter raised a bare KeyError: 'OELM' unless ``import oelm.peft`` came first. Now the
+# first ``import peft`` after ``import oelm`` (or ``import oelm`` after ``import peft``) imports
+# oelm.integrations.peft, which registers its methods, right after PEFT's own __init__ has run.
+def _register_with_peft() -> None:
+    try:
+        _importlib.import_module("oelm.integrations.peft")  # a partly imported one (it imported PEFT) is fine
+    except Exception as exc:  # noqa: BLE001 - importing PEFT must not fail because of oelm
+        import warnings  # only on this failure path
+
+        warnings.warn(f"oelm could not register its PEFT methods ({type(exc).__name__}: {exc}); "
+                      "`import oelm.peft` shows the error", stacklevel=2)
+
+
+class _AfterPeftImport:
+    """A one-shot finder on ``sys.meta_path``: when ``peft`` is first imported, PEFT's own spec,
+    whose loader runs :func:`_register_with_peft` after executing PEFT's ``__init__``."""
+
+    @classmethod
+    def find_spec(cls, fullname: str, path=None, target=None):
+        if fullname != "peft" or cls not in _sys.meta_path:
+            return None
+        _sys.meta_path.remove(cls)  # once, and not while PEFT is looked up just below
+        spec = _importlib_util.find_spec("peft")
+        loader = getattr(spec, "loader", None)
+        if loader is not None and hasattr(loader, "exec_module"):
+            execute = loader.exec_module
+
+            def exec_then_register(module) -> None:
+                execute(module)
+                _register_with_peft()
+
+            loader.exec_module = exec_then_register  # this spec's own loader object, made by find_spec above
+        return spec
+
+
+if "peft" in _sys.modules:
+    _register_with_peft()
+elif _AfterPeftImport not in _sys.meta_path:
+    _sys.meta_path.insert(0, _AfterPeftImport)
+
+
 __all__ = [
     "CheckpointError",
     "CheckpointMismatchError",

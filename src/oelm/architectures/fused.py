@@ -24,7 +24,7 @@ from oelm.architectures.spec import FUSED_LAYOUTS
 from oelm.errors import OELMError
 
 __all__ = [
-    "SplitQKV", "fuse_split_projections", "fuse_state_dict", "fuse_tensors", "split_fused_entries",
+    "SplitQKV", "fuse_split_projections", "fuse_state_dict", "fuse_entries", "fuse_tensors", "split_fused_entries",
     "split_fused_tensors", "IO_HOOKS", "NAME_HOOKS", "module_hooks", "carry_hooks", "refuse_hooks", "refuse_split_hooks",
 ]
 
@@ -227,10 +227,36 @@ def split_fused_entries(module: SplitQKV, state_dict: dict[str, Any], prefix: st
     return entries
 
 
+def fuse_entries(module: SplitQKV, state_dict: dict[str, Any], prefix: str) -> bool:
+    """The inverse of :func:`split_fused_entries`, in place: ``module``'s split entries of
+    ``state_dict`` (``<prefix>query.weight`` ...) replaced by the stock fused ``<prefix>weight`` /
+    ``<prefix>bias`` (new tensors, :meth:`SplitQKV.fused_tensors`). True if replaced; False, with
+    ``state_dict`` unchanged, when an entry is missing (a LoRA layer wrapped around ``value``
+    renames it) or is a live ``nn.Parameter`` (``state_dict(keep_vars=True)``).
+
+    Raises:
+        ValueError: as :meth:`SplitQKV.fused_tensors`.
+    """
+    with_bias = module.query.bias is not None
+    keys = [f"{part}.{tensor}" for part in _PARTS for tensor in (("weight", "bias") if with_bias else ("weight",))]
+    local = {k: state_dict.get(prefix + k) for k in keys}
+    if any(v is None or isinstance(v, nn.Parameter) for v in local.values()):
+        return False
+    weight, bias = module.fused_tensors(local)
+    for k in keys:
+        del state_dict[prefix + k]
+    state_dict[prefix + "weight"] = weight
+    if bias is not None:
+        state_dict[prefix + "bias"] = bias
+    return True
+
+
 def _load_split_or_fused(module: SplitQKV, state_dict: dict[str, Any], prefix: str, local_metadata: dict, strict: bool,
                          missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str]) -> None:
     """``load_state_dict`` pre-hook of :class:`SplitQKV` (torch's signature): stock fused keys
-    are replaced by the split ones (a shape that does not fit is reported as torch reports one)."""
+    are replaced by the split ones (a shape that does not fit is reported as torch reports one); a
+    split entry the state dict also has explicitly (a tempered query's exact weight saved beside
+    the folded fused one: :func:`oelm.method.temperature.fold_saved_temperatures`) is kept."""
     try:
         entries = split_fused_entries(module, state_dict, prefix)
     except ValueError as exc:
@@ -239,7 +265,7 @@ def _load_split_or_fused(module: SplitQKV, state_dict: dict[str, Any], prefix: s
     if prefix + "weight" in state_dict:
         state_dict.pop(prefix + "weight")
         state_dict.pop(prefix + "bias", None)
-    state_dict.update(entries)
+    state_dict.update({k: v for k, v in entries.items() if k not in state_dict})  # an explicit split entry wins
 
 
 def fuse_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:

@@ -42,7 +42,7 @@ from oelm.checkpoint.common import (
     regenerate,
 )
 from oelm.method.checkpoint_record import RECIPE_FORMAT, RECIPE_KEY, RECIPE_VERSION
-from oelm.method.temperature import TEMPERATURE_NAME
+from oelm.method.temperature import TEMPERATURE_NAME, UNFOLDED
 
 __all__ = ["has_recipe", "load_with_recipe"]
 
@@ -109,7 +109,7 @@ def load_with_recipe(directory: Path, base_model: nn.Module | None, allowed: tup
         if target is not model and held_split:  # the holder wrote the split names: split, then load them
             _set_recorded_architecture(target, architecture, where)
             split_fused_projections(target)
-            _load_weights(model, directory, skip=TEMPERATURE_NAME if tempered else None)  # strict: every name must fit now
+            _load_weights(model, directory, skip=_TEMPERED_NAMES if tempered else ())  # strict: every name must fit now
         reapply(target, config, architecture, where)
         if tempered:
             _load_temperatures(model, directory)
@@ -176,13 +176,18 @@ def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
     raise CheckpointError(f"{directory} has no {SAFE_WEIGHTS_NAME} or {SAFE_INDEX_NAME}; save it again with model.save_pretrained")
 
 
-def _load_weights(model: nn.Module, directory: Path, skip: str | None = None) -> None:
+#: A tempered query's saved names that a model without the temperature yet has not: the
+#: temperature and the exact query entries beside the folded stock ones (:func:`_load_temperatures`).
+_TEMPERED_NAMES = (TEMPERATURE_NAME, UNFOLDED + "weight", UNFOLDED + "bias")
+
+
+def _load_weights(model: nn.Module, directory: Path, skip: tuple[str, ...] = ()) -> None:
     """Load the checkpoint into ``model``: every key must fit; a missing one only where the model
     ties it to one that was loaded (GPT-2's ``lm_head.weight``, which ``save_pretrained`` drops).
-    ``skip``: keys ending with ``"." + skip`` are left out (a head temperature the model has not yet)."""
+    ``skip``: keys whose last part is one of these are left out (a head temperature the model has not yet)."""
     weights = _read_weights(directory)
-    if skip is not None:
-        weights = {k: v for k, v in weights.items() if not k.endswith("." + skip)}
+    if skip:
+        weights = {k: v for k, v in weights.items() if k.rpartition(".")[2] not in skip}
     result = model.load_state_dict(weights, strict=False)
     tensors = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
     missing = set(result.missing_keys)
@@ -197,18 +202,28 @@ def _load_weights(model: nn.Module, directory: Path, skip: str | None = None) ->
 
 def _load_temperatures(model: nn.Module, directory: Path) -> None:
     """Copy the checkpoint's head temperatures (``<query>.head_temperature``) into ``model``'s, which
-    :func:`~oelm.checkpoint.common.reapply` made: the two sets of names must be the same.
+    :func:`~oelm.checkpoint.common.reapply` made: the two sets of names must be the same; and the
+    exact query entries (``<query>.unfolded_weight`` / ``unfolded_bias``) over the folded stock ones
+    that ``from_pretrained`` loaded (:func:`oelm.method.temperature.fold_saved_temperatures`).
 
     Raises:
         CheckpointError: a temperature of the model is not in the checkpoint, or the other way round,
             or its shape differs.
     """
-    stored = {k: v for k, v in _read_weights(directory).items() if k.endswith("." + TEMPERATURE_NAME)}
+    weights = _read_weights(directory)
+    stored = {k: v for k, v in weights.items() if k.endswith("." + TEMPERATURE_NAME)}
     own = {n: p for n, p in model.named_parameters() if n.endswith("." + TEMPERATURE_NAME)}
-    bad = sorted(set(own) ^ set(stored)) or sorted(n for n in own if own[n].shape != stored[n].shape)
+    # The exact query entries saved beside the folded stock ones (a checkpoint older than them has none).
+    params = dict(model.named_parameters())
+    exact = {k.rpartition(".")[0] + "." + k.rpartition(".")[2][len(UNFOLDED):]: v for k, v in weights.items()
+             if k.rpartition(".")[2] in _TEMPERED_NAMES[1:]}
+    bad = (sorted(set(own) ^ set(stored)) or sorted(n for n in own if own[n].shape != stored[n].shape)
+           or sorted(n for n in exact if n not in params or params[n].shape != exact[n].shape))
     if bad:
         raise CheckpointError(f"{directory}'s head temperatures do not fit the model its recipe rebuilds ({bad[:3]}); "
                               "save the checkpoint again from the trained model")
     with torch.no_grad():
         for name, p in own.items():
             p.copy_(stored[name])
+        for name, value in exact.items():
+            params[name].copy_(value)

@@ -40,9 +40,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from oelm.architectures.fused import SplitQKV, fuse_state_dict, split_fused_entries
+from oelm.architectures.fused import SplitQKV, fuse_entries, fuse_state_dict, split_fused_entries
 from oelm.architectures.spec import ARCHITECTURE_ATTRIBUTE, architecture_to_dict
 from oelm.errors import CheckpointMismatchError
+from oelm.method.temperature import fold_saved_temperatures, unfold_saved_temperatures
 
 __all__ = [
     "RECIPE_KEY",
@@ -57,14 +58,16 @@ __all__ = [
     "attach_checkpoint_hooks",
     "detach_checkpoint_hooks",
     "keep_recipe_on_config",
+    "stock_layout_when_held",
+    "own_layout",
 ]
 
 RECIPE_KEY = "oelm"  # the config.json key (and config attribute while saving)
 RECIPE_FORMAT = "oelm-recipe"
 RECIPE_VERSION = 1
 #: The instance attributes :func:`attach_checkpoint_hooks` sets: oelm's ``save_pretrained`` and
-#: the handle of the load hook.
-CHECKPOINT_ATTRIBUTES = ("save_pretrained", "oelm_load_hook")
+#: the handles of the load hook and of the state-dict hook.
+CHECKPOINT_ATTRIBUTES = ("save_pretrained", "oelm_load_hook", "oelm_state_dict_hook")
 
 
 def tensor_sha256(tensor: torch.Tensor) -> str:
@@ -133,13 +136,17 @@ def save_pretrained_with_recipe(model: nn.Module, save_directory: Any, is_main_p
                                 state_dict: dict[str, torch.Tensor] | None = None, **kwargs: Any) -> Any:
     """``model.save_pretrained`` of a model that went through ``apply_oelm`` (bound with
     :func:`functools.partial`): the class's own ``save_pretrained`` with the state dict in the
-    stock layout (:func:`~oelm.architectures.fused.fuse_state_dict` of ``state_dict`` or of the model's own) and
-    the recipe in ``config.json`` under ``"oelm"``. The model is not changed: its split modules,
+    stock layout (:func:`~oelm.architectures.fused.fuse_state_dict` of ``state_dict`` or of the model's own;
+    a learned head temperature folded into its query entries, the exact ones beside them:
+    :func:`~oelm.method.temperature.fold_saved_temperatures`) and the recipe in ``config.json`` under
+    ``"oelm"``. The model is not changed: its split modules,
     parameters and config are as before (the recipe is on ``model.config`` only while saving).
     Every other argument goes to the class's method as given (``safe_serialization``,
     ``max_shard_size``, ``push_to_hub`` ...).
     """
-    fused = fuse_state_dict(model, state_dict)
+    state = dict(model.state_dict() if state_dict is None else state_dict)
+    fold_saved_temperatures(model, state)  # a stock from_pretrained computes the tempered logits
+    fused = fuse_state_dict(model, state)
     config = getattr(model, "config", None)
     previous = getattr(config, RECIPE_KEY, _MISSING)
     if config is not None and is_main_process:
@@ -208,6 +215,7 @@ def before_load_state_dict(model: nn.Module, state_dict: dict[str, Any], prefix:
     Raises:
         CheckpointMismatchError: names the first frozen tensor that would change and the likely causes.
     """
+    unfold_saved_temperatures(state_dict, prefix)  # the exact query entries beside the folded stock ones
     for disk, name in _legacy_names(model).items():
         if prefix + disk in state_dict and prefix + name not in state_dict:
             state_dict[prefix + name] = state_dict.pop(prefix + disk)
@@ -226,15 +234,60 @@ def before_load_state_dict(model: nn.Module, state_dict: dict[str, Any], prefix:
     )
 
 
+def stock_layout_when_held(model: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: dict) -> None:
+    """``state_dict`` post-hook of a module that went through ``apply_oelm`` (torch's signature):
+    when a module that holds it gathers the state dict (``prefix`` is not empty:
+    ``holder.state_dict()``, and so transformers' ``holder.save_pretrained`` and every ``Trainer``
+    checkpoint of the holder), each split Q/K/V module's entries are written in the stock fused
+    layout (``<name>.weight`` / ``<name>.bias`` of GPT-2's ``c_attn`` ...: new tensors from
+    :meth:`~oelm.architectures.fused.SplitQKV.fused_tensors`), so a stock ``from_pretrained`` of the
+    holder's checkpoint loads every tensor instead of initializing ``c_attn`` at random. PyTorch
+    modules do not know their parents, so the holder's save cannot be guarded; its state dict can.
+
+    Left as they are: the module's own ``state_dict()`` (``prefix == ""``: the split names its
+    optimizer, oelm's lean checkpoints and PEFT's OELM adapter use; its own ``save_pretrained``
+    fuses a copy), ``keep_vars=True`` (the live parameters were asked for), and a split module
+    whose query/key/value are not all plain entries (a LoRA layer wrapped around one: the adapter
+    saves its own names). Loading such a state dict back (``holder.load_state_dict``: Trainer's
+    resume) splits the fused entries again (each split module's load hook)."""
+    if not prefix:
+        return
+    fold_saved_temperatures(model, state_dict, prefix)  # before fusing: the fused query rows are the folded ones
+    for name, module in model.named_modules():
+        if isinstance(module, SplitQKV):
+            fuse_entries(module, state_dict, f"{prefix}{name}." if name else prefix)
+
+
+def own_layout(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of :func:`stock_layout_when_held` on a copy of ``state_dict`` (keys relative to
+    ``model``, a holder of a treated module: a PEFT model, say): the exact query entries back
+    under their names, every split module's fused entries split again (contiguous copies, so no two
+    saved tensors share memory). PEFT's OELM adapter saves these names, not the stock ones."""
+    state = dict(state_dict)
+    unfold_saved_temperatures(state)
+    for name, module in model.named_modules():
+        if isinstance(module, SplitQKV):
+            prefix = f"{name}." if name else ""
+            entries = split_fused_entries(module, state, prefix)
+            if entries:
+                state.pop(prefix + "weight")
+                state.pop(prefix + "bias", None)
+                state.update({k: v.clone(memory_format=torch.contiguous_format) for k, v in entries.items() if k not in state})
+    return state
+
+
 def attach_checkpoint_hooks(model: nn.Module) -> None:
     """Give ``model`` (this instance) :func:`save_pretrained_with_recipe` as ``save_pretrained``
-    (when its class has one) and :func:`before_load_state_dict` as a ``load_state_dict`` pre-hook
-    (its handle in ``model.oelm_load_hook``), bound to the parameters frozen now. Instance attributes, not a patched class: other
-    instances are untouched, and the model still pickles and deep-copies."""
+    (when its class has one), :func:`before_load_state_dict` as a ``load_state_dict`` pre-hook
+    (its handle in ``model.oelm_load_hook``), bound to the parameters frozen now, and
+    :func:`stock_layout_when_held` as a ``state_dict`` post-hook (``model.oelm_state_dict_hook``).
+    Instance attributes, not a patched class: other instances are untouched, and the model still
+    pickles and deep-copies."""
     if hasattr(type(model), "save_pretrained"):
         model.save_pretrained = functools.partial(save_pretrained_with_recipe, model)
     frozen = tuple(n for n, p in model.named_parameters() if not p.requires_grad)
     model.oelm_load_hook = model.register_load_state_dict_pre_hook(functools.partial(before_load_state_dict, frozen=frozen))
+    model.oelm_state_dict_hook = model.register_state_dict_post_hook(stock_layout_when_held)
     keep_recipe_on_config(model)
 
 
@@ -258,11 +311,12 @@ def detach_checkpoint_hooks(model: nn.Module) -> bool:
     if isinstance(save, functools.partial) and save.func is save_pretrained_with_recipe:
         del model.save_pretrained
         removed = True
-    handle = attributes.get("oelm_load_hook")
-    if handle is not None:
-        handle.remove()
-        del model.oelm_load_hook
-        removed = True
+    for attribute in ("oelm_load_hook", "oelm_state_dict_hook"):
+        handle = attributes.get(attribute)
+        if handle is not None:
+            handle.remove()
+            delattr(model, attribute)
+            removed = True
     config = getattr(model, "config", None)
     if config is not None and RECIPE_KEY in vars(config):
         delattr(config, RECIPE_KEY)

@@ -53,11 +53,15 @@ from oelm.architectures.sites import ProjectionSite
 from oelm.errors import UnsupportedModelError
 from oelm.method.config import NORM_RATIO
 
-__all__ = ["TEMPERATURE_NAME", "head_norms", "add_head_temperatures_",
-           "scale_query_heads", "has_head_temperature", "fold_head_temperatures", "refuse_normalized_queries"]
+__all__ = ["TEMPERATURE_NAME", "UNFOLDED", "head_norms", "add_head_temperatures_", "scale_query_heads",
+           "has_head_temperature", "fold_head_temperatures", "fold_saved_temperatures", "unfold_saved_temperatures",
+           "refuse_normalized_queries"]
 
 #: The parameter's name on the query projection module.
 TEMPERATURE_NAME = "head_temperature"
+#: In a saved state dict, the prefix of the exact (unfolded) query weight / bias names beside the
+#: folded stock ones (``<query>.unfolded_weight``): :func:`fold_saved_temperatures`.
+UNFOLDED = "unfolded_"
 # Children of an attention module that normalize q after the projection (Phi's q_layernorm,
 # Qwen3 / Gemma 3 / OLMo 2's q_norm, ...): the norm would cancel tau.
 _QUERY_NORM = re.compile(r"^(q|query)_?(norm|layernorm|layer_norm|ln)$")
@@ -143,6 +147,14 @@ def has_head_temperature(module: nn.Module) -> bool:
     return TEMPERATURE_NAME in module._parameters
 
 
+def _scaled_rows(value: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+    """``value`` ([heads * head_dim, ...]: a query weight or bias) with head ``h``'s rows multiplied
+    by ``tau_h`` ([heads]), in float64, cast back to ``value``'s dtype: a new tensor."""
+    tau = tau.detach().to(torch.float64)
+    rows = tau.repeat_interleave(value.shape[0] // tau.shape[0]).to(value.device)
+    return (value.detach().to(torch.float64) * rows.view(-1, *[1] * (value.dim() - 1))).to(value.dtype)
+
+
 @torch.no_grad()
 def fold_head_temperatures(model: nn.Module) -> list[str]:
     """Fold every ``head_temperature`` into its query projection (in place): head ``h``'s weight rows
@@ -152,11 +164,10 @@ def fold_head_temperatures(model: nn.Module) -> list[str]:
     for name, module in model.named_modules():
         if not has_head_temperature(module):
             continue
-        tau = getattr(module, TEMPERATURE_NAME).detach().to(torch.float64)
+        tau = getattr(module, TEMPERATURE_NAME)
         for p in (module.weight, getattr(module, "bias", None)):
             if p is not None:
-                rows = tau.repeat_interleave(p.shape[0] // tau.shape[0]).to(p.device)
-                p.copy_((p.detach().to(torch.float64) * rows.view(-1, *[1] * (p.dim() - 1))).to(p.dtype))
+                p.copy_(_scaled_rows(p, tau))
         for key, hook in list(module._forward_hooks.items()):
             if hook is scale_query_heads:
                 del module._forward_hooks[key]
@@ -164,3 +175,37 @@ def fold_head_temperatures(model: nn.Module) -> list[str]:
         delattr(module, TEMPERATURE_NAME)
         folded.append(name)
     return folded
+
+
+def fold_saved_temperatures(model: nn.Module, state_dict: dict[str, torch.Tensor], prefix: str = "") -> list[str]:
+    """In place, on a state dict being saved (keys ``prefix`` + ``model``'s names): each tempered
+    query projection's stock entries ``<query>.weight`` / ``.bias`` become ``tau``-folded copies
+    (:func:`fold_head_temperatures`' arithmetic), so a stock ``from_pretrained``, which has no
+    temperature, computes the trained model's logits; the exact entries move to
+    ``<query>.unfolded_weight`` / ``.unfolded_bias`` and ``<query>.head_temperature`` stays, so oelm's
+    loaders (:func:`unfold_saved_temperatures`) restore the model bit for bit. A projection whose
+    entries are missing or live parameters (``keep_vars=True``) is left alone. Returns the folded
+    projections' names (relative to ``model``)."""
+    folded = []
+    for name, module in model.named_modules():
+        if not has_head_temperature(module):
+            continue
+        where = f"{prefix}{name}." if name else prefix
+        keys = [where + t for t in ("weight", "bias") if getattr(module, t, None) is not None]
+        tau, values = state_dict.get(where + TEMPERATURE_NAME), [state_dict.get(k) for k in keys]
+        if any(v is None or isinstance(v, nn.Parameter) for v in (tau, *values)):
+            continue
+        for key, value in zip(keys, values):
+            state_dict[key] = _scaled_rows(value, tau)
+            state_dict[where + UNFOLDED + key.rpartition(".")[2]] = value
+        folded.append(name)
+    return folded
+
+
+def unfold_saved_temperatures(state_dict: dict[str, torch.Tensor], prefix: str = "") -> None:
+    """The inverse of :func:`fold_saved_temperatures`, in place: every ``<prefix>...unfolded_weight``
+    / ``unfolded_bias`` entry replaces the folded ``...weight`` / ``...bias`` beside it."""
+    ends = (f".{UNFOLDED}weight", f".{UNFOLDED}bias")
+    for key in [k for k in state_dict if k.startswith(prefix) and k.endswith(ends)]:
+        head, _, last = key.rpartition(".")
+        state_dict[f"{head}.{last[len(UNFOLDED):]}"] = state_dict.pop(key)
