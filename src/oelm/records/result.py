@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from oelm.errors import DamagedFileError
@@ -18,7 +19,7 @@ from oelm.io import json_value, read_json_object, write_json_atomic
 
 from oelm.records.schema import (  # re-exported: the schema lives beside the record
     Data, DataSource, Diagnostics, Environment, EvalRecord, Executor, Mfu, Parameters, Performance, Predictions, ResultFile, Timing,
-    TokenAccuracy,
+    TokenAccuracy, value_problem,
 )
 
 if TYPE_CHECKING:
@@ -56,15 +57,19 @@ def _schema_problem(raw: dict[str, Any]) -> str | None:
 
 def read_record(path: str | os.PathLike, fix: str = DAMAGED_RESULT_FIX) -> "RunRecord":
     """The :class:`RunRecord` of the ``result.json`` at ``path``, its fields checked against
-    :class:`ResultFile` (strict types: a number where a number belongs; unknown keys are free).
+    :class:`ResultFile` (strict types: a number where a number belongs; unknown keys are free),
+    then against their meaning (:func:`~oelm.records.schema.value_problem`: a perplexity >= 1, an
+    accuracy 0-100 %, finite non-negative times; in a matrix's ``runs/<name>/``, a ``run_name``
+    that is ``<name>``), so that no reader averages an impossible value.
 
     Raises:
         DamagedFileError: the file does not parse, is not an object, or a field has the wrong
-            type; one line naming the file, the field and its value, and ``fix``.
+            type or an impossible value; one line naming the file, the field and its value, and ``fix``.
         OSError: the file cannot be read.
     """
     raw = read_json_object(path, fix)
-    problem = _schema_problem(raw)
+    where = Path(path).parent
+    problem = _schema_problem(raw) or value_problem(raw, where.name if where.parent.name == "runs" else None)
     if problem:
         raise DamagedFileError(f"{path} is damaged: {problem}; {fix}")
     return RunRecord(raw)
