@@ -42,7 +42,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from oelm.errors import ChecksumError, DamagedFileError, RecordedFileMissingError
-from oelm.io import atomic_path, sha256_file
+from oelm.io import atomic_path, inside, sha256_file
 from oelm.records import RunFolder, RunRecord
 from oelm.records.folder import PREDICTIONS_FILE
 
@@ -148,13 +148,15 @@ def read_predictions(run_dir: str | Path, result: RunRecord | Mapping[str, Any])
         RecordedFileMissingError: the file is recorded but missing.
         ChecksumError: its size or sha256 differs from the record.
         DamagedFileError: it matches the record but cannot be read as a predictions file.
+        OutsideFolderError: the recorded path leads outside the run folder (absolute, ``..``) or
+            through a symbolic link (:func:`oelm.io.inside`): another matrix's file is never read.
         Each is one line naming the file, ``result.json`` and the fix.
     """
     folder = RunFolder(run_dir)
     record = (result if isinstance(result, RunRecord) else RunRecord(dict(result))).predictions
     if not isinstance(record, dict) or not record.get("sha256"):
         return None
-    path = folder.path / str(record.get("path", PREDICTIONS_FILE))
+    path = inside(folder.path, str(record.get("path", PREDICTIONS_FILE)), named_in=folder.result)
     if not path.is_file():
         raise RecordedFileMissingError(f"{path} is missing, but {folder.result} records it; {_FIX}")
     if path.stat().st_size != record.get("bytes", path.stat().st_size) or sha256_file(path) != record["sha256"]:

@@ -1,0 +1,198 @@
+"""Nothing read or written outside a command's folders (issue 46, item 1): every path oelm reads
+or writes in an output folder goes through :func:`oelm.io.inside`. Each reader and writer is tried
+with the fault as it really happens: a record naming an absolute or ``..`` path, and a real
+symbolic link planted in the folder (to another matrix's file, with its sha256 updated where one is
+recorded). Each is refused in one line naming the path; the file outside is neither read nor
+changed. Committed results (paths relative to their run folder) still read."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from oelm.cli import main
+from oelm.errors import OutsideFolderError
+from oelm.io import inside, sha256_file
+from oelm.records import MatrixFolder, PlannedRun, RunFolder, read_record, read_status, step_checkpoints, write_status
+from oelm.records.predictions import read_predictions
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"
+VARIANTS = "research-variants-sst2"  # a committed matrix with real predictions.npz files
+RUN, OTHER = "oelm_ffn_only-lr0.0002-seed1", "oelm_ffn_only-lr0.0002-seed2"
+
+ONE_RUN = (
+    "name: one\n"
+    "task: {dataset: sst2, tokenizer: bpe-512, train_samples: 32, validation_samples: 16, max_length: 32}\n"
+    "model: {gpt: gpt-tiny, gpt_overrides: {hidden_size: 32, num_layers: 2, num_heads: 2, intermediate_size: 64}}\n"
+    "methods: [{name: baseline, learning_rate: 1.0e-3}]\n"
+    "seeds: [0]\n"
+    "training: {max_steps: 2, batch_size: 16, eval_every: 2, log_every: 1, progress_bar: false, tensorboard: false}\n"
+)
+
+
+@pytest.fixture
+def two(tmp_path) -> tuple[Path, Path]:
+    """Two copies of a committed matrix: the one a command works on, and another one."""
+    for name in ("mine", "other"):
+        shutil.copytree(RESULTS / VARIANTS, tmp_path / name)
+    return tmp_path / "mine", tmp_path / "other"
+
+
+def _record_predictions(run: Path, path: str, source: Path) -> None:
+    """``run``'s result.json names ``path`` for its predictions, with ``source``'s sha256 and size."""
+    raw = json.loads((run / "result.json").read_text())
+    raw["predictions"] |= {"path": path, "sha256": sha256_file(source), "bytes": source.stat().st_size}
+    (run / "result.json").write_text(json.dumps(raw))
+
+
+def test_inside_accepts_plain_paths_and_a_linked_root(tmp_path):
+    (tmp_path / "real" / "a").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "real")  # the folder the user chose may itself be a link
+    assert inside(tmp_path / "link", "a/b.json") == tmp_path / "link" / "a" / "b.json"
+    assert inside(tmp_path / "link") == tmp_path / "link"
+
+
+def test_committed_results_name_their_files_relative_to_their_run_folder():
+    """Every committed result's predictions and checkpoint paths read through inside()."""
+    runs = [RunFolder(p.parent) for p in RESULTS.glob("*/runs/*/result.json")]
+    recorded = 0
+    for run in runs:
+        r = read_record(run.result)
+        for entry in (r.predictions, r.checkpoint):
+            if isinstance(entry, dict) and entry.get("path"):
+                inside(run.path, entry["path"], named_in=run.result)
+                recorded += 1
+    assert recorded > 100
+    assert read_predictions(RESULTS / VARIANTS / "runs" / RUN, read_record(RESULTS / VARIANTS / "runs" / RUN / "result.json"))
+
+
+@pytest.mark.parametrize("fault", ["absolute", "dotdot", "symlink"])
+def test_report_never_reads_predictions_outside_the_run_folder(two, fault):
+    mine, other = two
+    run, source = mine / "runs" / RUN, other / "runs" / OTHER / "predictions.npz"
+    if fault == "absolute":
+        _record_predictions(run, str(source), source)
+    elif fault == "dotdot":
+        _record_predictions(run, f"../{OTHER}/predictions.npz", mine / "runs" / OTHER / "predictions.npz")
+    else:  # the file itself swapped for a link to another matrix's, its checksum updated
+        (run / "predictions.npz").unlink()
+        (run / "predictions.npz").symlink_to(source)
+        _record_predictions(run, "predictions.npz", source)
+    with pytest.raises(OutsideFolderError) as caught:
+        read_predictions(run, read_record(run / "result.json"))
+    line = str(caught.value)
+    assert "\n" not in line and f"named in {run / 'result.json'}" in line
+    assert ("symbolic link" in line) if fault == "symlink" else ("leads outside" in line)
+
+
+def test_the_comparison_leaves_a_linked_predictions_file_out_with_a_note(two):
+    from oelm.config import load_config
+    from oelm.report import compare_results, load_results
+
+    mine, other = two
+    run, source = mine / "runs" / RUN, other / "runs" / OTHER / "predictions.npz"
+    (run / "predictions.npz").unlink()
+    (run / "predictions.npz").symlink_to(source)
+    _record_predictions(run, "predictions.npz", source)
+    c = compare_results(load_config(mine / "config.yaml"), load_results(mine), mine)
+    method = c["uncertainty"]["methods"]["oelm_ffn_only"]
+    assert method["interval"] == "seed-only interval" and "seed(s) 1" in method["reason"]
+    (note,) = c["uncertainty"]["notes"]
+    assert str(run / "predictions.npz") in note and "symbolic link" in note
+
+
+def test_best_weights_recorded_outside_the_run_folder_are_refused(two):
+    mine, other = two
+    run = MatrixFolder(mine).run(RUN)
+    weights = other / "weights.safetensors"
+    weights.write_bytes(b"another matrix's weights")
+    raw = json.loads(run.result.read_text())
+    raw["checkpoint"] = {"path": str(weights), "sha256": sha256_file(weights), "bytes": weights.stat().st_size}
+    run.result.write_text(json.dumps(raw))
+    with pytest.raises(OutsideFolderError, match=f"{weights} \\(named in {run.result}\\) leads outside {run.path}"):
+        run.verify_weights(read_record(run.result), "fix")
+
+
+def test_report_refuses_a_result_json_that_is_a_link(two, capsys):
+    mine, other = two
+    result = mine / "runs" / RUN / "result.json"
+    result.unlink()
+    result.symlink_to(other / "runs" / OTHER / "result.json")
+    before = (mine / "comparison.json").read_bytes()
+    assert main(["report", str(mine)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"oelm: error: {result} is a symbolic link (to {other / 'runs' / OTHER / 'result.json'})")
+    assert (mine / "comparison.json").read_bytes() == before
+
+
+def test_a_run_folder_that_is_a_link_is_refused(two):
+    mine, other = two
+    (mine / "runs" / RUN).rename(mine / "moved")
+    (mine / "runs" / RUN).symlink_to(other / "runs" / RUN)
+    with pytest.raises(OutsideFolderError, match=f"{mine / 'runs' / RUN} is a symbolic link"):
+        MatrixFolder(mine).results()
+    with pytest.raises(OutsideFolderError):
+        MatrixFolder(mine).run("../../other")
+
+
+def test_monitor_refuses_a_linked_run_file_in_one_line(two, capsys):
+    mine, other = two
+    status = mine / "runs" / RUN / "status.json"
+    status.unlink(missing_ok=True)
+    status.symlink_to(other / "runs" / OTHER / "result.json")
+    assert main(["monitor", str(mine), "--once"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"oelm: error: {status} is a symbolic link")
+
+
+def test_status_and_metrics_writers_never_write_through_a_link(tmp_path):
+    from oelm.training.metrics_log import MetricsLog
+
+    run, outside = tmp_path / "out" / "runs" / "baseline-seed0", tmp_path / "elsewhere.txt"
+    run.mkdir(parents=True)
+    outside.write_text("precious\n")
+    for name in ("status.json", "metrics.jsonl"):
+        (run / name).symlink_to(outside)
+    planned = PlannedRun("baseline", 1e-3, 0, "final", "baseline-seed0")
+    with pytest.raises(OutsideFolderError, match=f"{run / 'status.json'} is a symbolic link"):
+        write_status(run, planned, "running")
+    with pytest.raises(OutsideFolderError):
+        read_status(run)
+    with pytest.raises(OutsideFolderError, match=f"{run / 'metrics.jsonl'} is a symbolic link"):
+        MetricsLog(run, tensorboard=False)
+    assert outside.read_text() == "precious\n"
+
+
+def test_checkpoints_behind_a_link_are_refused(tmp_path):
+    run, elsewhere = RunFolder(tmp_path / "runs" / "baseline-seed0"), tmp_path / "elsewhere"
+    (elsewhere / "step-4").mkdir(parents=True)
+    run.path.mkdir(parents=True)
+    (run.path / "checkpoints").mkdir()
+    (run.path / "checkpoints" / "step-4").symlink_to(elsewhere / "step-4")
+    with pytest.raises(OutsideFolderError, match="step-4 is a symbolic link"):
+        step_checkpoints(run.checkpoints)
+    (run.path / "checkpoints" / "step-4").unlink()
+    (run.path / "checkpoints").rmdir()
+    (run.path / "checkpoints").symlink_to(elsewhere)
+    with pytest.raises(OutsideFolderError, match="checkpoints is a symbolic link"):
+        run.holds_results()
+
+
+def test_a_run_never_appends_its_train_log_through_a_planted_link(tmp_path, data_dir, capsys):
+    """A train.log planted as a link in the run's folder before the run trains: one line, the file
+    it points to unchanged, nothing trained."""
+    (tmp_path / "c.yaml").write_text(ONE_RUN)
+    out, outside = tmp_path / "out", tmp_path / "elsewhere.log"
+    outside.write_text("someone else's file\n")
+    run = out / "runs" / "baseline-seed0"
+    run.mkdir(parents=True)
+    (run / "train.log").symlink_to(outside)
+    code = main(["run", str(tmp_path / "c.yaml"), "--output-dir", str(out)])
+    err = capsys.readouterr().err
+    assert code != 0 and f"{run / 'train.log'} is a symbolic link" in err
+    assert outside.read_text() == "someone else's file\n"
+    assert not (run / "result.json").exists()
