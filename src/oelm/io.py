@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 __all__ = ["as_disk_full", "disk_writes", "atomic_path", "write_text_atomic", "write_bytes_atomic", "write_json_atomic", "read_json", "read_json_object", "read_jsonl", "sha256_file", "write_dir_atomic", "verify_dir", "json_value", "cache_dir", "safetensors_problem",
-           "inside"]
+           "inside", "check_format"]
 
 
 def _umask() -> int:
@@ -157,6 +157,35 @@ def inside(root: str | os.PathLike, relative: str | os.PathLike = ".", *, named_
                 f"{path}{source} is a symbolic link (to {os.readlink(path)}): oelm reads and writes only real files "
                 f"inside {root}; replace the link with a copy of what it points to, or delete it")
     return root / rel
+
+
+def check_format(path: str | os.PathLike, found: Any, reads: int, *, older: str, absent_is: int | None = None) -> None:
+    """Check the layout version ``found`` of the file at ``path`` (its ``format`` field, None when
+    it has none) against ``reads``, the one this oelm reads: every versioned file oelm writes is
+    checked with this on read.
+
+    Args:
+        older: the fix for a file of an older or no version (ends the message; e.g. "delete it,
+            `oelm run` writes it again").
+        absent_is: the version a file without one is read as (files written before oelm
+            versioned them: ``result.json`` and ``sweep.json`` are read as version 1); None: a file
+            without one is refused.
+
+    Raises:
+        FileFormatError: one line naming the file, its version and this oelm's, and the fix
+            (upgrade oelm for a newer file; ``older`` otherwise).
+    """
+    from oelm.errors import FileFormatError
+
+    if found is None and absent_is is not None:
+        found = absent_is
+    if found == reads and not isinstance(found, bool):
+        return
+    if isinstance(found, int) and not isinstance(found, bool) and found > reads:
+        raise FileFormatError(f"{path} has format {found}, newer than this oelm reads ({reads}): a newer oelm wrote it; "
+                              "upgrade oelm (pip install -U oelm) to read it")
+    shown = "no format" if found is None else f"format {found!r}"
+    raise FileFormatError(f"{path} has {shown}, but this oelm reads format {reads}; {older}")
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from oelm.errors import DamagedFileError
-from oelm.io import json_value, read_json_object, write_json_atomic
+from oelm.io import check_format, json_value, read_json_object, write_json_atomic
 
 from oelm.records.schema import (  # re-exported: the schema lives beside the record
     Data, DataSource, Diagnostics, Environment, EvalRecord, Executor, Mfu, Parameters, Performance, Predictions, ResultFile, Timing,
@@ -26,11 +26,14 @@ if TYPE_CHECKING:
     from oelm.records.folder import PlannedRun
 
 __all__ = ["ResultFile", "Performance", "TokenAccuracy", "Predictions", "Diagnostics", "DataSource", "EvalRecord", "RunRecord", "read_record", "write_record", "validate_result", "budget_record",
-           "finished_result", "failed_result", "run_identity", "round_parts", "time_split_text", "DAMAGED_RESULT_FIX"]
+           "finished_result", "failed_result", "run_identity", "round_parts", "time_split_text", "DAMAGED_RESULT_FIX", "RESULT_FORMAT"]
 
 #: What to do about a damaged ``result.json`` (ends the error of ``oelm report`` and readers).
 DAMAGED_RESULT_FIX = ("restore it from a copy, or rerun `oelm run` with the same --output-dir: it moves the run's "
                       "folder to runs/.damaged/ and trains that run again")
+
+#: Version of result.json's layout (its ``format``; results written before it have none and are read as 1).
+RESULT_FORMAT = 1
 
 
 @functools.lru_cache(maxsize=1)
@@ -65,6 +68,7 @@ def read_record(path: str | os.PathLike, fix: str = DAMAGED_RESULT_FIX) -> "RunR
     Raises:
         DamagedFileError: the file does not parse, is not an object, or a field has the wrong
             type or an impossible value; one line naming the file, the field and its value, and ``fix``.
+        FileFormatError: its ``format`` is not :data:`RESULT_FORMAT` (a newer oelm wrote it; none: 1).
         OSError: the file cannot be read.
     """
     raw = read_json_object(path, fix)
@@ -72,6 +76,7 @@ def read_record(path: str | os.PathLike, fix: str = DAMAGED_RESULT_FIX) -> "RunR
     problem = _schema_problem(raw) or value_problem(raw, where.name if where.parent.name == "runs" else None)
     if problem:
         raise DamagedFileError(f"{path} is damaged: {problem}; {fix}")
+    check_format(path, raw.get("format"), RESULT_FORMAT, older=fix, absent_is=1)
     return RunRecord(raw)
 
 
@@ -80,7 +85,7 @@ def validate_result(raw: dict[str, Any]) -> dict[str, Any]:
 
     Raises:
         ValueError: a field does not fit the schema (a bug in the writer: nothing is written)."""
-    on_disk = json_value(raw)
+    on_disk = json_value(raw | {"format": RESULT_FORMAT})  # what is written now is of this layout
     problem = _schema_problem(on_disk)
     if problem:
         raise ValueError(f"refusing to write a run result that does not fit its schema: {problem}")

@@ -233,6 +233,7 @@ class ResultFile(TypedDict, total=False):
     ``diagnostics`` (:class:`Diagnostics`, None for a sweep run).
     """
 
+    format: int  # the layout's version (oelm.records.result.RESULT_FORMAT; absent in older results: read as 1)
     method: str
     seed: int
     run_name: str
