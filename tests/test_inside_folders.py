@@ -196,3 +196,58 @@ def test_a_run_never_appends_its_train_log_through_a_planted_link(tmp_path, data
     assert code != 0 and f"{run / 'train.log'} is a symbolic link" in err
     assert outside.read_text() == "someone else's file\n"
     assert not (run / "result.json").exists()
+
+
+@pytest.fixture(scope="module")
+def stories(data_dir) -> list[str]:
+    from oelm.data import load_documents
+
+    return load_documents("tinystories", "train", data_dir)[:40]
+
+
+def test_a_token_cache_entry_that_is_a_link_is_removed_never_read(stories, tmp_path):
+    """A cache entry swapped for a link to a file elsewhere (here another cache's entry for the same
+    documents, so its content would pass): warning, the link removed, the stream built again; the
+    file it pointed to unchanged."""
+    import numpy as np
+
+    from oelm.data.lm import pack_documents, train_bpe_tokenizer
+
+    tokenizer = train_bpe_tokenizer(stories, 400, tmp_path / "cache" / "tokenizers")
+    fresh = pack_documents(stories, tokenizer, 32, cache_dir=tmp_path / "cache" / "tokens")
+    pack_documents(stories, tokenizer, 32, cache_dir=tmp_path / "elsewhere" / "tokens")
+    (entry,) = (tmp_path / "cache" / "tokens").glob("tokens-*.npz")
+    outside = tmp_path / "elsewhere" / "tokens" / entry.name
+    before = outside.read_bytes()
+    entry.unlink()
+    entry.symlink_to(outside)
+    with pytest.warns(UserWarning, match=rf"oelm cache {entry} is a symbolic link .*removed the link, building the data again"):
+        again = pack_documents(stories, tokenizer, 32, cache_dir=tmp_path / "cache" / "tokens")
+    assert again.equal(fresh) and entry.is_file() and not entry.is_symlink()
+    assert outside.read_bytes() == before
+    assert np.load(entry)["tokens"].shape == np.load(outside)["tokens"].shape
+
+
+def test_a_linked_cache_folder_is_neither_read_nor_written(stories, tmp_path):
+    from oelm.data.lm import pack_documents, train_bpe_tokenizer
+
+    tokenizer = train_bpe_tokenizer(stories, 400, tmp_path / "cache" / "tokenizers")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "cache" / "tokens").symlink_to(tmp_path / "elsewhere")
+    with pytest.warns(UserWarning, match=r"tokens is a symbolic link"):
+        pack_documents(stories, tokenizer, 32, cache_dir=tmp_path / "cache" / "tokens")
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_a_cached_tokenizer_folder_that_is_a_link_is_trained_again(stories, tmp_path):
+    from oelm.data.lm import train_bpe_tokenizer
+
+    first = train_bpe_tokenizer(stories, 400, tmp_path / "cache" / "tokenizers")
+    (folder,) = [p for p in (tmp_path / "cache" / "tokenizers").iterdir() if p.is_dir()]
+    folder.rename(tmp_path / "moved")
+    folder.symlink_to(tmp_path / "moved")
+    before = (tmp_path / "moved" / "tokenizer.json").read_bytes()
+    with pytest.warns(UserWarning, match=rf"oelm cache {folder} is a symbolic link"):
+        again = train_bpe_tokenizer(stories, 400, tmp_path / "cache" / "tokenizers")
+    assert again.get_vocab() == first.get_vocab()
+    assert (tmp_path / "moved" / "tokenizer.json").read_bytes() == before

@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from oelm.data.cache import write_text_cache
+from oelm.data.cache import linked_entry, write_text_cache
 from oelm.errors import DataFormatError
 from oelm.data.registry import DatasetSpec, find_local_files, resolve_split
 
@@ -50,6 +50,8 @@ def file_sha256(path: str | os.PathLike, cache: str | os.PathLike | None = None)
     if state in _FILE_DIGESTS:
         return _FILE_DIGESTS[state]
     entry = Path(cache) / f"{hashlib.sha256(str(file).encode()).hexdigest()[:24]}.json" if cache is not None else None
+    if entry is not None and linked_entry(entry):
+        entry = None  # a link planted in the cache: neither read nor written through
     digest = None
     if entry is not None:
         try:
