@@ -251,3 +251,27 @@ def test_a_cached_tokenizer_folder_that_is_a_link_is_trained_again(stories, tmp_
         again = train_bpe_tokenizer(stories, 400, tmp_path / "cache" / "tokenizers")
     assert again.get_vocab() == first.get_vocab()
     assert (tmp_path / "moved" / "tokenizer.json").read_bytes() == before
+
+
+def test_the_lock_file_is_never_truncated_through_a_link(tmp_path):
+    from oelm.runtime.lock import LOCK_NAME, hold_output_lock
+
+    out, outside = tmp_path / "out", tmp_path / "precious.txt"
+    out.mkdir()
+    outside.write_text("someone else's file\n")
+    (out / LOCK_NAME).symlink_to(outside)
+    with pytest.raises(OutsideFolderError, match=f"{out / LOCK_NAME} is a symbolic link"):
+        with hold_output_lock(out):
+            pass
+    assert outside.read_text() == "someone else's file\n"
+
+
+def test_report_plots_are_never_written_through_a_linked_folder(two, capsys):
+    mine, other = two
+    shutil.rmtree(mine / "report_files")
+    (other / "plots").mkdir()
+    (mine / "report_files").symlink_to(other / "plots")
+    assert main(["report", str(mine)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"oelm: error: {mine / 'report_files'} is a symbolic link")
+    assert list((other / "plots").iterdir()) == []
