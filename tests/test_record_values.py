@@ -127,3 +127,20 @@ def test_a_rerun_sets_a_run_with_an_impossible_value_aside_and_trains_it_again(t
     assert (aside / "result.json").read_text() == edited  # kept whole, never averaged
     assert read_record(result).best_validation == good  # trained again, to the same number
     assert [r.best_validation for _, r in MatrixFolder(out).iter_results()] == [good]
+
+
+def test_impossible_values_in_metrics_lines_are_skipped_like_torn_ones(tmp_path):
+    """Curves and times to quality are averaged from metrics.jsonl: a line whose accuracy is over
+    100 %, whose loss or step is negative, is left out like a torn line; the comparison is the committed one."""
+    out = _copy(tmp_path, "cpu-sst2")
+    for path in sorted(out.glob("runs/*/metrics.jsonl"))[:3]:
+        last = max(json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip())
+        with path.open("a") as fh:
+            for bad in ({"accuracy": 150.0}, {"accuracy": -3.0}, {"accuracy": 99.0, "loss": -1.0}):
+                fh.write(json.dumps({"type": "eval", "step": last + 1} | bad) + "\n")
+            fh.write(json.dumps({"type": "eval", "step": -1, "accuracy": 99.0}) + "\n")
+    assert main(["report", str(out)]) == 0
+    committed = json.loads((RESULTS / "cpu-sst2" / "comparison.json").read_text())
+    rebuilt = json.loads((out / "comparison.json").read_text())
+    assert rebuilt["methods"] == committed["methods"] and rebuilt["warnings"] == committed["warnings"]
+    assert rebuilt["time_to_target"] == committed["time_to_target"]  # an accuracy of 150 % reached no target
