@@ -48,8 +48,7 @@ _RANGES = {**{m.name: (m.lowest, m.highest) for m in METRICS.values()}, "token_a
 
 
 def _sound_record(r: dict[str, Any]) -> bool:
-    """A record whose ``step`` is a whole number >= 0 and whose number fields are numbers (or null)
-    inside their meaning's range (:data:`_RANGES`)."""
+    """A record whose ``step`` is a whole number >= 0 and whose numbers (or nulls) fit their meaning (:data:`_RANGES`)."""
     def sound(key):
         v = r.get(key)
         if v is None:
@@ -63,8 +62,7 @@ def _sound_record(r: dict[str, Any]) -> bool:
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """Records of one ``metrics.jsonl`` (a missing file gives []; a torn last line, a line that is
-    not an object, and a hand-edited record whose step or numbers are not numbers, or are numbers
-    their meaning rules out (a perplexity below 1, an accuracy over 100 %, a negative loss), are skipped)."""
+    not an object, and a hand-edited record whose step or numbers are not numbers, or not sound: :func:`_sound_record`)."""
     return [r for r in read_jsonl(path) if _sound_record(r)]
 
 
