@@ -275,3 +275,28 @@ def test_report_plots_are_never_written_through_a_linked_folder(two, capsys):
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"oelm: error: {mine / 'report_files'} is a symbolic link")
     assert list((other / "plots").iterdir()) == []
+
+
+def test_result_json_and_the_output_tokenizer_are_never_written_through_a_link(two, stories, tmp_path):
+    from oelm.data.lm import train_bpe_tokenizer
+    from oelm.records import write_record
+
+    mine, other = two
+    run = MatrixFolder(mine).run(RUN)
+    result = run.result
+    record = read_record(result)
+    target = other / "runs" / OTHER / "result.json"
+    before = target.read_bytes()
+    result.unlink()
+    result.symlink_to(target)
+    with pytest.raises(OutsideFolderError, match=f"{result} is a symbolic link"):
+        write_record(MatrixFolder(mine).run(RUN).result, record)
+    assert target.read_bytes() == before
+    outside = tmp_path / "precious.json"
+    outside.write_text("{}")
+    (mine / "tokenizer.json").symlink_to(outside)
+    from oelm.data.lm import save_tokenizer
+
+    with pytest.raises(OutsideFolderError, match="tokenizer.json is a symbolic link"):
+        save_tokenizer(train_bpe_tokenizer(stories, 300, tmp_path / "cache"), MatrixFolder(mine).tokenizer)
+    assert outside.read_text() == "{}"
