@@ -150,6 +150,7 @@ def finished_result(identity: dict[str, Any], *, config: dict[str, Any], method_
         the schema before writing.
     """
     return RunRecord({
+        "format": RESULT_FORMAT,
         **identity,
         "status": "finished",
         "config": config,
@@ -191,7 +192,7 @@ def failed_result(identity: dict[str, Any], *, config: dict[str, Any], kind: str
                   step: int | None) -> "RunRecord":
     """The record of a run that ended in a fault the matrix goes on from (``kind`` nan / oom /
     disk_full at ``step``): identity, ``status`` "failed", ``failure`` and the config; no numbers."""
-    return RunRecord({**identity, "selected": False, "status": "failed",
+    return RunRecord({"format": RESULT_FORMAT, **identity, "selected": False, "status": "failed",
                       "failure": {"kind": kind, "message": message, "step": step}, "config": config})
 
 
