@@ -139,14 +139,22 @@ def test_a_run_folder_that_is_a_link_is_refused(two):
         MatrixFolder(mine).run("../../other")
 
 
-def test_monitor_refuses_a_linked_run_file_in_one_line(two, capsys):
+def test_monitor_shows_a_run_with_a_linked_file_as_damaged_and_reads_nothing_through_it(two, capsys):
+    from oelm.cli.monitor import collect_runs
+
     mine, other = two
     status = mine / "runs" / RUN / "status.json"
     status.unlink(missing_ok=True)
     status.symlink_to(other / "runs" / OTHER / "result.json")
-    assert main(["monitor", str(mine), "--once"]) == 2
-    (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line.startswith(f"oelm: error: {status} is a symbolic link")
+    rows = {r["name"]: r for r in collect_runs(mine)}
+    row = rows[RUN]
+    assert row["state"] == "damaged" and row["damage"].startswith(f"{status} is a symbolic link")
+    assert row["best_validation"] is None and row["seed"] == 1  # nothing of the other run's record shown
+    assert sum(r["state"] == "damaged" for r in rows.values()) == 1
+    main(["monitor", str(mine), "--once"])
+    out = capsys.readouterr().out
+    (note,) = [line for line in out.splitlines() if line.startswith("damaged:")]
+    assert f"{status} is a symbolic link" in note and "replace the link" in note and "runs/.damaged" not in note
 
 
 def test_status_and_metrics_writers_never_write_through_a_link(tmp_path):
