@@ -308,3 +308,24 @@ def test_result_json_and_the_output_tokenizer_are_never_written_through_a_link(t
     with pytest.raises(OutsideFolderError, match="tokenizer.json is a symbolic link"):
         save_tokenizer(train_bpe_tokenizer(stories, 300, tmp_path / "cache"), MatrixFolder(mine).tokenizer)
     assert outside.read_text() == "{}"
+
+
+def test_a_data_file_linked_out_of_the_data_dir_is_refused_and_a_link_within_it_read(tmp_path, data_dir):
+    """The data dir is the one folder whose links are followed (users link files within it), as
+    long as they stay inside it."""
+    from oelm.data import load_classification
+
+    root, outside = tmp_path / "data", tmp_path / "elsewhere"
+    (root / "sst2").mkdir(parents=True)
+    outside.mkdir()
+    shutil.copyfile(data_dir / "sst2" / "validation.parquet", outside / "validation.parquet")
+    (root / "sst2" / "validation.parquet").symlink_to(outside / "validation.parquet")
+    with pytest.raises(OutsideFolderError) as caught:
+        load_classification("sst2", "validation", root)
+    assert str(caught.value).startswith(f"{root / 'sst2' / 'validation.parquet'} leads outside {root} "
+                                        f"(to {outside / 'validation.parquet'}, through a symbolic link)")
+    (root / "sst2" / "validation.parquet").unlink()
+    (root / "shared").mkdir()
+    shutil.copyfile(data_dir / "sst2" / "validation.parquet", root / "shared" / "validation.parquet")
+    (root / "sst2" / "validation.parquet").symlink_to(root / "shared" / "validation.parquet")
+    assert len(load_classification("sst2", "validation", root)) == 872

@@ -126,7 +126,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             os.close(dir_fd)
 
 
-def inside(root: str | os.PathLike, relative: str | os.PathLike = ".", *, named_in: str | os.PathLike | None = None) -> Path:
+def inside(root: str | os.PathLike, relative: str | os.PathLike = ".", *, named_in: str | os.PathLike | None = None,
+           follow_links: bool = False) -> Path:
     """``root / relative``, checked to stay inside ``root``, the folder a command owns (its output
     folder, a run folder, the cache or the data folder): every path oelm reads or writes there goes
     through this, so that nothing is read or written elsewhere.
@@ -138,6 +139,8 @@ def inside(root: str | os.PathLike, relative: str | os.PathLike = ".", *, named_
 
     Args:
         named_in: the file that named ``relative`` (a ``result.json``), for the message.
+        follow_links: a link is accepted when what it resolves to is inside ``root`` (resolved
+            too): the data dir, whose files a user may link within it.
 
     Raises:
         OutsideFolderError: one line naming the path, where it leads and the fix.
@@ -149,6 +152,12 @@ def inside(root: str | os.PathLike, relative: str | os.PathLike = ".", *, named_
     if rel.is_absolute() or ".." in rel.parts:
         raise OutsideFolderError(f"{rel}{source} leads outside {root}: oelm reads and writes only inside the folders a "
                                  f"command owns; name the file relative to {root}, without '..'")
+    if follow_links:
+        resolved = (root / rel).resolve()
+        if resolved.is_relative_to(root.resolve()):
+            return root / rel
+        raise OutsideFolderError(f"{root / rel}{source} leads outside {root} (to {resolved}, through a symbolic link): "
+                                 f"oelm reads only files inside {root}; copy the file there instead of linking it")
     path = root
     for part in rel.parts:
         path = path / part
