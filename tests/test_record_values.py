@@ -144,3 +144,15 @@ def test_impossible_values_in_metrics_lines_are_skipped_like_torn_ones(tmp_path)
     rebuilt = json.loads((out / "comparison.json").read_text())
     assert rebuilt["methods"] == committed["methods"] and rebuilt["warnings"] == committed["warnings"]
     assert rebuilt["time_to_target"] == committed["time_to_target"]  # an accuracy of 150 % reached no target
+
+
+def test_the_writer_refuses_a_value_its_readers_would_refuse(tmp_path):
+    """What is written can be read back: a perplexity of 0.5 is never written (the next reader would
+    call the run damaged and train it again)."""
+    from oelm.records import RunRecord, write_record
+
+    raw = json.loads(_final(RESULTS / "cpu-tinystories").read_text())
+    raw["performance"]["best_validation"] = 0.5
+    with pytest.raises(ValueError, match=r"field performance.best_validation = 0.5 \(perplexity is at least 1\)"):
+        write_record(tmp_path / "result.json", RunRecord(raw))
+    assert not (tmp_path / "result.json").exists()

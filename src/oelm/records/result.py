@@ -81,14 +81,15 @@ def read_record(path: str | os.PathLike, fix: str = DAMAGED_RESULT_FIX) -> "RunR
 
 
 def validate_result(raw: dict[str, Any]) -> dict[str, Any]:
-    """``raw`` as it will be on disk (NaN/Inf as null), checked against :class:`ResultFile`.
+    """``raw`` as it will be on disk (NaN/Inf as null), checked against :class:`ResultFile` and the
+    values' meaning (:func:`~oelm.records.schema.value_problem`), as readers check it.
 
     Raises:
-        ValueError: a field does not fit the schema (a bug in the writer: nothing is written)."""
+        ValueError: a field does not fit the schema or its meaning (a bug in the writer: nothing is written)."""
     on_disk = json_value(raw | {"format": RESULT_FORMAT})  # what is written now is of this layout
-    problem = _schema_problem(on_disk)
+    problem = _schema_problem(on_disk) or value_problem(on_disk)
     if problem:
-        raise ValueError(f"refusing to write a run result that does not fit its schema: {problem}")
+        raise ValueError(f"refusing to write a run result that does not fit its schema or meaning: {problem}")
     return on_disk
 
 
