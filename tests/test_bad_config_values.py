@@ -353,14 +353,17 @@ def test_test_samples_without_a_test_split_is_refused():
 
 
 def test_more_samples_than_the_split_holds_says_all_are_used(tmp_path, data_dir):
-    """Real SST-2 validation sentences as both splits of a small copy of the data dir."""
+    """Real SST-2 validation sentences as the train split of a small copy of the data dir (and 64
+    training sentences as its validation split: one file as two splits is refused, issue 46)."""
     import shutil
+
+    import pandas as pd
 
     from oelm.matrix.data import prepare_data
 
     (tmp_path / "sst2").mkdir()
-    for split in ("train", "validation"):
-        shutil.copyfile(data_dir / "sst2" / "validation.parquet", tmp_path / "sst2" / f"{split}.parquet")
+    shutil.copyfile(data_dir / "sst2" / "validation.parquet", tmp_path / "sst2" / "train.parquet")
+    pd.read_parquet(data_dir / "sst2" / "train.parquet").iloc[:64].to_parquet(tmp_path / "sst2" / "validation.parquet")
     config = config_from_dict(_config(task={"dataset": "sst2", "data_dir": str(tmp_path), "tokenizer": "bpe-300",
                                             "train_samples": 5000, "validation_samples": 16, "max_length": 16}))
     with pytest.warns(UserWarning, match=r"task\.train_samples=5000 is more than the 872 items of sst2/train: all 872 are used"):

@@ -80,13 +80,13 @@ def test_a_copied_final_run_is_refused_naming_both_folders(tmp_path):
 
 
 def test_records_is_the_ground_floor():
-    """oelm.records imports no other layer of oelm (and no torch, no pydantic until a file is read):
-    the ground floor only (``oelm._version`` and ``oelm.errors`` come with the package root)."""
+    """oelm.records imports no other layer of oelm than the ground floor (errors, io, metrics,
+    _version; and no torch, no pydantic until a file is read)."""
     code = ("import sys, oelm.records; "
             "print(sorted(m for m in sys.modules if m.startswith('oelm.') and not m.startswith('oelm.records')), "
             "'torch' in sys.modules, 'pydantic' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
-    assert out == "['oelm._version', 'oelm.errors', 'oelm.io'] False False"
+    assert out == "['oelm._version', 'oelm.errors', 'oelm.io', 'oelm.metrics'] False False"
 
 
 def test_result_json_keys_are_spelled_only_in_records():

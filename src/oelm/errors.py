@@ -81,6 +81,18 @@ class DamagedFileError(OELMError, ValueError):
     the file (and the field) and what to do."""
 
 
+class FileFormatError(OELMError, ValueError):
+    """A file oelm wrote has a layout version (``format``) this oelm does not read: newer (an
+    upgrade reads it), older, or none; the message names the file, both versions and the fix. Not
+    damage: a rerun never moves such a file aside."""
+
+
+class OutsideFolderError(OELMError, ValueError):
+    """A path oelm was to read or write leads outside the folder that owns it (an output, cache or
+    data folder): an absolute or ``..`` path in a record, or a symbolic link planted inside the
+    folder. The message names the path, where it leads and the fix."""
+
+
 class CheckpointError(OELMError, ValueError):
     """A checkpoint directory is missing, incomplete, of another format, or does not fit the model."""
 

@@ -16,7 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-__all__ = ["as_disk_full", "disk_writes", "atomic_path", "write_text_atomic", "write_bytes_atomic", "write_json_atomic", "read_json", "read_json_object", "read_jsonl", "sha256_file", "write_dir_atomic", "verify_dir", "json_value", "cache_dir", "safetensors_problem"]
+__all__ = ["as_disk_full", "disk_writes", "atomic_path", "write_text_atomic", "write_bytes_atomic", "write_json_atomic", "read_json", "read_json_object", "read_jsonl", "sha256_file", "write_dir_atomic", "verify_dir", "json_value", "cache_dir", "safetensors_problem",
+           "inside", "check_format"]
 
 
 def _umask() -> int:
@@ -123,6 +124,77 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+def inside(root: str | os.PathLike, relative: str | os.PathLike = ".", *, named_in: str | os.PathLike | None = None,
+           follow_links: bool = False) -> Path:
+    """``root / relative``, checked to stay inside ``root``, the folder a command owns (its output
+    folder, a run folder, the cache or the data folder): every path oelm reads or writes there goes
+    through this, so that nothing is read or written elsewhere.
+
+    ``relative`` must be a relative path without ``..``, and no part of it below ``root`` that exists
+    may be a symbolic link (a link planted in the folder could lead anywhere: an append to
+    ``train.log`` would write through it, a recorded ``predictions.npz`` would read another
+    matrix's file). ``root`` itself may be a link: the user chose that folder.
+
+    Args:
+        named_in: the file that named ``relative`` (a ``result.json``), for the message.
+        follow_links: a link is accepted when what it resolves to is inside ``root`` (resolved
+            too): the data dir, whose files a user may link within it.
+
+    Raises:
+        OutsideFolderError: one line naming the path, where it leads and the fix.
+    """
+    from oelm.errors import OutsideFolderError
+
+    root, rel = Path(root), Path(relative)
+    source = f" (named in {named_in})" if named_in is not None else ""
+    if rel.is_absolute() or ".." in rel.parts:
+        raise OutsideFolderError(f"{rel}{source} leads outside {root}: oelm reads and writes only inside the folders a "
+                                 f"command owns; name the file relative to {root}, without '..'")
+    if follow_links:
+        resolved = (root / rel).resolve()
+        if resolved.is_relative_to(root.resolve()):
+            return root / rel
+        raise OutsideFolderError(f"{root / rel}{source} leads outside {root} (to {resolved}, through a symbolic link): "
+                                 f"oelm reads only files inside {root}; copy the file there instead of linking it")
+    path = root
+    for part in rel.parts:
+        path = path / part
+        if path.is_symlink():
+            raise OutsideFolderError(
+                f"{path}{source} is a symbolic link (to {os.readlink(path)}): oelm reads and writes only real files "
+                f"inside {root}; replace the link with a copy of what it points to, or delete it")
+    return root / rel
+
+
+def check_format(path: str | os.PathLike, found: Any, reads: int, *, older: str, absent_is: int | None = None) -> None:
+    """Check the layout version ``found`` of the file at ``path`` (its ``format`` field, None when
+    it has none) against ``reads``, the one this oelm reads: every versioned file oelm writes is
+    checked with this on read.
+
+    Args:
+        older: the fix for a file of an older or no version (ends the message; e.g. "delete it,
+            `oelm run` writes it again").
+        absent_is: the version a file without one is read as (files written before oelm
+            versioned them: ``result.json`` and ``sweep.json`` are read as version 1); None: a file
+            without one is refused.
+
+    Raises:
+        FileFormatError: one line naming the file, its version and this oelm's, and the fix
+            (upgrade oelm for a newer file; ``older`` otherwise).
+    """
+    from oelm.errors import FileFormatError
+
+    if found is None and absent_is is not None:
+        found = absent_is
+    if found == reads and not isinstance(found, bool):
+        return
+    if isinstance(found, int) and not isinstance(found, bool) and found > reads:
+        raise FileFormatError(f"{path} has format {found}, newer than this oelm reads ({reads}): a newer oelm wrote it; "
+                              "upgrade oelm (pip install -U oelm) to read it")
+    shown = "no format" if found is None else f"format {found!r}"
+    raise FileFormatError(f"{path} has {shown}, but this oelm reads format {reads}; {older}")
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:

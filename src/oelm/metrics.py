@@ -32,6 +32,8 @@ class Metric:
         unit: ``"%"`` or ``""`` (shown after labels: ``accuracy (%)``).
         decimals: digits after the point in :meth:`format`.
         log_scale: plots of it read better on a log axis (perplexity).
+        lowest, highest: the values it can take, by its definition (accuracy: a percentage,
+            0 to 100; perplexity: ``exp`` of a non-negative mean loss, 1 to infinity).
     """
 
     name: str
@@ -39,6 +41,15 @@ class Metric:
     unit: str = ""
     decimals: int = 3
     log_scale: bool = False
+    lowest: float = -math.inf
+    highest: float = math.inf
+
+    @property
+    def range_text(self) -> str:
+        """The values it can take, in words: ``"perplexity is at least 1"``, ``"accuracy is 0 to 100"``."""
+        if math.isinf(self.highest):
+            return f"{self.name} is at least {self.lowest:g}"
+        return f"{self.name} is {self.lowest:g} to {self.highest:g}{self.unit and ' ' + self.unit}"
 
     def better(self, a: float, b: float) -> bool:
         """Is ``a`` strictly better than ``b``?"""
@@ -83,8 +94,8 @@ class Metric:
         return max(levels) if levels else None
 
 
-ACCURACY = Metric("accuracy", higher_is_better=True, unit="%", decimals=2)
-PERPLEXITY = Metric("perplexity", higher_is_better=False, unit="", decimals=3, log_scale=True)
+ACCURACY = Metric("accuracy", higher_is_better=True, unit="%", decimals=2, lowest=0.0, highest=100.0)
+PERPLEXITY = Metric("perplexity", higher_is_better=False, unit="", decimals=3, log_scale=True, lowest=1.0)
 METRICS: dict[str, Metric] = {m.name: m for m in (ACCURACY, PERPLEXITY)}
 
 

@@ -33,7 +33,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from oelm.errors import DamagedFileError, OELMError
+from oelm.errors import DamagedFileError, OELMError, OutsideFolderError
 from oelm.io import read_json, read_json_object, read_jsonl
 from oelm.metrics import get_metric
 from oelm.records import MatrixFolder, RunRecord, read_record
@@ -126,7 +126,9 @@ def collect_runs(out: Path, now: float | None = None) -> list[dict[str, Any]]:
     ``early_stopped`` (a finished run that stopped before ``total_steps``: early stopping), ``node``
     and ``pid`` (the process that trains or trained it, from ``status.json``: whichever executor or
     machine), ``executor`` (a finished run's executor name), ``damage`` (why its ``result.json`` or
-    ``status.json`` cannot be read: state ``damaged``; else None).
+    ``status.json`` cannot be read: state ``damaged``; else None), ``outside`` (only on a row whose file
+    is a symbolic link, or whose name leads outside ``runs/``: nothing is read through it, and a rerun
+    refuses it rather than setting it aside).
 
     Raises:
         OELMError: ``out`` is not an ``oelm run`` output directory.
@@ -137,7 +139,7 @@ def collect_runs(out: Path, now: float | None = None) -> list[dict[str, Any]]:
     if plan is None and not folder.runs.is_dir():
         raise OELMError(f"{out} is not an oelm run output directory (no plan.json or runs/); pass the --output-dir of `oelm run`")
     now = time.time() if now is None else now
-    rows = [_row(folder, e, now) for e in _entries(folder, plan)]
+    rows = [_checked_row(folder, e, now) for e in _entries(folder, plan)]
     # A restarted matrix rewrites plan.json before it has selected any rate again, so a method's
     # finals are "after sweep" placeholders there even where its final runs exist: not pending.
     # Nor is a sweep seed's placeholder: the sweep run at the selected rate becomes that seed's
@@ -160,10 +162,24 @@ def _entries(folder: MatrixFolder, plan: dict | None) -> list[dict[str, Any]]:
         entries.append(e)
     for d in folder.run_folders():
         if d.name not in planned:
-            status = _read(d.status) or {}
+            try:
+                status = _read(d.status) or {}
+            except OutsideFolderError:  # a linked status.json: its row says why
+                status = {}
             entries.append({"name": d.name, "method": status.get("method"), "seed": status.get("seed"),
                             "learning_rate": status.get("learning_rate"), "stage": status.get("stage")})
     return entries
+
+
+def _checked_row(folder: MatrixFolder, e: dict[str, Any], now: float) -> dict[str, Any]:
+    """:func:`_row`, or, when a file of the run is a symbolic link or its name leads outside
+    ``runs/`` (:func:`oelm.io.inside`: nothing is read through it), the run's row as ``damaged``
+    with that reason."""
+    try:
+        return _row(folder, e, now)
+    except OutsideFolderError as exc:
+        return _row(folder, {**e, "name": None}, now) | {"name": e.get("name"), "state": "damaged", "damage": str(exc),
+                                                         "outside": True}
 
 
 def _row(folder: MatrixFolder, e: dict[str, Any], now: float) -> dict[str, Any]:
@@ -286,8 +302,8 @@ def _summary(rows: list[dict[str, Any]]) -> str:
 
 def _notes(out: Path, rows: list[dict[str, Any]]) -> list[str]:
     """Lines below the table: each damaged run's file and reason (and what to do), a damaged plan.json."""
-    notes = [f"damaged: {r['damage']} (rerun `oelm run` with this --output-dir: it moves the run's folder to "
-             "runs/.damaged/ and trains the run again)" for r in rows if r.get("damage")]
+    notes = [f"damaged: {r['damage']}" + ("" if r.get("outside") else " (rerun `oelm run` with this --output-dir: it moves "
+             "the run's folder to runs/.damaged/ and trains the run again)") for r in rows if r.get("damage")]
     plan = MatrixFolder(out).plan
     reason = _damage(plan)
     if reason:

@@ -12,7 +12,10 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from oelm.config.fields import KEYS_ONLY, Float, Int, Seed, StrictModel, Text, keys_only
+from oelm.config.fields import (
+    KEYS_ONLY, MAX_GRID_GROWTH, MAX_LEARNING_RATES, MAX_METHODS, MAX_RUNS, MAX_SEEDS, Float, Int, Seed, StrictModel, Text,
+    keys_only,
+)
 from oelm.config.methods import MethodEntry
 from oelm.config.quality_targets import QualityTarget, check_quality_targets
 from oelm.config.reading import (
@@ -90,6 +93,7 @@ class ExperimentConfig(StrictModel):
 
     @model_validator(mode="after")
     def _unique_methods(self) -> "ExperimentConfig":
+        _check_counts(self)
         names = [m.name for m in self.methods]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
@@ -209,6 +213,30 @@ class ExperimentConfig(StrictModel):
         if not method.training:
             return self.training
         return TrainingConfig.model_validate(self.training.model_dump() | method.training)
+
+
+def _check_counts(config: ExperimentConfig) -> None:
+    """Refuse a count that multiplies runs past its bound (:data:`oelm.config.fields.MAX_SEEDS` and
+    the others), before any run is planned: seeds, methods, learning rates (the experiment's and
+    each method's), ``max_grid_growth``, and the runs they make together.
+
+    Raises:
+        ValueError: one line naming the field, its count, the bound and why."""
+    why = "it multiplies the runs, so a count this large is a typo, not an experiment"
+    counts = [("seeds", len(config.seeds), MAX_SEEDS), ("methods", len(config.methods), MAX_METHODS),
+              ("learning_rates", len(config.learning_rates or []), MAX_LEARNING_RATES),
+              *((f"methods[{m.name}].learning_rates", len(m.learning_rates or []), MAX_LEARNING_RATES) for m in config.methods),
+              ("max_grid_growth", config.max_grid_growth, MAX_GRID_GROWTH)]
+    for field, count, bound in counts:
+        if count > bound:
+            raise ValueError(f"{field}: {count} is more than {bound} ({why}); give at most {bound}")
+    sweep = len(config.sweep_seed_list())
+    swept_extra = {m.name: (len(config.learning_rate_candidates(m)) - 1 + config.max_grid_growth) * sweep
+                   if len(config.learning_rate_candidates(m)) > 1 else 0 for m in config.methods}  # sweep runs not promoted
+    runs = sum(len(config.seeds_of(m)) + swept_extra[m.name] for m in config.methods)
+    if runs > MAX_RUNS:
+        raise ValueError(f"methods x learning rates x seeds make up to {runs} runs, more than {MAX_RUNS} ({why}); "
+                         "give fewer seeds, methods or learning rates")
 
 
 def _check_method_seeds(method: MethodEntry, seeds: list[int], sweep_seeds: list[int]) -> None:

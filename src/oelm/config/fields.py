@@ -16,7 +16,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationInfo
 
-__all__ = ["Beta", "Float", "Int", "KEYS_ONLY", "MAX_CORES", "MAX_GPUS", "Seed", "StrictModel", "Text", "keys_only"]
+__all__ = ["Beta", "Float", "Int", "KEYS_ONLY", "MAX_CORES", "MAX_GPUS", "MAX_SEEDS", "MAX_METHODS", "MAX_LEARNING_RATES",
+           "MAX_GRID_GROWTH", "MAX_RUNS", "Seed", "StrictModel", "Text", "keys_only"]
 
 
 def _not_bool(value: Any) -> Any:
@@ -33,6 +34,13 @@ Float = Annotated[float, BeforeValidator(_not_bool)]
 
 #: Bounds no machine reaches: a value beyond is a typo or an attack, refused at validation.
 MAX_CORES, MAX_GPUS = 4096, 1024
+
+#: Bounds on the counts that multiply runs (methods x learning rates x seeds), checked before anything
+#: is planned or allocated: past them a config is a typo (a range meant as a list, 1000000000 for 10),
+#: not an experiment. Each is far above every committed experiment (at most 9 methods, 5 seeds, 5
+#: learning rates, no grid growth). ``MAX_GRID_GROWTH``: each growth doubles or halves the grid's edge
+#: rate, so 20 reach a factor of 10^6.
+MAX_SEEDS, MAX_METHODS, MAX_LEARNING_RATES, MAX_GRID_GROWTH, MAX_RUNS = 1000, 100, 100, 20, 10_000
 
 # Seeds feed numpy / torch generators, which take 0 <= seed < 2**32.
 Seed = Annotated[int, BeforeValidator(_not_bool), Strict(), Field(ge=0, lt=2**32)]

@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from oelm.config.fields import MAX_SEEDS
 from oelm.errors import ConfigError, OELMError
 
 __all__ = ["SUITES", "GRIDS", "MIN_SEEDS", "DEFAULT_SEEDS", "suite_methods", "suite_config", "task_source"]
@@ -253,7 +254,8 @@ def suite_config(suite: str, model: str, task: str, name: str, seeds: int = DEFA
         seeds: seeds per method, at least :data:`MIN_SEEDS`.
 
     Raises:
-        ConfigError: an unknown suite or task, fewer than 3 seeds, or a result that does not validate.
+        ConfigError: an unknown suite or task, fewer than 3 seeds or more than :data:`~oelm.config.fields.MAX_SEEDS`,
+            or a result that does not validate.
     """
     import yaml
 
@@ -261,6 +263,9 @@ def suite_config(suite: str, model: str, task: str, name: str, seeds: int = DEFA
     from oelm.data.registry import get_dataset_spec
     from oelm.models.gpt import PRESETS  # torch: the config's own validation loads it too
 
+    if seeds > MAX_SEEDS:  # before the seed list is made: 10^9 of them filled memory (issue 46)
+        raise ConfigError(f"--seeds {seeds}: more than {MAX_SEEDS} (every seed is a run of every method, so a count this "
+                          f"large is a typo, not an experiment); give at most {MAX_SEEDS} (default {DEFAULT_SEEDS})")
     if seeds < MIN_SEEDS:
         raise ConfigError(f"--seeds {seeds}: a suite needs at least {MIN_SEEDS} seeds for an interval worth reading "
                           f"(default {DEFAULT_SEEDS})")

@@ -114,6 +114,11 @@ class TaskConfig(StrictModel):
                         " or hold validation out of train (task.source.validation_holdout: 0.1)" if key == "validation_split"
                         else "")) if self.source is not None and self.source.files else ""
                     raise ValueError(f"task.{key}: {err}{hint}") from None
+        from oelm.data.identity import split_file_problem  # the data layer: the full pass only, as the registry above
+
+        problem = split_file_problem(self, spec)
+        if problem:
+            raise ValueError(f"task: {problem}")
         return self
 
     @field_validator("tokenizer")

@@ -7,7 +7,11 @@ content hash of its documents or texts, the tokenizer, the lengths, and a label 
 ``sst2/validation``. A file whose identity is not the one asked for (another split's cache copied
 over this name) is named in a warning and rebuilt, never used. In a cache folder that cannot be
 written (read-only), a damaged or foreign entry is a warning and the data is built again without
-the cache."""
+the cache.
+
+A cache entry that is a symbolic link, or sits in a linked folder of the cache, is never read or
+written through (:func:`linked_entry`, :func:`oelm.io.inside`): a warning, the link itself removed,
+and the data built again."""
 
 from __future__ import annotations
 
@@ -23,8 +27,12 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from oelm.errors import OutsideFolderError
+from oelm.io import inside
+
 __all__ = [
     "FOREIGN",
+    "linked_entry",
     "drop_damaged_cache",
     "identity_array",
     "identity_problem",
@@ -53,6 +61,24 @@ def drop_damaged_cache(path: Path, problem: str, state: str = "is damaged") -> N
                       "building it again without the cache (set OELM_CACHE_DIR to a writable folder)", stacklevel=3)
         return
     warnings.warn(f"oelm cache {path} {state} ({problem}); deleting it and building it again", stacklevel=3)
+
+
+def linked_entry(path: Path, depth: int = 2) -> bool:
+    """Whether the cache entry ``path`` may not be used because it, or one of the ``depth - 1``
+    folders above it inside the cache (``tokens/``, ``tokenizers/<key>/``, ...), is a symbolic link
+    (:func:`oelm.io.inside` from the cache's root): then a warning names it, the link is removed when
+    the entry itself is one (never what it points to), and the caller builds the data without it."""
+    root = path.parents[depth - 1]
+    try:
+        inside(root, path.relative_to(root))
+    except OutsideFolderError as exc:
+        where, link = str(exc).split(": oelm reads", 1)[0], path.is_symlink()
+        if link:
+            path.unlink(missing_ok=True)
+        warnings.warn(f"oelm cache {where}: a cache entry is never read or written through a link; "
+                      f"{'removed the link, ' if link else ''}building the data again", stacklevel=3)
+        return True
+    return False
 
 
 #: drop_damaged_cache's state for an entry whose identity is not the one asked for
@@ -149,6 +175,8 @@ def load_digest_cache(path: Path) -> str | None:
     """The sha256 hex digest stored at ``path``; None when there is none yet (or its folder is
     a file: writing then warns), and None after a warning, the file deleted, when it holds
     anything else."""
+    if linked_entry(path):
+        return None
     try:
         text = path.read_text(encoding="ascii")
     except (FileNotFoundError, NotADirectoryError):
@@ -166,6 +194,8 @@ def load_array_cache(path: Path) -> dict[str, np.ndarray] | None:
     """The named arrays of the ``.npz`` at ``path``, or None (after a warning, the file deleted)
     when it cannot be read: truncated, not a zip, or an array that does not load without pickle.
     The caller checks the arrays' meaning (and calls :func:`drop_damaged_cache` if it objects)."""
+    if linked_entry(path):
+        return None
     try:
         with np.load(path, allow_pickle=False) as npz:
             return {name: npz[name] for name in npz.files}
@@ -175,6 +205,8 @@ def load_array_cache(path: Path) -> dict[str, np.ndarray] | None:
 
 
 def _write_atomically(path: Path, suffix: str, write: Callable, what: str) -> None:
+    if path.parent.is_symlink() and linked_entry(path):  # a linked folder: no cache (a link as the entry is replaced)
+        return
     try:
         if path.exists() and not path.is_file():
             drop_damaged_cache(path, f"a directory where the {suffix} file belongs")

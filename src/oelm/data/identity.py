@@ -25,10 +25,11 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from oelm.data.cache import write_text_cache
+from oelm.data.cache import linked_entry, write_text_cache
+from oelm.errors import DataFormatError
 from oelm.data.registry import DatasetSpec, find_local_files, resolve_split
 
-__all__ = ["file_sha256", "split_source", "data_source", "source_change"]
+__all__ = ["file_sha256", "split_source", "data_source", "source_change", "split_file_problem"]
 
 #: (absolute path, size, mtime_ns) -> sha256, for this process
 _FILE_DIGESTS: dict[tuple[str, int, int], str] = {}
@@ -49,6 +50,8 @@ def file_sha256(path: str | os.PathLike, cache: str | os.PathLike | None = None)
     if state in _FILE_DIGESTS:
         return _FILE_DIGESTS[state]
     entry = Path(cache) / f"{hashlib.sha256(str(file).encode()).hexdigest()[:24]}.json" if cache is not None else None
+    if entry is not None and linked_entry(entry):
+        entry = None  # a link planted in the cache: neither read nor written through
     digest = None
     if entry is not None:
         try:
@@ -92,13 +95,57 @@ def split_source(spec: DatasetSpec, split: str, data_dir: str | os.PathLike | No
     return record | {"sha256": combined, "files": files}
 
 
+def _roles(task: Any, spec: DatasetSpec) -> dict[str, tuple[str, str]]:
+    """role (train, validation, test) -> (the split the task names for it, the stored split it reads)."""
+    roles = {"train": task.train_split, "validation": task.validation_split, "test": task.test_split}
+    return {role: (split, resolve_split(spec, split)[0]) for role, split in roles.items() if split}
+
+
+def _shared(files: Mapping[str, list[tuple[Any, str]]], stored: Mapping[str, str]) -> str | None:
+    """The first file (``(key, path)`` per role, equal keys: the same file) that two roles reading
+    different stored splits share, as the refusal line; None when they share none."""
+    seen: dict[Any, tuple[str, str]] = {}
+    for role, entries in files.items():
+        for key, path in entries:
+            first = seen.setdefault(key, (role, path))
+            if first[0] != role and stored[first[0]] != stored[role]:
+                same = "" if first[1] == path else f" (as {path})"
+                return (f"the file {first[1]} is both the {first[0]} split and the {role} split{same}: a model would be "
+                        f"scored on rows it trained or was selected on; give the {role} split its own file")
+    return None
+
+
+def split_file_problem(task: Any, spec: DatasetSpec) -> str | None:
+    """Why ``task`` (a :class:`~oelm.config.TaskConfig`) reads one file as two of its splits (train,
+    validation, test), by path: the same file, a link to it or a hard link; None when it does not.
+    Files not there yet are left to the data's own checks (the same file copied under another name
+    is found by its sha256 in :func:`data_source`)."""
+    roles = _roles(task, spec)
+    files: dict[str, list[tuple[Any, str]]] = {}
+    for role, (split, stored) in roles.items():
+        try:
+            paths = find_local_files(spec, stored, task.data_dir, split) or []
+        except OSError:  # DataNotFoundError: named when the data is read
+            return None
+        files[role] = [((p.stat().st_dev, p.stat().st_ino), str(p)) for p in paths if p.is_file()]
+    return _shared(files, {role: stored for role, (_, stored) in roles.items()})
+
+
 def data_source(task: Any, spec: DatasetSpec, tokenizer_record: Mapping[str, Any] | None,
                 cache: str | os.PathLike | None = None) -> dict[str, Any]:
     """The data one experiment reads (``task``: its :class:`~oelm.config.TaskConfig`):
     ``{"dataset", "splits": {"train": ..., "validation": ..., "test": ...}, "tokenizer": {spec,
-    sha256}}``, each split a :func:`split_source` of the split the task names for that role."""
-    roles = {"train": task.train_split, "validation": task.validation_split, "test": task.test_split}
-    splits = {role: split_source(spec, split, task.data_dir, cache) for role, split in roles.items() if split}
+    sha256}}``, each split a :func:`split_source` of the split the task names for that role.
+
+    Raises:
+        DataFormatError: two roles that name different splits read a file of the same content (the
+            same sha256: a copy of one file under two names), one line naming it."""
+    roles = _roles(task, spec)
+    splits = {role: split_source(spec, split, task.data_dir, cache) for role, (split, _) in roles.items()}
+    problem = _shared({role: [(f["sha256"], f["path"]) for f in s.get("files", [])] for role, s in splits.items()},
+                      {role: stored for role, (_, stored) in roles.items()})
+    if problem:
+        raise DataFormatError(f"{spec.name}: {problem.replace('the file', 'the content of', 1)}")
     tokenizer = {k: tokenizer_record[k] for k in ("spec", "sha256") if k in tokenizer_record} if tokenizer_record else None
     return {"dataset": spec.name, "splits": splits, "tokenizer": tokenizer}
 

@@ -33,6 +33,7 @@ import numpy as np
 from oelm.data.catalog import SHIPPED
 from oelm.data.dataset_spec import DatasetSpec
 from oelm.errors import ConfigError, DataFormatError, DataNotFoundError
+from oelm.io import inside
 
 __all__ = [
     "DATASETS",
@@ -173,6 +174,8 @@ def find_local_files(
         DataNotFoundError: a data dir is set but is not a folder, or only some of the split's
             files exist (a half-copied split is never silently replaced by the Hub copy).
         DataFormatError: a split's file path is a directory (or another non-file).
+        OutsideFolderError: a split's file in the data dir is a symbolic link that leads outside it
+            (:func:`oelm.io.inside`; links within the data dir are followed).
     """
     own = [Path(p) for p in spec.local_files.get(split, ())]
     if own and all(p.is_absolute() for p in own):  # files named where they are: no data dir involved
@@ -189,7 +192,7 @@ def find_local_files(
             + "."
         )
     rel = spec.local_files.get(split, ())
-    paths = [root / p for p in rel]
+    paths = [inside(root, p, follow_links=True) for p in rel]  # a link leading out of the data dir: refused
     odd = [p for p in paths if p.exists() and not p.is_file()]
     if odd:  # not "not found": it is there, as the wrong kind of thing
         raise DataFormatError(f"{_label(spec, split, requested)}: {odd[0]} is a directory (or another non-file), not the "

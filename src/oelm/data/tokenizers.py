@@ -21,7 +21,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
-from oelm.data.cache import FOREIGN, drop_damaged_cache, identity_problem, load_digest_cache, write_text_cache
+from oelm.data.cache import FOREIGN, drop_damaged_cache, identity_problem, linked_entry, load_digest_cache, write_text_cache
 from oelm.data.text import check_texts, documents_digest
 from oelm.data.registry import hub_offline, resolve_data_dir
 from oelm.errors import ConfigError, DataNotFoundError
@@ -283,6 +283,8 @@ def _cached_bpe(target: Path, identity: dict[str, Any]):
     """The cached BPE at ``target`` when it loads, has the recipe's layout and was trained on the
     corpus ``identity`` describes; else None, after a warning and deleting its folder (where the
     folder cannot be deleted, the warning says so and the caller trains without the cache)."""
+    if linked_entry(target, depth=3) or linked_entry(target.parent / _BPE_IDENTITY, depth=3):
+        return None
     problem = None
     try:
         found = json.loads((target.parent / _BPE_IDENTITY).read_text(encoding="utf-8"))

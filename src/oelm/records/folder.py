@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from oelm.errors import ChecksumError, DamagedFileError, RecordedFileMissingError
-from oelm.io import MANIFEST_NAME, sha256_file
+from oelm.io import MANIFEST_NAME, inside, sha256_file
 
 from oelm.records.result import DAMAGED_RESULT_FIX, RunRecord, read_record
 
@@ -60,10 +60,14 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 def step_checkpoints(root: Path) -> list[tuple[int, Path]]:
     """``(step, path)`` of every ``step-<N>`` directory under ``root`` (a run's ``checkpoints/``),
-    newest first; none when ``root`` is not a directory. Their contents are not checked here."""
+    newest first; none when ``root`` is not a directory. Their contents are not checked here.
+
+    Raises:
+        OutsideFolderError: a ``step-<N>`` is a symbolic link (:func:`oelm.io.inside`)."""
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    found = [(int(m.group(1)), inside(root, p.name)) for p in root.iterdir() if (m := _STEP_DIR.match(p.name))]
+    found = [(step, p) for step, p in found if p.is_dir()]
     return sorted(found, reverse=True)
 
 
@@ -111,53 +115,53 @@ class RunFolder:
     @property
     def result(self) -> Path:
         """``result.json``: the :class:`RunRecord`, written once the run finished or failed."""
-        return self.path / "result.json"
+        return inside(self.path, "result.json")
 
     @property
     def status(self) -> Path:
         """``status.json``: state, stage, total steps, pid, host, start/end times (:mod:`oelm.records.status`)."""
-        return self.path / "status.json"
+        return inside(self.path, "status.json")
 
     @property
     def metrics(self) -> Path:
         """``metrics.jsonl``: train / eval / test records, one JSON object a line."""
-        return self.path / "metrics.jsonl"
+        return inside(self.path, "metrics.jsonl")
 
     @property
     def train_log(self) -> Path:
         """``train.log``: the console output of every process that trained or promoted this run
         (:mod:`oelm.matrix.run_log`)."""
-        return self.path / "train.log"
+        return inside(self.path, "train.log")
 
     @property
     def best_weights(self) -> Path:
         """``checkpoint/model.safetensors``: the best-on-validation weights (sha256 in result.json)."""
-        return self.path / BEST_CHECKPOINT
+        return inside(self.path, BEST_CHECKPOINT)
 
     @property
     def predictions(self) -> Path:
         """``predictions.npz``: a final run's per-example predictions (sha256 in result.json; :mod:`oelm.records.predictions`)."""
-        return self.path / PREDICTIONS_FILE
+        return inside(self.path, PREDICTIONS_FILE)
 
     @property
     def diagnostics(self) -> Path:
         """``diagnostics.json``: attention diagnostics ``oelm diagnose`` computed from the best weights
         of a final run that finished without them (the run's ``result.json`` is never rewritten)."""
-        return self.path / DIAGNOSTICS_FILE
+        return inside(self.path, DIAGNOSTICS_FILE)
 
     @property
     def checkpoints(self) -> Path:
         """``checkpoints/step-<N>/``: resumable checkpoints, removed when the run finishes."""
-        return self.path / "checkpoints"
+        return inside(self.path, "checkpoints")
 
     @property
     def tensorboard(self) -> Path:
-        return self.path / "tensorboard"
+        return inside(self.path, "tensorboard")
 
     @property
     def lock(self) -> Path:
         """``.oelm.lock``: held while ``oelm run --only`` trains this run (oelm.runtime.lock)."""
-        return self.path / ".oelm.lock"
+        return inside(self.path, ".oelm.lock")
 
     def holds_results(self) -> bool:
         """Whether this run has produced something of its config: a ``result.json`` (finished or
@@ -194,11 +198,13 @@ class RunFolder:
             ChecksumError: the file's size or sha256 differs from the record (names the file and
                 ``result.json``); :class:`~oelm.errors.RecordedFileMissingError`, a subclass, when
                 the file is missing.
+            OutsideFolderError: the recorded path leads outside the run folder, or through a
+                symbolic link (:func:`oelm.io.inside`).
         """
         recorded = record.checkpoint
         if not isinstance(recorded, dict) or not recorded.get("sha256"):
             return self.best_weights
-        path = self.path / recorded.get("path", BEST_CHECKPOINT)
+        path = inside(self.path, str(recorded.get("path", BEST_CHECKPOINT)), named_in=self.result)
         if not path.is_file():
             raise RecordedFileMissingError(f"{path} is missing, but {self.result} records it; {fix}")
         size = path.stat().st_size
@@ -227,19 +233,24 @@ class MatrixFolder:
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", Path(self.root))
 
-    experiment = property(lambda self: self.root / "experiment.json")
-    config = property(lambda self: self.root / "config.yaml")
-    plan = property(lambda self: self.root / "plan.json")
-    sweep = property(lambda self: self.root / "sweep.json")
-    comparison = property(lambda self: self.root / "comparison.json")
-    original_layout = property(lambda self: self.root / "original_layout.json")
-    report_md = property(lambda self: self.root / "report.md")
-    report_html = property(lambda self: self.root / "report.html")
-    tokenizer = property(lambda self: self.root / "tokenizer.json")
-    runs = property(lambda self: self.root / "runs")
+    # Every path below goes through oelm.io.inside: a symbolic link planted in the folder is refused.
+    experiment = property(lambda self: inside(self.root, "experiment.json"))
+    config = property(lambda self: inside(self.root, "config.yaml"))
+    plan = property(lambda self: inside(self.root, "plan.json"))
+    sweep = property(lambda self: inside(self.root, "sweep.json"))
+    comparison = property(lambda self: inside(self.root, "comparison.json"))
+    original_layout = property(lambda self: inside(self.root, "original_layout.json"))
+    report_md = property(lambda self: inside(self.root, "report.md"))
+    report_html = property(lambda self: inside(self.root, "report.html"))
+    tokenizer = property(lambda self: inside(self.root, "tokenizer.json"))
+    runs = property(lambda self: inside(self.root, "runs"))
 
     def run(self, name: str) -> RunFolder:
-        return RunFolder(self.runs / name)
+        """The run folder ``runs/<name>``.
+
+        Raises:
+            OutsideFolderError: ``name`` leads outside ``runs/``, or the folder is a symbolic link."""
+        return RunFolder(inside(self.runs, name))
 
     def aside(self, kind: str, name: str) -> Path:
         """``runs/<kind>/<name>-<local time>``: where a run's folder is moved before it starts
@@ -250,7 +261,7 @@ class MatrixFolder:
         """Every run folder under ``runs/`` (moved-aside ones, under hidden folders, excluded), by name."""
         if not self.runs.is_dir():
             return []
-        return [RunFolder(p) for p in sorted(self.runs.iterdir()) if p.is_dir() and not p.name.startswith(".")]
+        return [self.run(p.name) for p in sorted(self.runs.iterdir()) if p.is_dir() and not p.name.startswith(".")]
 
     def runs_with_results(self) -> list[RunFolder]:
         """Every run folder that :meth:`RunFolder.holds_results`, under ``runs/`` and among the
@@ -287,11 +298,12 @@ class MatrixFolder:
         Raises:
             DamagedFileError: a ``result.json`` is damaged (:func:`read_record`; ends with ``fix``)."""
         for path in sorted(self.runs.glob("*/result.json")):
+            run = self.run(path.parent.name)  # a run folder or result.json that is a link: refused
             try:
-                record = read_record(path, fix)
+                record = read_record(run.result, fix)
             except FileNotFoundError:
-                continue  # a dangling link, or a run folder moved away since the listing
-            yield RunFolder(path.parent), record
+                continue  # a run folder moved away since the listing
+            yield run, record
 
     def check_weights(self, records: list[RunRecord], fix: Callable[[RunFolder], str]) -> tuple[list[str], int]:
         """Every finished record's best weights here against the size and sha256 it records
@@ -316,7 +328,8 @@ class MatrixFolder:
         counts as not done and is trained again; ``log`` one line per run. Returns the new paths.
         A folder another process moved first is skipped."""
         moved = []
-        for path in sorted(self.runs.glob("*/result.json")):
+        for found in sorted(self.runs.glob("*/result.json")):
+            path = self.run(found.parent.name).result  # a link planted there: refused, never read
             try:
                 read_record(path)
             except DamagedFileError as exc:

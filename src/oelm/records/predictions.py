@@ -41,8 +41,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from oelm.errors import ChecksumError, DamagedFileError, RecordedFileMissingError
-from oelm.io import atomic_path, sha256_file
+from oelm.errors import ChecksumError, DamagedFileError, FileFormatError, RecordedFileMissingError
+from oelm.io import atomic_path, check_format, inside, sha256_file
 from oelm.records import RunFolder, RunRecord
 from oelm.records.folder import PREDICTIONS_FILE
 
@@ -148,13 +148,16 @@ def read_predictions(run_dir: str | Path, result: RunRecord | Mapping[str, Any])
         RecordedFileMissingError: the file is recorded but missing.
         ChecksumError: its size or sha256 differs from the record.
         DamagedFileError: it matches the record but cannot be read as a predictions file.
+        FileFormatError: its layout version is not the one this oelm reads.
+        OutsideFolderError: the recorded path leads outside the run folder (absolute, ``..``) or
+            through a symbolic link (:func:`oelm.io.inside`): another matrix's file is never read.
         Each is one line naming the file, ``result.json`` and the fix.
     """
     folder = RunFolder(run_dir)
     record = (result if isinstance(result, RunRecord) else RunRecord(dict(result))).predictions
     if not isinstance(record, dict) or not record.get("sha256"):
         return None
-    path = folder.path / str(record.get("path", PREDICTIONS_FILE))
+    path = inside(folder.path, str(record.get("path", PREDICTIONS_FILE)), named_in=folder.result)
     if not path.is_file():
         raise RecordedFileMissingError(f"{path} is missing, but {folder.result} records it; {_FIX}")
     if path.stat().st_size != record.get("bytes", path.stat().st_size) or sha256_file(path) != record["sha256"]:
@@ -162,6 +165,8 @@ def read_predictions(run_dir: str | Path, result: RunRecord | Mapping[str, Any])
                             f"{folder.result}; {_FIX}")
     try:
         return load_predictions_file(path)
+    except FileFormatError:
+        raise
     except (OSError, ValueError, KeyError, zipfile.BadZipFile, json.JSONDecodeError) as exc:
         raise DamagedFileError(f"{path} is damaged ({str(exc).splitlines()[0][:120]}); {_FIX}") from None
 
@@ -170,11 +175,14 @@ def load_predictions_file(path: str | Path) -> RunPredictions:
     """Read a file of the layout above (no checksum: :func:`read_predictions` checks the record first).
 
     Raises:
+        FileFormatError: its ``meta["format"]`` is not :data:`PREDICTIONS_FORMAT` (newer, older or
+            absent; :func:`oelm.io.check_format`).
         OSError, zipfile.BadZipFile: not readable as an archive.
         ValueError, KeyError, json.JSONDecodeError: not the layout above (a column missing, lengths differ).
     """
     with np.load(path, allow_pickle=False) as npz:
         meta = json.loads(str(npz["meta"]))
+        check_format(path, meta.get("format") if isinstance(meta, dict) else None, PREDICTIONS_FORMAT, older=_FIX)
         columns = _columns(meta["task_type"])
         splits: dict[str, dict[str, np.ndarray]] = {}
         for key in npz.files:

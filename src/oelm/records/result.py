@@ -11,25 +11,29 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from oelm.errors import DamagedFileError
-from oelm.io import json_value, read_json_object, write_json_atomic
+from oelm.io import check_format, json_value, read_json_object, write_json_atomic
 
 from oelm.records.schema import (  # re-exported: the schema lives beside the record
     Data, DataSource, Diagnostics, Environment, EvalRecord, Executor, Mfu, Parameters, Performance, Predictions, ResultFile, Timing,
-    TokenAccuracy,
+    TokenAccuracy, value_problem,
 )
 
 if TYPE_CHECKING:
     from oelm.records.folder import PlannedRun
 
 __all__ = ["ResultFile", "Performance", "TokenAccuracy", "Predictions", "Diagnostics", "DataSource", "EvalRecord", "RunRecord", "read_record", "write_record", "validate_result", "budget_record",
-           "finished_result", "failed_result", "run_identity", "round_parts", "time_split_text", "DAMAGED_RESULT_FIX"]
+           "finished_result", "failed_result", "run_identity", "round_parts", "time_split_text", "DAMAGED_RESULT_FIX", "RESULT_FORMAT"]
 
 #: What to do about a damaged ``result.json`` (ends the error of ``oelm report`` and readers).
 DAMAGED_RESULT_FIX = ("restore it from a copy, or rerun `oelm run` with the same --output-dir: it moves the run's "
                       "folder to runs/.damaged/ and trains that run again")
+
+#: Version of result.json's layout (its ``format``; results written before it have none and are read as 1).
+RESULT_FORMAT = 1
 
 
 @functools.lru_cache(maxsize=1)
@@ -56,29 +60,36 @@ def _schema_problem(raw: dict[str, Any]) -> str | None:
 
 def read_record(path: str | os.PathLike, fix: str = DAMAGED_RESULT_FIX) -> "RunRecord":
     """The :class:`RunRecord` of the ``result.json`` at ``path``, its fields checked against
-    :class:`ResultFile` (strict types: a number where a number belongs; unknown keys are free).
+    :class:`ResultFile` (strict types: a number where a number belongs; unknown keys are free),
+    then against their meaning (:func:`~oelm.records.schema.value_problem`: a perplexity >= 1, an
+    accuracy 0-100 %, finite non-negative times; in a matrix's ``runs/<name>/``, a ``run_name``
+    that is ``<name>``), so that no reader averages an impossible value.
 
     Raises:
         DamagedFileError: the file does not parse, is not an object, or a field has the wrong
-            type; one line naming the file, the field and its value, and ``fix``.
+            type or an impossible value; one line naming the file, the field and its value, and ``fix``.
+        FileFormatError: its ``format`` is not :data:`RESULT_FORMAT` (a newer oelm wrote it; none: 1).
         OSError: the file cannot be read.
     """
     raw = read_json_object(path, fix)
-    problem = _schema_problem(raw)
+    where = Path(path).parent
+    problem = _schema_problem(raw) or value_problem(raw, where.name if where.parent.name == "runs" else None)
     if problem:
         raise DamagedFileError(f"{path} is damaged: {problem}; {fix}")
+    check_format(path, raw.get("format"), RESULT_FORMAT, older=fix, absent_is=1)
     return RunRecord(raw)
 
 
 def validate_result(raw: dict[str, Any]) -> dict[str, Any]:
-    """``raw`` as it will be on disk (NaN/Inf as null), checked against :class:`ResultFile`.
+    """``raw`` as it will be on disk (NaN/Inf as null), checked against :class:`ResultFile` and the
+    values' meaning (:func:`~oelm.records.schema.value_problem`), as readers check it.
 
     Raises:
-        ValueError: a field does not fit the schema (a bug in the writer: nothing is written)."""
-    on_disk = json_value(raw)
-    problem = _schema_problem(on_disk)
+        ValueError: a field does not fit the schema or its meaning (a bug in the writer: nothing is written)."""
+    on_disk = json_value(raw | {"format": RESULT_FORMAT})  # what is written now is of this layout
+    problem = _schema_problem(on_disk) or value_problem(on_disk)
     if problem:
-        raise ValueError(f"refusing to write a run result that does not fit its schema: {problem}")
+        raise ValueError(f"refusing to write a run result that does not fit its schema or meaning: {problem}")
     return on_disk
 
 
@@ -140,6 +151,7 @@ def finished_result(identity: dict[str, Any], *, config: dict[str, Any], method_
         the schema before writing.
     """
     return RunRecord({
+        "format": RESULT_FORMAT,
         **identity,
         "status": "finished",
         "config": config,
@@ -181,7 +193,7 @@ def failed_result(identity: dict[str, Any], *, config: dict[str, Any], kind: str
                   step: int | None) -> "RunRecord":
     """The record of a run that ended in a fault the matrix goes on from (``kind`` nan / oom /
     disk_full at ``step``): identity, ``status`` "failed", ``failure`` and the config; no numbers."""
-    return RunRecord({**identity, "selected": False, "status": "failed",
+    return RunRecord({"format": RESULT_FORMAT, **identity, "selected": False, "status": "failed",
                       "failure": {"kind": kind, "message": message, "step": step}, "config": config})
 
 

@@ -6,12 +6,16 @@ is declared here and read through a :class:`~oelm.records.result.RunRecord` prop
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from typing_extensions import TypedDict  # pydantic validates it (typing.TypedDict only from Python 3.12)
 
+from oelm.metrics import METRICS
+
 __all__ = ["ResultFile", "Performance", "TokenAccuracy", "Mfu", "Timing", "Environment", "Parameters", "Data",
-           "Executor", "Predictions", "Diagnostics", "DiagnosticsMean", "DataSource", "EvalRecord"]
+           "Executor", "Predictions", "Diagnostics", "DiagnosticsMean", "DataSource", "EvalRecord",
+           "value_problem"]
 
 
 class TokenAccuracy(TypedDict, total=False):
@@ -229,6 +233,7 @@ class ResultFile(TypedDict, total=False):
     ``diagnostics`` (:class:`Diagnostics`, None for a sweep run).
     """
 
+    format: int  # the layout's version (oelm.records.result.RESULT_FORMAT; absent in older results: read as 1)
     method: str
     seed: int
     run_name: str
@@ -257,3 +262,55 @@ class ResultFile(TypedDict, total=False):
     predictions: Predictions | None
     diagnostics: Diagnostics | None
     executor: Executor  # where it trained: name, node, threads (torch's), shared_node, overlapped
+
+
+#: Fields of ``timing`` that count seconds, tokens per second or excluded steps: finite and >= 0 by meaning.
+_NON_NEGATIVE_TIMING = ("total_seconds", "wall_seconds", "setup_seconds", "resumed_seconds", "train_seconds",
+                        "data_seconds", "validation_seconds", "test_seconds", "predictions_seconds", "checkpoint_seconds",
+                        "best_weights_seconds", "tokens_per_second", "compile_seconds", "timing_warmup_steps_excluded")
+
+
+def _outside(value: Any, lowest: float, highest: float = math.inf) -> bool:
+    """Whether a number (bools and None pass: the schema checks types) is not finite or outside [lowest, highest]."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return not math.isfinite(value) or not lowest <= value <= highest
+
+
+def value_problem(raw: dict[str, Any], folder_name: str | None = None) -> str | None:
+    """``"field <where> = <value> (<reason>)"`` for the first value of a ``result.json`` (``raw``,
+    already fitting :class:`ResultFile`'s types) that its meaning rules out, None when every one fits:
+
+    * ``performance``: the metric's values (``best_validation``, ``final_validation``, ``test``)
+      inside the metric's range (:attr:`oelm.metrics.Metric.lowest` / ``highest``: accuracy 0-100 %,
+      perplexity >= 1); ``token_accuracy`` 0-100 %; ``final_train_loss`` >= 0 (a cross-entropy,
+      nats); ``steps`` and ``best_step`` >= 0;
+    * ``seed`` >= 0, ``learning_rate`` > 0; every seconds / tokens-per-second field of ``timing``
+      >= 0; all of them finite (JSON parsers read ``NaN`` and ``Infinity``);
+    * ``run_name`` is ``folder_name`` (the run folder the file is in) when both are given: a record
+      that names another run would be read as that run's (its weights, its predictions, its curves).
+    """
+    perf = raw.get("performance") or {}
+    metric = METRICS.get(perf.get("metric"))
+    low, high = (metric.lowest, metric.highest) if metric else (-math.inf, math.inf)
+    checks: list[tuple[str, Any, float, float, str]] = [
+        *((f"performance.{k}", perf.get(k), low, high, metric.range_text if metric else "")
+          for k in ("best_validation", "final_validation", "test")),
+        *((f"performance.token_accuracy.{k}", (perf.get("token_accuracy") or {}).get(k), 0.0, 100.0,
+           "token accuracy is 0 to 100 %") for k in ("best_validation", "test")),
+        ("performance.final_train_loss", perf.get("final_train_loss"), 0.0, math.inf, "a cross-entropy loss is at least 0"),
+        *((f"performance.{k}", perf.get(k), 0, math.inf, "a step count is at least 0") for k in ("steps", "best_step")),
+        ("seed", raw.get("seed"), 0, math.inf, "a seed is at least 0"),
+        ("learning_rate", raw.get("learning_rate"), math.ulp(0.0), math.inf, "a learning rate is above 0"),
+        *((f"timing.{k}", (raw.get("timing") or {}).get(k), 0.0, math.inf, "a time or a speed is at least 0")
+          for k in _NON_NEGATIVE_TIMING),
+    ]
+    for where, value, lowest, highest, reason in checks:
+        if _outside(value, lowest, highest):
+            reason = reason if math.isfinite(value) else "not a finite number"
+            return f"field {where} = {value!r:.60} ({reason})"
+    name = raw.get("run_name")
+    if folder_name is not None and isinstance(name, str) and name != folder_name:
+        return (f"field run_name = {name!r:.60} (it names another run: the file is in the run folder {folder_name!r}, "
+                "copied or edited by hand?)")
+    return None

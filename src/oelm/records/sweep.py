@@ -11,16 +11,18 @@ from typing import Any, Iterable, Mapping
 from typing_extensions import TypedDict  # pydantic validates it (typing.TypedDict only from Python 3.12)
 
 from oelm.errors import DamagedFileError, OELMError
-from oelm.io import read_json_object
+from oelm.io import check_format, read_json_object
 
 from oelm.records.folder import MatrixFolder, run_name
 from oelm.records.result import RunRecord
 
-__all__ = ["SWEEP_FIX", "read_sweep", "sweep_entry", "sweep_file", "selected_rates", "grid_edge", "grid_edge_note", "format_rates", "is_superseded",
+__all__ = ["SWEEP_FIX", "SWEEP_FORMAT", "read_sweep", "sweep_entry", "sweep_file", "selected_rates", "grid_edge", "grid_edge_note", "format_rates", "is_superseded",
            "superseded_final_runs", "final_runs", "is_automatic"]
 
 #: What to do about a damaged ``sweep.json`` (derived from the runs' results, so it can be rewritten).
 SWEEP_FIX = "delete it: `oelm run --collect` (or `oelm run`) with the same --output-dir writes it again from the runs"
+#: Version of sweep.json's layout (its ``format``; files written before it have none and are read as 1).
+SWEEP_FORMAT = 1
 
 
 def grid_edge(learning_rates: Iterable[float], selected: float | None) -> str | None:
@@ -95,6 +97,7 @@ def is_automatic(growth: Mapping[str, Any]) -> bool:
 class SweepFile(TypedDict, total=False):
     """The parts of ``sweep.json`` that readers use (written by the matrix driver)."""
 
+    format: int
     selected_learning_rates: dict[str, float]
     selected_at_grid_edge: dict[str, str | None]
     sweep_seeds: list[int]
@@ -115,6 +118,7 @@ def sweep_file(sweep_seeds: list[int], selected: dict[str, float], edges: dict[s
     and ``grid_growth`` (only when a grid grew: per method experiment.json's record of the config's
     growth, then the automatic ones; :data:`GridGrowth`)."""
     return {
+        "format": SWEEP_FORMAT,
         "selection_metric": "best_validation",
         "selection_rule": "mean over sweep seeds; highest accuracy / lowest perplexity; ties: first candidate",
         "sweep_seeds": sweep_seeds,
@@ -130,6 +134,7 @@ def read_sweep(path: str | Path) -> dict[str, Any]:
     Raises:
         DamagedFileError: the file does not parse or a field has the wrong type; names the file,
             the field and the fix (:data:`SWEEP_FIX`: it is derived from the runs, so it can be rewritten).
+        FileFormatError: its ``format`` is not :data:`SWEEP_FORMAT` (a newer oelm wrote it; none: 1).
     """
     from pydantic import TypeAdapter, ValidationError  # pydantic costs ~0.3 s: only when a sweep is read
 
@@ -141,6 +146,7 @@ def read_sweep(path: str | Path) -> dict[str, Any]:
         where = ".".join(str(p) for p in err["loc"])
         raise DamagedFileError(f"{path} is damaged: field {where} = {err.get('input')!r:.60} ({err['msg'].lower()}); "
                                f"{SWEEP_FIX}") from None
+    check_format(path, sweep.get("format"), SWEEP_FORMAT, older=SWEEP_FIX, absent_is=1)
     return sweep
 
 

@@ -21,7 +21,7 @@ import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from oelm.io import write_bytes_atomic, write_json_atomic, write_text_atomic
+from oelm.io import inside, write_bytes_atomic, write_json_atomic, write_text_atomic
 
 __all__ = ["write_comparison", "compare_results", "comparison_warnings", "original_layout", "comparison_rows", "render_report",
            "load_results"]
@@ -110,7 +110,7 @@ def write_comparison(config, results: dict[str, list[RunRecord]], out: str | Pat
         write_json_atomic(folder.comparison, comparison)
         write_json_atomic(folder.original_layout, original_layout(comparison))
         for rel, png in images.items():
-            write_bytes_atomic(out / rel, png)
+            write_bytes_atomic(inside(out, rel), png)  # report_files/ planted as a link: refused
         write_text_atomic(folder.report_md, md)
         write_text_atomic(folder.report_html, render_html(comparison, sections))
     except OSError as exc:  # a read-only folder, a full disk: the runs' files are untouched

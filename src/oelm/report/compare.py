@@ -11,12 +11,13 @@ outputs written before that key existed get it too).
 
 from __future__ import annotations
 
+import math
 import platform
 from pathlib import Path
 from typing import Any
 
 from oelm.io import read_jsonl
-from oelm.metrics import get_metric
+from oelm.metrics import METRICS, get_metric
 from oelm.records import MatrixFolder, RunRecord, grid_edge, read_sweep, superseded_final_runs
 from oelm.report.budgets import budgets_comparison
 from oelm.report.caveats import warnings_of
@@ -39,21 +40,29 @@ from oelm.report.uncertainty import uncertainty_comparison
 __all__ = ["compare_results", "read_metrics", "run_records", "metrics_records", "num_labels_of",
            "majority_percent_of", "device_label", "learning_rate_of", "step_times_of", "mfu_reference"]
 
-_NUMBER_FIELDS = ("loss", "accuracy", "perplexity", "elapsed_seconds", "step_ms", "tokens_per_second")
+_NUMBER_FIELDS = ("loss", "accuracy", "perplexity", "elapsed_seconds", "step_ms", "tokens_per_second", "token_accuracy")
+#: The finite values each number field can take by its meaning: a metric's range (oelm.metrics), a
+#: token accuracy in %, losses, times and speeds >= 0. (NaN / inf stay: a diverged run logs them.)
+_RANGES = {**{m.name: (m.lowest, m.highest) for m in METRICS.values()}, "token_accuracy": (0.0, 100.0),
+           **dict.fromkeys(("loss", "elapsed_seconds", "step_ms", "tokens_per_second"), (0.0, math.inf))}
 
 
 def _sound_record(r: dict[str, Any]) -> bool:
-    """A record whose ``step`` is a whole number and whose number fields are numbers (or null)."""
-    def number(v):
-        return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+    """A record whose ``step`` is a whole number >= 0 and whose numbers (or nulls) fit their meaning (:data:`_RANGES`)."""
+    def sound(key):
+        v = r.get(key)
+        if v is None:
+            return True
+        lowest, highest = _RANGES[key]
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and (not math.isfinite(v) or lowest <= v <= highest)
 
     step = r.get("step")
-    return isinstance(step, int) and not isinstance(step, bool) and all(number(r.get(k)) for k in _NUMBER_FIELDS)
+    return isinstance(step, int) and not isinstance(step, bool) and step >= 0 and all(sound(k) for k in _NUMBER_FIELDS)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """Records of one ``metrics.jsonl`` (a missing file gives []; a torn last line, a line that is
-    not an object, and a hand-edited record whose step or numbers are not numbers are skipped)."""
+    not an object, and a hand-edited record whose step or numbers are not numbers, or not sound: :func:`_sound_record`)."""
     return [r for r in read_jsonl(path) if _sound_record(r)]
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from oelm.errors import OELMError, OutputLockedError
+from oelm.io import inside
 
 __all__ = ["LOCK_NAME", "hold_output_lock", "hold_shared_lock", "acquire", "release", "read_holder", "pid_alive",
            "stop_holder"]
@@ -83,7 +84,7 @@ def acquire(out: str | os.PathLike) -> int:
             to delete the file if that run is gone), or ``.oelm.lock`` cannot be opened (a
             directory, not writable: named, with the fix).
     """
-    path = Path(out) / LOCK_NAME
+    path = inside(out, LOCK_NAME)  # a link planted as the lock: refused, never truncated through
     host = socket.gethostname()
     try:
         fd = _flock_current(path, fcntl.LOCK_EX)
@@ -115,7 +116,7 @@ def _open_lock_file(path: Path) -> int:
     """``os.open`` of the lock file (created if missing); a path that cannot be oelm's lock file (a
     directory, a file this user may not write) is an :class:`OutputLockedError` naming it."""
     try:
-        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        return os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
     except IsADirectoryError:
         raise OutputLockedError(f"{path} is a directory, not oelm's lock file; remove it (rm -r {path}) and rerun") from None
     except OSError as exc:
@@ -192,7 +193,7 @@ def hold_shared_lock(out: str | os.PathLike) -> Iterator[None]:
         OutputLockedError: a driver holds the directory (named when its record is readable), or
             the file system has no flock.
     """
-    path = Path(out) / LOCK_NAME
+    path = inside(out, LOCK_NAME)  # a link planted as the lock: refused, never truncated through
     try:
         fd = _flock_current(path, fcntl.LOCK_SH)
     except OSError as exc:
