@@ -21,6 +21,16 @@ CONFIG = (
     "           tensorboard: false}\n"
 )
 
+#: One 2-step gpt-tiny baseline run on real SST-2 sentences: a real run folder to damage or plant links in.
+ONE_RUN = (
+    "name: one\n"
+    "task: {dataset: sst2, tokenizer: bpe-512, train_samples: 32, validation_samples: 16, max_length: 32}\n"
+    "model: {gpt: gpt-tiny, gpt_overrides: {hidden_size: 32, num_layers: 2, num_heads: 2, intermediate_size: 64}}\n"
+    "methods: [{name: baseline, learning_rate: 1.0e-3}]\n"
+    "seeds: [0]\n"
+    "training: {max_steps: 2, batch_size: 16, eval_every: 2, log_every: 1, progress_bar: false, tensorboard: false}\n"
+)
+
 
 def write_config(folder: Path, text: str = CONFIG) -> Path:
     path = Path(folder) / "matrix.yaml"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from _tiny_matrix import ONE_RUN
 from oelm.cli import main
 from oelm.cli.monitor import collect_runs, snapshot_text
 from oelm.errors import DamagedFileError
@@ -24,15 +25,6 @@ from oelm.records import MatrixFolder, read_record
 
 ROOT = Path(__file__).resolve().parents[1]
 SST2 = ROOT / "docs" / "results" / "cpu-sst2"
-
-ONE_RUN = (
-    "name: one\n"
-    "task: {dataset: sst2, tokenizer: bpe-512, train_samples: 32, validation_samples: 16, max_length: 32}\n"
-    "model: {gpt: gpt-tiny, gpt_overrides: {hidden_size: 32, num_layers: 2, num_heads: 2, intermediate_size: 64}}\n"
-    "methods: [{name: baseline, learning_rate: 1.0e-3}]\n"
-    "seeds: [0]\n"
-    "training: {max_steps: 2, batch_size: 16, eval_every: 2, log_every: 1, progress_bar: false, tensorboard: false}\n"
-)
 
 
 @pytest.fixture
