@@ -79,7 +79,7 @@ CLAIMS: tuple[Claim, ...] = (
           field="test", setting="SST-2 as above; fresh Gaussian Q/K orthogonalized per head (QR, sign-fixed; "
                                 "no pretrained Q/K), frozen"),
     Claim("imdb", "GPT classification IMDB: OELM-Freeze gains 7.14 points", "78.56 → 85.70", 7.14,
-          comparison="evidence-gpt-cls-imdb", config="configs/evidence/gpt_cls_imdb.yaml", field="test",
+          comparison="evidence2-gpt-cls-imdb", config="configs/evidence2/gpt_cls_imdb.yaml", field="test",
           setting="gpt-tiny from scratch, causal, 5k reviews at 128 tokens, 5k IMDB test reviews"),
     Claim("ag_news", "GPT classification AG News: OELM-Freeze gains 5.69 points", "87.05 → 92.74", 5.69,
           comparison="evidence-gpt-cls-ag-news", config="configs/evidence/gpt_cls_ag_news.yaml", field="test",
