@@ -114,6 +114,9 @@ CLAIMS: tuple[Claim, ...] = (
 
 _MECHANISM = ("configs/research/sst2_mechanism.yaml", "research-sst2-mechanism",
               "all-MiniLM-L6-v2, 12,000 SST-2 sentences, 1 epoch, SST-2 test (1,821), 5 seeds")
+_MECHANISM2 = ("configs/evidence2/sst2_mechanism.yaml", "evidence2-sst2-mechanism",
+               "all-MiniLM-L6-v2, 12,000 SST-2 sentences, until validation stops improving (cap 8 epochs), SST-2 test "
+               "(1,821), 5 seeds")
 _INITS = ("configs/research/gpt_tiny_inits.yaml", "research-gpt-tiny-inits",
           "gpt-tiny from scratch, 800 TinyStories stories, perplexity on 414 held-out stories")
 _GUTENBERG = ("configs/research/gutenberg_lm.yaml", "research-gutenberg-lm",
@@ -139,6 +142,11 @@ RESEARCH: tuple[Claim, ...] = (
               "oelm_pretrained_frozen", "oelm_freeze", _MECHANISM, setting="the pretrained Q/K frozen as they are vs QR per head"),
     _question("temperature", "(ours) temperature: OELM-Freeze's rows at the pretrained per-head norm",
               "oelm_rescaled", "oelm_freeze", _MECHANISM, setting="oelm_rescaled vs oelm_freeze"),
+    _question("learned_temperature", "(ours) a learned temperature per head on frozen orthonormal Q/K: does it close "
+              "OELM-Freeze's gap?", "oelm_temperature", "oelm_freeze", _MECHANISM2,
+              setting="oelm_temperature (a trained scalar per head, started at the pretrained norm ratio) vs oelm_freeze"),
+    _question("polar", "(ours) the nearest orthonormal rows per head (polar factor) vs QR's basis, both frozen",
+              "oelm_polar", "oelm_freeze", _MECHANISM2, setting="U Vᵀ of each head's SVD vs QR's Gram–Schmidt rows"),
     _question("mimetic_frozen", "(ours) from scratch: mimetic vs orthogonal frozen Q/K", "oelm_mimetic", "oelm_freeze",
               _INITS, lm=True, setting="W_q W_kᵀ ≈ I per head (Trockman & Kolter 2023) vs random orthogonal, both frozen"),
     _question("mimetic_trained", "(ours) from scratch: mimetic initialization, trained, vs baseline", "mimetic_trained",
