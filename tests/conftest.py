@@ -101,3 +101,15 @@ def data_dir() -> Path:
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """Token/tokenizer caches go to a per-session temp folder (per worker under xdist), never the user's home."""
     monkeypatch.setenv("OELM_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "oelm-cache"))
+
+
+@pytest.fixture
+def forget_own_datasets():
+    """Every dataset a test's config registers (a task's own files) is gone after it: the registry
+    (oelm.data.DATASETS) is per process, and an own dataset must not leak into the next test."""
+    from oelm.data import DATASETS
+
+    before = set(DATASETS)
+    yield
+    for name in set(DATASETS) - before:
+        del DATASETS[name]

@@ -18,7 +18,6 @@ import pytest
 from oelm.cli import main
 from oelm.config import config_from_dict
 from oelm.config.fields import MAX_GRID_GROWTH, MAX_LEARNING_RATES, MAX_METHODS, MAX_RUNS, MAX_SEEDS
-from oelm.data import DATASETS
 from oelm.errors import ConfigError, DataFormatError
 
 TINY_GPT = {"gpt": "gpt-tiny", "gpt_overrides": {"hidden_size": 32, "num_layers": 2, "num_heads": 2,
@@ -27,12 +26,7 @@ TRAINING = {"max_steps": 2, "batch_size": 16, "eval_every": 2, "log_every": 2, "
 TASK = {"dataset": "sst2", "tokenizer": "bpe-512", "train_samples": 32, "validation_samples": 16, "max_length": 32}
 
 
-@pytest.fixture(autouse=True)
-def _forget_own_datasets():
-    before = set(DATASETS)
-    yield
-    for name in set(DATASETS) - before:
-        del DATASETS[name]
+pytestmark = pytest.mark.usefixtures("forget_own_datasets")  # tests/conftest.py
 
 
 def _raw(**changes) -> dict:

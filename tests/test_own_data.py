@@ -20,7 +20,7 @@ import yaml
 
 from oelm.cli import main
 from oelm.config import config_from_dict
-from oelm.data import DATASETS, get_dataset_spec, load_classification, load_documents
+from oelm.data import get_dataset_spec, load_classification, load_documents
 from oelm.data.lm import EOS_TOKEN
 from oelm.errors import ConfigError
 
@@ -30,13 +30,7 @@ TRAINING = {"max_steps": 3, "batch_size": 16, "eval_every": 3, "log_every": 3, "
             "progress_bar": False, "tensorboard": False}
 
 
-@pytest.fixture(autouse=True)
-def _forget_own_datasets():
-    """Every dataset a test's config registers is gone after it (the registry is per process)."""
-    before = set(DATASETS)
-    yield
-    for name in set(DATASETS) - before:
-        del DATASETS[name]
+pytestmark = pytest.mark.usefixtures("forget_own_datasets")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

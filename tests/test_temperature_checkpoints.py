@@ -25,6 +25,7 @@ from oelm import apply_oelm
 from oelm.checkpoint import WEIGHTS_NAME
 from oelm.method.checkpoint_record import RECIPE_KEY
 from oelm.method.temperature import TEMPERATURE_NAME
+from test_hf_checkpoints import Blocks
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 BLOCK = 32
@@ -87,17 +88,6 @@ def corpus(data_dir):
     return [torch.tensor(ids[i:i + BLOCK]) for i in range(0, BLOCK * 16, BLOCK)], len(tokenizer)
 
 
-class _Blocks(torch.utils.data.Dataset):
-    def __init__(self, blocks):
-        self.blocks = blocks
-
-    def __len__(self):
-        return len(self.blocks)
-
-    def __getitem__(self, i):
-        return {"input_ids": self.blocks[i], "labels": self.blocks[i]}
-
-
 def _gpt2(vocab: int, method: str | None = "oelm_temperature"):
     torch.manual_seed(0)
     model = T.GPT2LMHeadModel(T.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=64))
@@ -115,7 +105,7 @@ def _trainer(model, blocks, out, resume=None):
         output_dir=str(out), max_steps=4, per_device_train_batch_size=4, learning_rate=1e-2, weight_decay=0.1,
         save_strategy="steps", save_steps=2, logging_steps=1, report_to="none", use_cpu=True, disable_tqdm=True, seed=0,
     )
-    trainer = T.Trainer(model=model, args=args, train_dataset=_Blocks(blocks))
+    trainer = T.Trainer(model=model, args=args, train_dataset=Blocks(blocks))
     trainer.train(resume_from_checkpoint=None if resume is None else str(resume))
     return trainer
 
