@@ -97,6 +97,21 @@ def test_subspace_overlap_same_unrelated_and_random():
         subspace_overlap(a, a[:, :32])
 
 
+def test_per_head_overlaps_from_batched_bases_equal_one_subspace_overlap_per_head():
+    """The record's per-head overlaps (one batched SVD per weight, the reference's kept across calls)
+    carry the same bits as subspace_overlap head by head, also for a rank-deficient head and after
+    another reference of the same shape was used (the cache keys on the tensor, not its shape)."""
+    from oelm.method.diagnostics import _head_overlaps
+
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(4 * 8, 64, generator=g, dtype=torch.float64)
+    w[8:16] = torch.randn(3, 64, generator=g, dtype=torch.float64).repeat(3, 1)[:8]  # head 1: rank 3
+    refs = [torch.randn(4 * 8, 64, generator=g, dtype=torch.float64) for _ in range(2)]
+    for ref in (refs[0], refs[1], refs[0]):
+        want = [subspace_overlap(w[h * 8:(h + 1) * 8], ref[h * 8:(h + 1) * 8]) for h in range(4)]
+        assert _head_overlaps(w, ref, 4, 8) == want
+    assert _head_overlaps(w, refs[0][:16], 4, 8) is None  # another shape: no overlap
+
 # ---------------------------------------------------------------------- constructed modules
 
 
