@@ -34,6 +34,10 @@ def _cores() -> int:
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# No matmul speed probes around each run (oelm.runtime.environment.run_probes_wanted): two ~0.2 s
+# probes were most of a few-step tiny run's time, ~0.4 s of each of the suite's ~400 runs. The tests
+# that read the probes turn them back on (test_experiment's sst2_run, test_timing).
+os.environ.setdefault("OELM_SPEED_PROBE", "0")
 
 # On an xdist worker: the cores shared out among the workers (an explicit OMP_NUM_THREADS is kept).
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))

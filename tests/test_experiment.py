@@ -26,7 +26,9 @@ MINILM_QK = 6 * 2 * (384 * 384 + 384)  # 6 layers x (query + key) x (weight + bi
 @pytest.fixture(scope="module")
 def sst2_run(tmp_path_factory, data_dir):
     out = tmp_path_factory.mktemp("sst2")
-    assert main(["run", str(ROOT / "configs/quickstart.yaml"), "--output-dir", str(out), *TINY_SST2]) == 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OELM_SPEED_PROBE", "1")  # the suite's default is off (conftest): these runs record the probes
+        assert main(["run", str(ROOT / "configs/quickstart.yaml"), "--output-dir", str(out), *TINY_SST2]) == 0
     return out
 
 

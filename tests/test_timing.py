@@ -353,6 +353,33 @@ def test_capture_environment_keys_and_json():
         assert family.isdigit() and model.isdigit()
 
 
+def test_oelm_speed_probe_turns_the_probes_around_each_run_on_or_off(monkeypatch, tmp_path, data_dir, capsys):
+    """$OELM_SPEED_PROBE: unset or 1, a run records both probes and their drift; 0, none of them
+    (and nothing else of its record changes kind); another value is one line before any folder."""
+    from _tiny_matrix import ONE_RUN, write_config
+    from oelm.cli import main
+    from oelm.runtime.environment import run_probes_wanted
+
+    config = write_config(tmp_path, ONE_RUN)
+    envs = {}
+    for value in ("1", "0"):
+        monkeypatch.setenv("OELM_SPEED_PROBE", value)
+        assert main(["run", str(config), "--output-dir", str(tmp_path / value)]) == 0
+        envs[value] = json.loads((tmp_path / value / "runs" / "baseline-seed0" / "result.json").read_text())["environment"]
+    assert envs["1"]["matmul_probe"]["gflops"] > 0 and envs["1"]["matmul_probe_after"]["gflops"] > 0
+    assert envs["1"]["matmul_probe_drift_percent"] is not None
+    assert [envs["0"][k] for k in ("matmul_probe", "matmul_probe_after", "matmul_probe_drift_percent")] == [None] * 3
+    assert set(envs["0"]) == set(envs["1"]) and envs["0"]["packages"] == envs["1"]["packages"]
+    monkeypatch.delenv("OELM_SPEED_PROBE")
+    assert run_probes_wanted()  # the default: probes on
+    monkeypatch.setenv("OELM_SPEED_PROBE", "yes")
+    capsys.readouterr()
+    assert main(["run", str(config), "--output-dir", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "OELM_SPEED_PROBE='yes'" in err[0] and "use 1" in err[0], err
+    assert not (tmp_path / "bad").exists()
+
+
 def test_probe_drift_percent():
     assert probe_drift_percent(100.0, 90.0) == pytest.approx(-10.0)
     assert probe_drift_percent(50.0, 55.0) == pytest.approx(10.0)

@@ -24,6 +24,7 @@ from oelm.integrations.lora import lora_target_message, lora_target_problems
 from oelm.integrations.trackers import check_installed
 from oelm.matrix.model import check_sequence_length, skeleton_module_names
 from oelm.runtime.distributed import barrier, is_main_process, num_processes
+from oelm.runtime.environment import run_probes_wanted
 from oelm.runtime.lock import hold_output_lock, hold_shared_lock
 from oelm.training import check_warmup
 
@@ -57,11 +58,13 @@ def check_before_data(config: ExperimentConfig) -> None:
     folder whose runs hold no result is then taken over by the corrected config, see
     :func:`oelm.matrix.output.start_output`), each LoRA adapter's module names
     (:func:`check_lora_targets`), and every ``init_from`` checkpoint: there, and shaped like the
-    model (:func:`oelm.matrix.assemble.check_init_shapes`).
+    model (:func:`oelm.matrix.assemble.check_init_shapes`); and ``$OELM_SPEED_PROBE``
+    (:func:`oelm.runtime.environment.run_probes_wanted`).
 
     Raises:
-        ConfigError: one line naming the key, its value and the fix.
+        ConfigError: one line naming the key (or variable), its value and the fix.
     """
+    run_probes_wanted()
     check_sequence_length(config)
     check_lora_targets(config)
     check_init_shapes(config)

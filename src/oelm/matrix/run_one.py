@@ -31,7 +31,7 @@ from oelm.records import (
 from oelm.records import write_status as _write_status_file
 from oelm.records.predictions import predictions_record
 from oelm.runtime.distributed import barrier, is_main_process, main_process_only, num_processes
-from oelm.runtime.environment import capture_environment, probe_drift_percent
+from oelm.runtime.environment import capture_environment, probe_drift_percent, run_probes_wanted
 from oelm.runtime.lock import pid_alive
 from oelm.training import evaluate, optimizer_steps_per_epoch, planned_total_steps, train
 from oelm.training.evaluation import evaluate_predictions, token_accuracy_fields
@@ -99,7 +99,8 @@ def _train(ctx: RunContext, run: PlannedRun, folder: RunFolder, *, evaluate_test
     config, data, log = ctx.config, ctx.data, ctx.log
     entry = ctx.entry(run.method)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    env_before = capture_environment(device, probe=True)
+    probes = run_probes_wanted()  # $OELM_SPEED_PROBE
+    env_before = capture_environment(device, probe=probes)
     model, oelm_cfg, report, init_info = build_run_model(config, entry, run.seed, data)
     log(f"[{folder.name}] {report}")
     training = config.training_for(entry)
@@ -119,7 +120,7 @@ def _train(ctx: RunContext, run: PlannedRun, folder: RunFolder, *, evaluate_test
         log(f"[{folder.name}] early stop at step {result.steps} of {total_steps}: no improvement{by} in "
             f"{training.early_stopping_patience} validations (best {metric.name} {metric.format(result.best_validation)} "
             f"at step {result.best_step})")
-    environment = _environment_around(env_before, capture_environment(device, probe=True))
+    environment = _environment_around(env_before, capture_environment(device, probe=probes))
     # a final run's attention diagnostics of its best weights: after every timing and the speed probe
     diagnostics = run_diagnostics(model, config, data, log) if run.stage == "final" else None
     _time_outside_train(result.timing, before_train - started, started)

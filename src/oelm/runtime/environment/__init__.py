@@ -11,7 +11,7 @@ Two modules, re-exported here (import from ``oelm.runtime.environment``):
   FLOPs utilization (:func:`mfu`, :func:`mfu_record`; PaLM, Chowdhery et al. 2022, appendix B).
 """
 
-from oelm.runtime.environment.capture import capture_environment, matmul_probe, probe_drift_percent
+from oelm.runtime.environment.capture import capture_environment, matmul_probe, probe_drift_percent, run_probes_wanted
 from oelm.runtime.environment.peaks import (PEAK_CACHE_FILE, PRECISIONS, matmul_column, measured_peak_flops, mfu, mfu_record,
                                     peak_flops, probe_peak)
 
@@ -24,5 +24,6 @@ __all__ = [
     "mfu_record",
     "peak_flops",
     "probe_drift_percent",
+    "run_probes_wanted",
 ]
 # Also importable from here, outside __all__ (as PEAK_CACHE_FILE and probe_peak were): matmul_column.

@@ -11,6 +11,7 @@ What that speed means for MFU is :mod:`oelm.runtime.environment.peaks`.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import importlib.metadata
 import os
 import platform
@@ -26,7 +27,10 @@ import torch
 from oelm._version import __version__
 from oelm.runtime.timing import cuda_synchronize_if_needed
 
-__all__ = ["capture_environment", "cpu_model", "matmul_probe", "probe_drift_percent"]
+__all__ = ["SPEED_PROBE_ENV", "capture_environment", "cpu_model", "matmul_probe", "probe_drift_percent", "run_probes_wanted"]
+
+#: Environment variable: ``0`` turns off the matmul probes ``oelm run`` takes before and after each run.
+SPEED_PROBE_ENV = "OELM_SPEED_PROBE"
 
 # Distributions whose versions change results or speed.
 _PACKAGES = ("torch", "transformers", "accelerate", "datasets", "tokenizers", "numpy", "pydantic", "oelm")
@@ -102,6 +106,28 @@ def matmul_probe(
     }
 
 
+def run_probes_wanted() -> bool:
+    """Whether ``oelm run`` probes the matmul speed before and after each run: ``$OELM_SPEED_PROBE``
+    unset or ``1`` (the default) yes, ``0`` no.
+
+    Without the probes a run's ``environment.matmul_probe``, ``matmul_probe_after`` and
+    ``matmul_probe_drift_percent`` are None, so the report has no machine-speed drift to warn about;
+    nothing else changes (CPU MFU divides by the peak measured once per machine, not by these).
+    Two probes are ~0.4 s of every run on a small CPU, most of a run of a few steps of a tiny
+    model: the test suite turns them off (tests/conftest.py) except where it checks them.
+
+    Raises:
+        ConfigError: any other value, in one line naming the variable and the two it takes.
+    """
+    from oelm.errors import ConfigError
+
+    value = os.environ.get(SPEED_PROBE_ENV, "1").strip()
+    if value not in ("0", "1"):
+        raise ConfigError(f"{SPEED_PROBE_ENV}={value!r}: use 1 (probe the matmul speed before and after each run, "
+                          f"the default) or 0 (no probes: no drift check)")
+    return value == "1"
+
+
 def probe_drift_percent(before_gflops: float, after_gflops: float) -> float:
     """Relative change of probe throughput in percent: ``(after - before) / before * 100``.
 
@@ -115,6 +141,7 @@ def probe_drift_percent(before_gflops: float, after_gflops: float) -> float:
 # -- environment capture -----------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=None)  # read once per process: a run captures the environment twice
 def _package_version(name: str) -> str | None:
     """The installed distribution's version; for oelm run from a source tree on ``PYTHONPATH``
     (not installed, as on a machine without its venv) the version its ``__init__`` declares."""
