@@ -82,7 +82,7 @@ CLAIMS: tuple[Claim, ...] = (
           comparison="evidence2-gpt-cls-imdb", config="configs/evidence2/gpt_cls_imdb.yaml", field="test",
           setting="gpt-tiny from scratch, causal, 5k reviews at 128 tokens, 5k IMDB test reviews"),
     Claim("ag_news", "GPT classification AG News: OELM-Freeze gains 5.69 points", "87.05 → 92.74", 5.69,
-          comparison="evidence-gpt-cls-ag-news", config="configs/evidence/gpt_cls_ag_news.yaml", field="test",
+          comparison="evidence2-gpt-cls-ag-news", config="configs/evidence2/gpt_cls_ag_news.yaml", field="test",
           setting="gpt-tiny from scratch, causal, ALPS 10k train, AG News test"),
     Claim("xnli_standin", "…XNLI-en on a small-data stand-in: OELM-Freeze gains 1.08 points", "76.71 → 77.79", 1.08,
           comparison="research-xnli-en", config="configs/research/xnli_en.yaml", field="test",
