@@ -420,7 +420,7 @@ _REFERENCE_BASES: dict[int, tuple[torch.Tensor, int, list[torch.Tensor]]] = {}
 def _reference_bases(ref: torch.Tensor, heads: int) -> list[torch.Tensor]:
     held = _REFERENCE_BASES.get(id(ref))
     if held is None or held[0] is not ref or held[1] != heads:
-        if len(_REFERENCE_BASES) >= 256:  # another model's reference: forget the last one's
+        if len(_REFERENCE_BASES) >= 256:  # a bound (a model has one entry per Q or K weight): start afresh
             _REFERENCE_BASES.clear()
         held = _REFERENCE_BASES[id(ref)] = (ref, heads, _row_bases(ref.reshape(heads, -1, ref.shape[-1])))
     return held[2]
