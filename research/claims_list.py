@@ -117,6 +117,9 @@ _MECHANISM = ("configs/research/sst2_mechanism.yaml", "research-sst2-mechanism",
 _MECHANISM2 = ("configs/evidence2/sst2_mechanism.yaml", "evidence2-sst2-mechanism",
                "all-MiniLM-L6-v2, 12,000 SST-2 sentences, until validation stops improving (cap 8 epochs), SST-2 test "
                "(1,821), 5 seeds")
+_TS_TEMPERATURE = ("configs/evidence2/tinystories_temperature.yaml", "evidence2-tinystories-temperature",
+                   "gpt-tiny from scratch, 800 TinyStories stories, until validation perplexity stops improving (cap 30 "
+                   "epochs), perplexity on 414 held-out stories, 3 seeds")
 _INITS = ("configs/research/gpt_tiny_inits.yaml", "research-gpt-tiny-inits",
           "gpt-tiny from scratch, 800 TinyStories stories, perplexity on 414 held-out stories")
 _GUTENBERG = ("configs/research/gutenberg_lm.yaml", "research-gutenberg-lm",
@@ -147,6 +150,10 @@ RESEARCH: tuple[Claim, ...] = (
               setting="oelm_temperature (a trained scalar per head, started at the pretrained norm ratio) vs oelm_freeze"),
     _question("polar", "(ours) the nearest orthonormal rows per head (polar factor) vs QR's basis, both frozen",
               "oelm_polar", "oelm_freeze", _MECHANISM2, setting="U Vᵀ of each head's SVD vs QR's Gram–Schmidt rows"),
+    _question("learned_temperature_scratch", "(ours) from scratch: a learned temperature per head on frozen orthogonal "
+              "Q/K vs OELM-Freeze", "oelm_temperature", "oelm_freeze", _TS_TEMPERATURE, lm=True,
+              setting="oelm_temperature (a trained scalar per head, started at 1) vs oelm_freeze: does a learned scale "
+                      "lift frozen random orthogonal Q/K out of near-uniform attention?"),
     _question("mimetic_frozen", "(ours) from scratch: mimetic vs orthogonal frozen Q/K", "oelm_mimetic", "oelm_freeze",
               _INITS, lm=True, setting="W_q W_kᵀ ≈ I per head (Trockman & Kolter 2023) vs random orthogonal, both frozen"),
     _question("mimetic_trained", "(ours) from scratch: mimetic initialization, trained, vs baseline", "mimetic_trained",
