@@ -284,8 +284,11 @@ def test_committed_matrices_keep_their_method_fingerprints():
     for experiment in sorted(results.glob("*/experiment.json")):
         recorded = json.loads(experiment.read_text()).get("fingerprint")
         if recorded:
-            fingerprint = config_fingerprint(load_config(experiment.with_name("config.yaml")))
+            config = load_config(experiment.with_name("config.yaml"))
+            fingerprint = config_fingerprint(config)
             assert fingerprint["methods"] == recorded["methods"], experiment
-            assert "max_grid_growth" not in fingerprint and set(fingerprint) <= set(recorded), experiment  # defaults left out
+            # defaults left out: max_grid_growth only where the config sets it
+            assert ("max_grid_growth" in fingerprint) == bool(config.max_grid_growth), experiment
+            assert set(fingerprint) <= set(recorded), experiment
             checked += 1
     assert checked >= 5

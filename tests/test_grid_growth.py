@@ -198,7 +198,10 @@ def test_committed_matrices_keep_their_plan(tmp_path, name):
     out = RESULTS / name
     config = load_config(out / "config.yaml")
     _, selection = ready_runs(config, task_metric(config), MatrixFolder(out).results())
-    assert selection.growth == {}
+    sweep = out / "sweep.json"
+    recorded = (json.loads(sweep.read_text()).get("grid_growth") or {}) if sweep.is_file() else {}
+    automatic = {m for m, steps in recorded.items() if any(step.get("automatic") for step in steps)}
+    assert set(selection.growth) == automatic  # max_grid_growth's growth as its sweep.json records it, none elsewhere
     write_plan(tmp_path, config, selection)
     assert json.loads((tmp_path / "plan.json").read_text()) == json.loads((out / "plan.json").read_text())
 
