@@ -188,8 +188,9 @@ RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 
 @pytest.mark.parametrize("name", sorted(p.parent.name for p in RESULTS.glob("*/plan.json")))
 def test_committed_matrices_keep_their_plan(tmp_path, name):
-    """Every committed matrix (max_grid_growth 0, the experiment's seeds for every method) plans
-    today exactly the runs its plan.json lists."""
+    """Every committed matrix (the experiment's seeds for every method) plans today exactly the runs
+    its plan.json lists: without growth where max_grid_growth is 0, with the automatic growth its
+    sweep.json records where it is not."""
     from oelm.config import load_config
     from oelm.matrix.driver import task_metric
     from oelm.matrix.output import write_plan
