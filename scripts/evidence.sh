@@ -19,13 +19,10 @@
 # Logs: $EVIDENCE_DIR/logs/<config name>.log. Copy a finished matrix into docs/results/ with
 # scripts/collect_results.sh.
 #
-# Background priority: the chain runs at nice $EVIDENCE_NICE (default 19; 0 keeps the caller's), so it
-# takes the CPU that foreground work leaves and a benchmark or test beside it is timed nearly as on an
-# idle machine. Linux with sched_autogroup (/proc/sys/kernel/sched_autogroup_enabled = 1) shares the CPU
-# between sessions first and by nice only inside each: a chain started in a session of its own (setsid,
-# as below) sets that session's autogroup nice too. Measured on 2 cores beside two such chains, a 30-step
-# tinystories-tiny run's steps took 60.6 s with the chains at nice 19 in their own sessions but autogroup
-# nice 0, 19.6 s with the autogroup nice, 21.2 s with the chains stopped (docs/scaling.md).
+# Background priority: the chain runs at nice $EVIDENCE_NICE (default 19; 0 keeps the caller's) and, when
+# it leads a session of its own (setsid, as below), sets that session's autogroup nice too, so that tests
+# and benchmarks beside it are timed nearly as on an idle machine (why both, and the figures:
+# docs/scaling.md, "Background runs beside a measurement").
 #
 # Needs the project's .venv (make install). Typical use (nohup: it outlives the shell; setsid: a session
 # of its own):
@@ -35,10 +32,9 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 EVIDENCE_DIR="${EVIDENCE_DIR:-$(cd "$ROOT/.." && pwd)/evidence}"
 PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
 nice_level="${EVIDENCE_NICE:-19}"
-case "$nice_level" in
-  ''|*[!0-9]*) echo "evidence: EVIDENCE_NICE must be a whole number from 0 to 19, got '$nice_level'" >&2; exit 2 ;;
-esac
-if [ "$nice_level" -gt 19 ]; then echo "evidence: EVIDENCE_NICE must be a whole number from 0 to 19, got '$nice_level'" >&2; exit 2; fi
+bad_nice="evidence: EVIDENCE_NICE must be a whole number from 0 to 19, got '$nice_level'"
+case "$nice_level" in ''|*[!0-9]*) echo "$bad_nice" >&2; exit 2 ;; esac
+[ "$nice_level" -le 19 ] || { echo "$bad_nice" >&2; exit 2; }
 if [ "$nice_level" -gt 0 ]; then
   current="$(ps -o ni= -p $$ | tr -d ' ')"   # `nice -n` adds (POSIX); renice's -n differs between versions
   if [ "$current" -lt "$nice_level" ]; then exec nice -n "$((nice_level - current))" "$0" "$@"; fi
