@@ -38,6 +38,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # probes were most of a few-step tiny run's time, ~0.4 s of each of the suite's ~400 runs. The tests
 # that read the probes turn them back on (test_experiment's sst2_run, test_timing).
 os.environ.setdefault("OELM_SPEED_PROBE", "0")
+# No plots in the reports (oelm.report.plots_wanted): drawing them was ~1.7 s of each warm report, and
+# the suite writes a report at the end of each of its ~200 matrices. The tests that read the plots turn
+# them back on (test_report, test_report_html, test_convergence, test_diagnostics, test_experiment's
+# swept_lm, test_inside_folders).
+os.environ.setdefault("OELM_REPORT_PLOTS", "0")
 
 # On an xdist worker: the cores shared out among the workers (an explicit OMP_NUM_THREADS is kept).
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))

@@ -696,7 +696,9 @@ def swept_lm(tmp_path_factory, data_dir):
         "training: {max_steps: 4, batch_size: 16, eval_every: 2, log_every: 2, timing_warmup_steps: 1, progress_bar: false, tensorboard: false}\n"
     )
     out = tmp / "out"
-    assert main(["run", str(cfg), "--output-dir", str(out)]) == 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OELM_REPORT_PLOTS", "1")  # the suite's default is off (conftest): the learning curves are read below
+        assert main(["run", str(cfg), "--output-dir", str(out)]) == 0
     return out
 
 

@@ -147,8 +147,40 @@ TINY_LM = tiny_lm_overrides(max_steps=12, eval_every=4) + [
 @pytest.fixture(scope="module")
 def lm_run(tmp_path_factory, data_dir):
     out = tmp_path_factory.mktemp("report_lm")
-    assert main(["run", str(ROOT / "configs/tinystories-tiny.yaml"), "--output-dir", str(out), *TINY_LM]) == 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OELM_REPORT_PLOTS", "1")  # the suite's default is off (conftest): these tests read the plots
+        assert main(["run", str(ROOT / "configs/tinystories-tiny.yaml"), "--output-dir", str(out), *TINY_LM]) == 0
     return out
+
+
+def test_oelm_report_plots_0_leaves_out_only_the_plots_and_a_bad_value_is_one_line(lm_run, tmp_path, monkeypatch, capsys):
+    """$OELM_REPORT_PLOTS=0: the same comparison.json and every section with its tables, no plot
+    written or linked, one line saying where they went; another value is one line naming the
+    variable, from `oelm report` and from `oelm run` before any folder is made."""
+    copy = tmp_path / "copy"
+    shutil.copytree(lm_run, copy)
+    shutil.rmtree(copy / "report_files")
+    monkeypatch.setenv("OELM_REPORT_PLOTS", "0")
+    assert main(["report", str(copy)]) == 0
+    assert (copy / "comparison.json").read_bytes() == (lm_run / "comparison.json").read_bytes()
+    assert not (copy / "report_files").exists()
+    md, html = (copy / "report.md").read_text(), (copy / "report.html").read_text()
+    assert "report_files/" not in md and "<img" not in html and "Plots are off (OELM_REPORT_PLOTS=0)" in md
+    headings = lambda text: [l for l in text.splitlines() if l.startswith("## ")]  # noqa: E731
+    drawn = headings((lm_run / "report.md").read_text())
+    plot_only = {"## Learning curves", "## Best validation metric with 95% CI"}
+    assert plot_only <= set(drawn)
+    assert [h for h in drawn if h not in plot_only] == [h for h in headings(md) if h != "## Plots"]
+    tables = lambda text: [l for l in text.splitlines() if l.startswith("|")]  # noqa: E731
+    assert tables(md) == tables((lm_run / "report.md").read_text())  # every table, to the digit
+    monkeypatch.setenv("OELM_REPORT_PLOTS", "no")
+    capsys.readouterr()
+    for argv in (["report", str(copy)], ["run", str(ROOT / "configs/tinystories-tiny.yaml"), "--output-dir",
+                                         str(tmp_path / "bad"), *TINY_LM]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "OELM_REPORT_PLOTS='no'" in err[0] and "use 1" in err[0], err
+    assert not (tmp_path / "bad").exists()
 
 
 def test_run_writes_every_report_file(lm_run):

@@ -52,7 +52,9 @@ def browser(tmp_path_factory):
 @pytest.fixture(scope="module")
 def report_dir(tmp_path_factory, data_dir):
     out = tmp_path_factory.mktemp("report_html")
-    assert main(["run", str(ROOT / "configs/tinystories-tiny.yaml"), "--output-dir", str(out), *TINY_LM]) == 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OELM_REPORT_PLOTS", "1")  # the suite's default is off (conftest): these tests read the plots
+        assert main(["run", str(ROOT / "configs/tinystories-tiny.yaml"), "--output-dir", str(out), *TINY_LM]) == 0
     return out
 
 
@@ -128,11 +130,13 @@ class _Page(HTMLParser):
         self.text.append(data)
 
 
-def test_hostile_names_warnings_and_cells_are_escaped_in_the_html():
+def test_hostile_names_warnings_and_cells_are_escaped_in_the_html(monkeypatch):
     """A run name, method, dataset, model, warning, table cell, bold text, image name and alt text
     holding ``<script>`` and quotes come out as that literal text, never as markup: the page has
     only the template's own tags and the strings read back unchanged from text and attributes."""
     from oelm.report.render import Section, build_sections, render_html
+
+    monkeypatch.setenv("OELM_REPORT_PLOTS", "1")  # the suite's default is off (conftest): the bar chart is counted below
 
     committed = RESULTS / "cpu-sst2"
     c = json.loads((committed / "comparison.json").read_text())

@@ -59,12 +59,14 @@ def check_before_data(config: ExperimentConfig) -> None:
     :func:`oelm.matrix.output.start_output`), each LoRA adapter's module names
     (:func:`check_lora_targets`), and every ``init_from`` checkpoint: there, and shaped like the
     model (:func:`oelm.matrix.assemble.check_init_shapes`); and ``$OELM_SPEED_PROBE``
-    (:func:`oelm.runtime.environment.run_probes_wanted`).
+    (:func:`oelm.runtime.environment.run_probes_wanted`) and ``$OELM_REPORT_PLOTS``
+    (:func:`oelm.report.plots_wanted`), so that no value is found bad only at the report.
 
     Raises:
         ConfigError: one line naming the key (or variable), its value and the fix.
     """
     run_probes_wanted()
+    report.plots_wanted()
     check_sequence_length(config)
     check_lora_targets(config)
     check_init_shapes(config)

@@ -18,13 +18,40 @@ Modules: :mod:`oelm.report.stats` (the statistics and their formulas), :mod:`.co
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from oelm.io import inside, write_bytes_atomic, write_json_atomic, write_text_atomic
 
 __all__ = ["write_comparison", "compare_results", "comparison_warnings", "original_layout", "comparison_rows", "render_report",
-           "load_results"]
+           "load_results", "PLOTS_ENV", "plots_wanted"]
+
+#: Environment variable: ``0`` leaves the plots out of the report (every table and number stays).
+PLOTS_ENV = "OELM_REPORT_PLOTS"
+
+
+def plots_wanted() -> bool:
+    """Whether reports draw their plots (``report_files/*.png``): ``$OELM_REPORT_PLOTS`` unset or
+    ``1`` (the default) yes, ``0`` no.
+
+    Without them, report.md and report.html keep every section, table and number and say where the
+    plots went (the learning curves, the best-validation bars, step-time boxes, the convergence and
+    attention-entropy plots are left out); comparison.json is the same either way. Drawing them is
+    most of a report's time after its first (~1.7 s of a warm 2.1 s for 4 runs on a small CPU,
+    matplotlib's text layout): the test suite turns them off (tests/conftest.py) except in the
+    tests that read them. ``OELM_REPORT_PLOTS=1 oelm report DIR`` draws them later from the runs.
+
+    Raises:
+        ConfigError: any other value, in one line naming the variable and the two it takes.
+    """
+    value = os.environ.get(PLOTS_ENV, "1").strip()
+    if value not in ("0", "1"):
+        from oelm.errors import ConfigError
+
+        raise ConfigError(f"{PLOTS_ENV}={value!r}: use 1 (draw the report's plots, the default) or 0 (no plots: "
+                          f"every table stays)")
+    return value == "1"
 
 # Imported on first use (module ``__getattr__``, PEP 562): the statistics need scipy and the plots
 # matplotlib (~1.5 s together), which `oelm run` needs only once its runs are done and which

@@ -37,6 +37,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from oelm.records import RunRecord
+from oelm.report import plots_wanted
 from oelm.report.stats import paired_difference, reaches, summarize
 
 __all__ = ["QUALITY_LEVELS", "normalized_score", "aucc", "first_reaching", "time_to_quality", "convergence_curve",
@@ -227,8 +228,9 @@ def convergence_blocks(comparison: dict[str, Any]) -> list[tuple[str, list[tuple
                             + ", ".join(f"{float(q):.0%}: {v:.4g}" for q, v in t["targets"].items())
                             + ". Training seconds and FLOPs at that validation: mean [95% t interval] over the seeds that reached it."),
                    ("table", (header, rows))]
-    blocks.append(("image", ("convergence.png", convergence_plot(t, metric),
-                             f"validation {metric} against training seconds per method, AUCC in the legend")))
+    if plots_wanted():
+        blocks.append(("image", ("convergence.png", convergence_plot(t, metric),
+                                 f"validation {metric} against training seconds per method, AUCC in the legend")))
     if t.get("left_out"):
         blocks.append(("text", f"Left out (their validations do not record training seconds): {', '.join(t['left_out'])}."))
     return [("Time to quality (AUCC)", blocks)]

@@ -20,6 +20,7 @@ import numpy as np
 from oelm.errors import OELMError
 from oelm.io import read_json_object
 from oelm.records import MatrixFolder, RunFolder, RunRecord
+from oelm.report import plots_wanted
 from oelm.report.stats import sound_runs
 
 __all__ = ["QUANTITIES", "recorded_diagnostics", "diagnostics_comparison", "diagnostics_blocks", "entropy_plot"]
@@ -144,9 +145,10 @@ def diagnostics_blocks(comparison: dict[str, Any]) -> list[tuple[str, list[tuple
                  + ". docs/protocol.md says how to read them."),
         ("table", (["method", "seeds", "entropy (nats)", "uniform", "normalized", "logit scale", "effective rank",
                     "overlap"], rows)),
-        ("image", ("attention_entropy.png", entropy_plot(d), "attention entropy per layer and method (mean over heads and "
-                                                             "seeds; dashed: a uniform attention)")),
     ]
+    if plots_wanted():
+        blocks.append(("image", ("attention_entropy.png", entropy_plot(d), "attention entropy per layer and method (mean "
+                                                                          "over heads and seeds; dashed: a uniform attention)")))
     sources = sorted({m.get("entropy_source") for m in d["methods"].values() if m.get("entropy_source")})
     if sources:
         blocks.append(("text", "Attention probabilities: " + "; ".join(sources) + " (\"model\": the model's own, eager "

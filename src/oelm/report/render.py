@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from oelm.records import format_rates, is_automatic
+from oelm.report import PLOTS_ENV, plots_wanted
 from oelm.report.budgets import runs_blocks
 from oelm.report.compare import metrics_records, mfu_reference
 from oelm.report.compute import compute_line, time_split_blocks
@@ -280,7 +281,11 @@ def _sweep_section(sw: dict[str, Any], metric: str) -> Section:
 
 
 def _plot_sections(c: dict[str, Any], out: Path | None, metric: str) -> list[Section]:
-    """The learning curves (when ``out`` holds the runs' metrics) and the best-validation plot."""
+    """The learning curves (when ``out`` holds the runs' metrics) and the best-validation plot; with
+    ``$OELM_REPORT_PLOTS=0`` (:func:`oelm.report.plots_wanted`) one line saying the plots are off."""
+    if not plots_wanted():
+        return [Section("Plots").text(f"Plots are off ({PLOTS_ENV}=0): every table and number of the report is here; "
+                                      f"`{PLOTS_ENV}=1 oelm report DIR` draws the plots from the runs.")]
     sections = []
     if out is not None:
         curves = curves_from_runs(out, c)
@@ -307,7 +312,7 @@ def _step_time_section(c: dict[str, Any], step_ms: dict[str, list[float]] | None
     s.table(["method", "steps", "median ms", "Q1", "Q3", "IQR ms", "CV", "source"], rows)
     s.text("Warm-up steps are excluded. CV = sample std / mean. \"sampled at log steps\": older runs kept only the step "
            "time at each log line, not every step.")
-    if step_ms and any(step_ms.values()):
+    if step_ms and any(step_ms.values()) and plots_wanted():
         s.image("step_times.png", _plots().step_time_boxes(step_ms), "box plots of step time per method")
     return s
 
