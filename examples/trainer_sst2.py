@@ -70,6 +70,17 @@ def checkpointing_arguments(enabled: bool) -> dict:
             f"{prefix}_checkpointing_kwargs": {"use_reentrant": False} if enabled else None}
 
 
+class OELMTrainer(Trainer):
+    """``Trainer`` whose weight decay follows oelm's own loop (``oelm.training.engine.build_optimizer``):
+    decay on >= 2-D weights only. Trainer's own rule (every name without "bias" or "norm") also decays
+    1-D parameters such as ``oelm_temperature``'s per-head ``head_temperature`` scalars, pulling each
+    head's temperature toward 0 (uniform attention) where ``oelm run`` leaves it to the gradient."""
+
+    def get_decay_parameter_names(self, model: torch.nn.Module) -> list[str]:
+        ndim = {name: p.ndim for name, p in model.named_parameters()}
+        return [name for name in super().get_decay_parameter_names(model) if ndim.get(name, 2) >= 2]
+
+
 def build_trainer(args: argparse.Namespace) -> Trainer:
     """Model (pretrained + OELM), SST-2 datasets and a ``Trainer``; nothing is trained yet."""
     torch.manual_seed(args.seed)  # the new classification head is drawn here
@@ -87,7 +98,7 @@ def build_trainer(args: argparse.Namespace) -> Trainer:
         per_device_train_batch_size=args.batch_size,
         per_device_eval_batch_size=2 * args.batch_size,
         learning_rate=args.learning_rate,
-        weight_decay=args.weight_decay,  # applied only to parameters that reach the optimizer
+        weight_decay=args.weight_decay,  # only to trainable >= 2-D weights (OELMTrainer), as in oelm's loop
         num_train_epochs=args.epochs,
         max_steps=args.max_steps,
         **checkpointing_arguments(args.activation_checkpointing),
@@ -99,7 +110,7 @@ def build_trainer(args: argparse.Namespace) -> Trainer:
         use_cpu=not torch.cuda.is_available(),
         disable_tqdm=True,
     )
-    return Trainer(
+    return OELMTrainer(
         model=model,
         args=training_args,
         train_dataset=train_ds,

@@ -82,6 +82,36 @@ def test_trainer_few_steps_keeps_frozen_qk_bit_identical(tmp_path, minilm_tokeni
     assert not unchanged, f"trainable tensors that did not change: {unchanged}"
 
 
+def test_the_examples_trainer_decays_what_oelms_loop_decays_and_never_a_head_temperature(data_dir):
+    """examples/trainer_sst2.py with ``oelm_temperature``: the Trainer's AdamW puts exactly the
+    parameters oelm's own optimizer decays (``build_optimizer``: trainable >= 2-D weights) in its
+    decayed group, so the 6 per-head temperatures get no weight decay; a stock ``Trainer`` would
+    decay them (their name has no "bias" or "norm")."""
+    from oelm.config import TrainingConfig
+    from oelm.method.temperature import TEMPERATURE_NAME
+    from oelm.training.engine import build_optimizer
+
+    example = load_example()
+    trainer = example.build_trainer(example.parse_args(["--method", "oelm_temperature", "--train-size", "16",
+                                                        "--eval-size", "8", "--weight-decay", "0.1", "--data-dir",
+                                                        str(data_dir), "--output-dir", "/nonexistent-unused"]))
+    model = trainer.model
+    temperatures = [n for n, _ in model.named_parameters() if n.endswith(f".{TEMPERATURE_NAME}")]
+    assert len(temperatures) == 6
+    assert set(temperatures) <= set(Trainer.get_decay_parameter_names(trainer, model))  # the stock rule decays them
+
+    def decayed(optimizer) -> set[int]:
+        return {id(p) for g in optimizer.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+
+    def every(optimizer) -> set[int]:
+        return {id(p) for g in optimizer.param_groups for p in g["params"]}
+
+    ours = build_optimizer(model, 1e-4, TrainingConfig(weight_decay=0.1))
+    theirs = trainer.create_optimizer()
+    assert decayed(theirs) == decayed(ours) and every(theirs) == every(ours)
+    assert not {id(p) for n, p in model.named_parameters() if n in temperatures} & decayed(theirs)
+
+
 def load_example():
     """``examples/trainer_sst2.py`` as a module."""
     spec = importlib.util.spec_from_file_location("trainer_sst2", EXAMPLE)
