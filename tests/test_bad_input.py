@@ -485,3 +485,72 @@ def test_every_error_type_is_an_oelm_error():
     """The CLI turns exactly OELMError into `oelm: error:`; every type above must be one."""
     for cls in (ConfigError, DataFormatError, DataNotFoundError, UnsupportedModelError):
         assert issubclass(cls, OELMError)
+
+
+# --- a tokenizer that leaves rows without a token ----------------------------------------------
+
+def _erasing_tokenizer():
+    """A real fast tokenizer whose normalizer erases every character: each text encodes to no token."""
+    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordLevel({"[UNK]": 0, "[PAD]": 1}, unk_token="[UNK]"))
+    backend.normalizer = normalizers.Replace(Regex(r"[\s\S]"), "")
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]")
+
+
+def test_rows_without_a_token_are_one_line_naming_the_first_and_the_fix(data_dir, tmp_path):
+    """An empty text under GPT-2's tokenizer (no special tokens: no id at all) and a tokenizer that
+    erases every text: one DataFormatError naming the split, the count, the first row and the fix,
+    not a reshape error deep in the model's forward. A cached encoding holding such a row (written
+    before the check) is refused the same way."""
+    from oelm.data.classification import _write_encodings, encoding_cache_key
+    from oelm.data.tokenizers import load_gpt2_tokenizer
+
+    df = load_classification("sst2", "validation", data_dir).head(20).reset_index(drop=True)
+    df.loc[7, "text"] = ""
+    gpt2 = load_gpt2_tokenizer(data_dir)
+    with pytest.raises(DataFormatError) as info:
+        encode_classification(df, gpt2, ("text",), max_length=32, what="sst2/validation")
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith("sst2/validation: 1 of 20 rows have no token after tokenization by")
+    assert "the first is row 7: ''" in msg and "Fix: drop the rows whose text is empty" in msg
+    assert len(encode_classification(df.drop(index=7), gpt2, ("text",), max_length=32)) == 19  # the fix works
+
+    df = df.drop(index=7).reset_index(drop=True)
+    with pytest.raises(DataFormatError, match=r"^sst2/train: 19 of 19 rows have no token .*vocabulary of 2\); the first "
+                                              r"is row 0: .*Fix: the tokenizer turns every text into nothing"):
+        encode_classification(df, _erasing_tokenizer(), ("text",), max_length=32, what="sst2/train")
+
+    texts = [df["text"].tolist()]
+    key = encoding_cache_key(texts, gpt2, ("text",), 32)
+    good = dict(gpt2(texts[0], truncation=True, max_length=32, padding=False))
+    good = {k: [[] if i == 3 else v for i, v in enumerate(rows)] for k, rows in good.items()}
+    from oelm.data.classification import _encoding_identity
+
+    _write_encodings(tmp_path / f"cls-{key}.npz", good, _encoding_identity(texts, key, len(df), 32, "sst2/validation"))
+    with pytest.raises(DataFormatError, match=r"1 of 19 rows have no token .* row 3:"):
+        encode_classification(df, gpt2, ("text",), max_length=32, cache_dir=tmp_path, what="sst2/validation")
+
+
+def test_oelm_run_with_a_model_whose_tokenizer_erases_every_text_is_one_line(data_dir, tmp_path):
+    """The case as it was met: a local GPT-2 classifier whose saved tokenizer yields no ids. `oelm run`
+    ends with exit 2 and one line naming the split and the tokenizer's folder, before any run trains."""
+    from transformers import GPT2Config, GPT2ForSequenceClassification
+
+    from oelm.cli import main
+
+    tokenizer = _erasing_tokenizer()
+    model_dir = tmp_path / "tiny-gpt2-cls"
+    GPT2ForSequenceClassification(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=len(tokenizer), n_positions=64,
+                                             pad_token_id=1, num_labels=2)).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    config = _write_yaml(tmp_path / "c.yaml", _valid_config(model={"pretrained": str(model_dir)}))
+    proc = subprocess.run([sys.executable, "-m", "oelm", "run", str(config), "--output-dir", str(tmp_path / "out")],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(SRC), "OELM_DATA_DIR": str(data_dir)})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("oelm: error:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert errors[0].startswith(f"oelm: error: sst2/train: 64 of 64 rows have no token after tokenization by {model_dir}")
+    assert not list((tmp_path / "out").glob("runs/*/result.json"))

@@ -316,12 +316,36 @@ def encode_classification(df: pd.DataFrame, tokenizer, text_columns: Sequence[st
         path = Path(cache_dir) / f"cls-{key}.npz"
         identity = _encoding_identity(texts, key, len(labels), max_length, what)
         cached = _load_encodings(path, len(labels), max_length, len(tokenizer), identity) if path.is_file() else None
-        if cached is not None:
+        if cached is not None:  # written before this check existed, or by a tokenizer fixed since: checked too
+            _check_every_row_has_tokens(cached["input_ids"], texts, tokenizer, what)
             return ClassificationDataset(cached, labels)
     encodings = dict(tokenizer(*texts, truncation=True, max_length=max_length, padding=False))
+    _check_every_row_has_tokens(encodings["input_ids"], texts, tokenizer, what)
     if path is not None:
         _write_encodings(path, encodings, identity)
     return ClassificationDataset(encodings, labels)
+
+
+def _check_every_row_has_tokens(input_ids: Sequence[Sequence[int]], texts: Sequence[Sequence[str]], tokenizer,
+                                what: str | None) -> None:
+    """Refuse rows that encode to no token: a batch of them has shape ``[B, 0]`` (a model's forward
+    fails on it, deep inside), and a row of padding alone in a batch is attended by nothing.
+
+    Raises:
+        DataFormatError: one line naming the split, how many rows, the first row and its text, and
+            the fix (every row empty: the tokenizer's files; some: an empty text in the data).
+    """
+    empty = [i for i, ids in enumerate(input_ids) if len(ids) == 0]
+    if not empty:
+        return
+    name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+    first = " / ".join(repr(column[empty[0]][:60]) for column in texts)
+    fix = ("the tokenizer turns every text into nothing: check its files (a vocabulary, its merges) or use the "
+           "model's own tokenizer" if len(empty) == len(input_ids) else
+           "drop the rows whose text is empty (a classifier needs at least one token per example)")
+    raise DataFormatError(f"{what or 'cannot encode'}: {len(empty)} of {len(input_ids)} rows have no token after "
+                          f"tokenization by {name} (vocabulary of {len(tokenizer)}); the first is row {empty[0]}: {first}. "
+                          f"Fix: {fix}.")
 
 
 _ENCODING_FORMAT = "cls-encodings-v2"  # bump when the file layout or what encode_classification asks changes
