@@ -192,6 +192,30 @@ def test_per_seed_example_draws_match_their_brute_force_and_are_narrower(matrix)
         hierarchical_bootstrap(other - base, transform="points", replicates=500)
 
 
+def _gathered(num: np.ndarray, den: np.ndarray | None, replicates: int, chunk: int = 256) -> tuple[list[float], float]:
+    """The shared-draw bootstrap written by gathering each replicate's N drawn columns and summing
+    them (the definition), with the draws hierarchical_bootstrap makes (same generator, same order)."""
+    rng, (k, n), reps = np.random.default_rng(0), num.shape, []
+    for start in range(0, replicates, chunk):
+        b = min(chunk, replicates - start)
+        seeds, picks = rng.integers(0, k, size=(b, k)), rng.integers(0, n, size=(b, n))
+        per_seed = 100.0 * (num[:, picks].sum(axis=2).T / (n if den is None else den[:, picks].sum(axis=2).T))
+        reps.extend(np.take_along_axis(per_seed, seeds, axis=1).mean(axis=1))
+    return [float(x) for x in np.percentile(reps, [2.5, 97.5])], float(np.std(reps, ddof=1))
+
+
+def test_integer_data_is_summed_from_draw_counts_to_the_same_bits_as_gathering_the_draws():
+    """A classifier's correct_m − correct_b (and token counts) are integers: their sums are exact in
+    any order, so the bootstrap sums them from how often each example was drawn, and its interval
+    and SE equal the gathered definition's bit for bit; non-integer data takes the gathering path."""
+    rng = np.random.default_rng(3)
+    correct = rng.integers(-1, 2, size=(5, 1821)).astype(np.float64)
+    tokens = rng.integers(20, 400, size=(5, 300)).astype(np.float64)
+    nll = rng.normal(0, 1, size=(5, 300)) * tokens
+    for num, den in ((correct, None), (rng.integers(-3, 4, size=(5, 300)).astype(np.float64), tokens), (nll, tokens)):
+        got = hierarchical_bootstrap(num, den, transform="points", replicates=1000)
+        assert (got["ci"], got["se"]) == _gathered(num, den, 1000)
+
 def test_mcnemar_matches_scipy_and_a_hand_count(matrix):
     out, labels, results = matrix
     c = compare_results(_config(list(results)), results, out)

@@ -113,12 +113,21 @@ def hierarchical_bootstrap(numerators: np.ndarray, denominators: np.ndarray | No
     f = _TRANSFORMS[transform]
     rng = np.random.default_rng(rng_seed)
     reps = np.empty(replicates)
+    # Integer-valued data (a classifier's correct_m − correct_b; token counts) sums exactly in any order,
+    # so a replicate's sums can come from how often it drew each example (a matrix product) instead of
+    # gathering the N drawn columns: the same bits, ~5x faster (SST-2's 1,821 examples x 5 seeds).
+    counted = _sums_exactly(num, n) and (den is None or _sums_exactly(den, n))
     for start in range(0, replicates, chunk):
         b = min(chunk, replicates - start)
         seeds = rng.integers(0, k, size=(b, k)) if resample_seeds else np.broadcast_to(np.arange(k), (b, k))
         if example_draw == "shared":
             picks = rng.integers(0, n, size=(b, n))  # one draw of N examples per replicate, for every seed
-            per_seed = f(num[:, picks].sum(axis=2).T / (n if den is None else den[:, picks].sum(axis=2).T))  # (b, k)
+            if counted:
+                counts = np.bincount((np.arange(b)[:, None] * n + picks).ravel(), minlength=b * n).reshape(b, n)
+                counts = counts.astype(np.float64).T  # (N, b): how often replicate j drew example i
+                per_seed = f((num @ counts).T / (n if den is None else (den @ counts).T))  # (b, k)
+            else:
+                per_seed = f(num[:, picks].sum(axis=2).T / (n if den is None else den[:, picks].sum(axis=2).T))
             reps[start:start + b] = np.take_along_axis(per_seed, seeds, axis=1).mean(axis=1)
         else:
             picks = rng.integers(0, n, size=(b, k, n))  # a fresh draw for each drawn seed
@@ -130,6 +139,13 @@ def hierarchical_bootstrap(numerators: np.ndarray, denominators: np.ndarray | No
     return {"estimate": float(np.mean(f(whole))), "ci": [low, high], "confidence": confidence,
             "se": float(reps.std(ddof=1)) if replicates > 1 else 0.0, "replicates": replicates,
             "example_draw": example_draw, "resample_seeds": resample_seeds, "n_seeds": k, "n_examples": n}
+
+
+def _sums_exactly(values: np.ndarray, n: int) -> bool:
+    """Whether every sum of ``n`` draws of ``values`` (float64) is exact whatever the order: integer
+    values whose largest possible sum stays below 2**53."""
+    biggest = float(np.abs(values).max()) if values.size else 0.0
+    return bool(np.all(values == np.round(values))) and biggest * n < 2.0 ** 53
 
 
 def _half_widths(seed_std: float, seeds: int, test_se: float, examples: int | None,
