@@ -15,6 +15,21 @@ class ConfigError(OELMError, ValueError):
     """A configuration file or value is invalid; the message names the key and the fix."""
 
 
+def env_switch(name: str, on: str, off: str) -> bool:
+    """The environment variable ``name`` as an on/off switch: unset or ``1`` on (the default), ``0``
+    off. ``on`` / ``off`` say what each value does (they end the error message).
+
+    Raises:
+        ConfigError: any other value: ``NAME='value': use 1 (on) or 0 (off)``, one line.
+    """
+    import os
+
+    value = os.environ.get(name, "1").strip()
+    if value not in ("0", "1"):
+        raise ConfigError(f"{name}={value!r}: use 1 ({on}) or 0 ({off})")
+    return value == "1"
+
+
 class DataNotFoundError(OELMError, FileNotFoundError):
     """A dataset split is neither under the data directory nor reachable on the Hugging Face Hub."""
 

@@ -18,7 +18,6 @@ Modules: :mod:`oelm.report.stats` (the statistics and their formulas), :mod:`.co
 from __future__ import annotations
 
 import importlib
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,13 +44,9 @@ def plots_wanted() -> bool:
     Raises:
         ConfigError: any other value, in one line naming the variable and the two it takes.
     """
-    value = os.environ.get(PLOTS_ENV, "1").strip()
-    if value not in ("0", "1"):
-        from oelm.errors import ConfigError
+    from oelm.errors import env_switch
 
-        raise ConfigError(f"{PLOTS_ENV}={value!r}: use 1 (draw the report's plots, the default) or 0 (no plots: "
-                          f"every table stays)")
-    return value == "1"
+    return env_switch(PLOTS_ENV, "draw the report's plots, the default", "no plots: every table stays")
 
 # Imported on first use (module ``__getattr__``, PEP 562): the statistics need scipy and the plots
 # matplotlib (~1.5 s together), which `oelm run` needs only once its runs are done and which

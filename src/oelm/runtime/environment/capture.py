@@ -119,13 +119,10 @@ def run_probes_wanted() -> bool:
     Raises:
         ConfigError: any other value, in one line naming the variable and the two it takes.
     """
-    from oelm.errors import ConfigError
+    from oelm.errors import env_switch
 
-    value = os.environ.get(SPEED_PROBE_ENV, "1").strip()
-    if value not in ("0", "1"):
-        raise ConfigError(f"{SPEED_PROBE_ENV}={value!r}: use 1 (probe the matmul speed before and after each run, "
-                          f"the default) or 0 (no probes: no drift check)")
-    return value == "1"
+    return env_switch(SPEED_PROBE_ENV, "probe the matmul speed before and after each run, the default",
+                      "no probes: no drift check")
 
 
 def probe_drift_percent(before_gflops: float, after_gflops: float) -> float:
