@@ -48,6 +48,7 @@ def plots_wanted() -> bool:
 
     return env_switch(PLOTS_ENV, "draw the report's plots, the default", "no plots: every table stays")
 
+
 # Imported on first use (module ``__getattr__``, PEP 562): the statistics need scipy and the plots
 # matplotlib (~1.5 s together), which `oelm run` needs only once its runs are done and which
 # `import oelm.report` alone should not pay for. name -> the module that defines it.
