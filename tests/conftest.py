@@ -57,6 +57,12 @@ if "OELM_DATA_DIR" not in os.environ and (_DEFAULT_DATA / "MANIFEST.md").exists(
 
 import pytest  # noqa: E402
 
+@pytest.fixture
+def report_plots(monkeypatch):
+    """Reports draw their plots in this test (the suite's default, set above, is no plots)."""
+    monkeypatch.setenv("OELM_REPORT_PLOTS", "1")
+
+
 MAX_AUTO_WORKERS = 4  # beyond this the slowest file, not the worker count, sets the suite's time
 
 

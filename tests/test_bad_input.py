@@ -505,7 +505,7 @@ def test_rows_without_a_token_are_one_line_naming_the_first_and_the_fix(data_dir
     erases every text: one DataFormatError naming the split, the count, the first row and the fix,
     not a reshape error deep in the model's forward. A cached encoding holding such a row (written
     before the check) is refused the same way."""
-    from oelm.data.classification import _write_encodings, encoding_cache_key
+    from oelm.data.classification import _encoding_identity, _write_encodings, encoding_cache_key
     from oelm.data.tokenizers import load_gpt2_tokenizer
 
     df = load_classification("sst2", "validation", data_dir).head(20).reset_index(drop=True)
@@ -527,8 +527,6 @@ def test_rows_without_a_token_are_one_line_naming_the_first_and_the_fix(data_dir
     key = encoding_cache_key(texts, gpt2, ("text",), 32)
     good = dict(gpt2(texts[0], truncation=True, max_length=32, padding=False))
     good = {k: [[] if i == 3 else v for i, v in enumerate(rows)] for k, rows in good.items()}
-    from oelm.data.classification import _encoding_identity
-
     _write_encodings(tmp_path / f"cls-{key}.npz", good, _encoding_identity(texts, key, len(df), 32, "sst2/validation"))
     with pytest.raises(DataFormatError, match=r"1 of 19 rows have no token .* row 3:"):
         encode_classification(df, gpt2, ("text",), max_length=32, cache_dir=tmp_path, what="sst2/validation")

@@ -158,8 +158,7 @@ def test_comparison_time_to_90_95_99_percent_of_baseline(matrix):
             assert x["seconds"]["values"] == pytest.approx(expected)
 
 
-def test_report_has_the_aucc_table_and_the_convergence_plot(matrix, monkeypatch):
-    monkeypatch.setenv("OELM_REPORT_PLOTS", "1")  # the suite's default is off (conftest): the plot is read below
+def test_report_has_the_aucc_table_and_the_convergence_plot(matrix, report_plots):
     out, config, results = matrix
     c = write_comparison(config, results, out)
     md = (out / "report.md").read_text()

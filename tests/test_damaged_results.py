@@ -243,10 +243,9 @@ def test_hand_edited_metrics_lines_are_skipped_not_fatal(sst2):
     assert rebuilt["methods"] == committed["methods"] and rebuilt["warnings"] == committed["warnings"]
 
 
-def test_report_that_cannot_be_written_is_one_line_and_the_runs_stay(sst2, capsys, monkeypatch):
+def test_report_that_cannot_be_written_is_one_line_and_the_runs_stay(sst2, capsys, report_plots):
     """A report file that cannot be written (here report_files/ is a file, so nothing can go in it;
     a read-only folder or a full disk fail the same way): one line naming the folder and the fix."""
-    monkeypatch.setenv("OELM_REPORT_PLOTS", "1")  # the suite's default is off (conftest): the plots are what cannot go in
     shutil.rmtree(sst2 / "report_files")
     (sst2 / "report_files").write_text("in the way")
     before = {p: p.read_bytes() for p in sst2.glob("runs/*/result.json")}

@@ -410,11 +410,10 @@ def _record(method: str, seed: int, entropy: float, rank: float, overlap: float 
                             "per_layer": {"entropy": layer, "uniform_entropy": [3.0, 3.0]}}}
 
 
-def test_report_section_means_and_seed_spread(tmp_path, monkeypatch):
+def test_report_section_means_and_seed_spread(tmp_path, report_plots):
     from oelm.records import RunRecord
     from oelm.report.diagnostics_summary import diagnostics_blocks, diagnostics_comparison
     from oelm.report.render import Section, render_markdown
-    monkeypatch.setenv("OELM_REPORT_PLOTS", "1")  # the suite's default is off (conftest): the plot is read below
 
     runs = {"baseline": [_record("baseline", s, 2.0 + s / 10, 30.0, 1.0) for s in range(3)],
             "oelm_random": [_record("oelm_random", s, 2.9, 31.3, 0.08 + s / 100) for s in range(3)]}

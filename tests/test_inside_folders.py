@@ -266,8 +266,7 @@ def test_the_lock_file_is_never_truncated_through_a_link(tmp_path):
     assert outside.read_text() == "someone else's file\n"
 
 
-def test_report_plots_are_never_written_through_a_linked_folder(two, capsys, monkeypatch):
-    monkeypatch.setenv("OELM_REPORT_PLOTS", "1")  # the suite's default is off (conftest): this report draws its plots
+def test_report_plots_are_never_written_through_a_linked_folder(two, capsys, report_plots):
     mine, other = two
     shutil.rmtree(mine / "report_files", ignore_errors=True)  # none where the fixture's reports drew no plots
     (other / "plots").mkdir()

@@ -130,13 +130,12 @@ class _Page(HTMLParser):
         self.text.append(data)
 
 
-def test_hostile_names_warnings_and_cells_are_escaped_in_the_html(monkeypatch):
+def test_hostile_names_warnings_and_cells_are_escaped_in_the_html(report_plots):
     """A run name, method, dataset, model, warning, table cell, bold text, image name and alt text
     holding ``<script>`` and quotes come out as that literal text, never as markup: the page has
     only the template's own tags and the strings read back unchanged from text and attributes."""
     from oelm.report.render import Section, build_sections, render_html
 
-    monkeypatch.setenv("OELM_REPORT_PLOTS", "1")  # the suite's default is off (conftest): the bar chart is counted below
 
     committed = RESULTS / "cpu-sst2"
     c = json.loads((committed / "comparison.json").read_text())
