@@ -288,3 +288,65 @@ def test_init_from_continues_the_pretraining_runs_temperatures(tmp_path):
     assert cfg.init == "none" and cfg.head_temperature == 1.0
     assert all(torch.equal(a, b) for a, b in zip(_temperatures(tuned), _temperatures(trained)))
     assert info["loaded"] == len(trained.state_dict())
+
+
+# ---------------------------------------------------------------- the temperatures' own learning rate
+
+
+def test_head_temperature_lr_scale_moves_the_temperatures_at_scale_times_the_rate_through_the_schedule():
+    """Adam's first step moves every parameter by about its group's rate (|m / sqrt(v)| = 1): with
+    head_temperature_lr_scale=100 the temperatures move ~100x the other weights' step, and the schedule
+    keeps the two rates in that ratio; at 1 they share the no-decay group (the optimizer of earlier runs)."""
+    from oelm.training.engine import make_scheduler
+
+    model, _ = _outputs("bert", "oelm_temperature")
+    lr, scale = 1e-3, 100.0
+    shared = build_optimizer(model, lr, TrainingConfig())
+    assert len(shared.param_groups) == 2 and sum(len(g["params"]) for g in shared.param_groups) == sum(
+        p.requires_grad for p in model.parameters())
+    config = TrainingConfig(head_temperature_lr_scale=scale, warmup_steps=2, max_steps=10)
+    opt = build_optimizer(model, lr, config)
+    taus = [p for n, p in model.named_parameters() if n.endswith(TEMPERATURE_NAME)]
+    tau_group = [g for g in opt.param_groups if any(p is taus[0] for p in g["params"])]
+    assert len(tau_group) == 1 and len(tau_group[0]["params"]) == len(taus) and tau_group[0]["weight_decay"] == 0.0
+    schedule = make_scheduler(opt, config, total_steps=10)
+    before = [t.detach().clone() for t in taus]
+    classifier_before = model.classifier.weight.detach().clone()
+    model.train()
+    for step in range(4):
+        model(**batch("bert", seed=step)).loss.backward()
+        opt.step()
+        opt.zero_grad()
+        schedule.step()
+        rates = {id(g): g["lr"] for g in opt.param_groups}
+        assert rates[id(tau_group[0])] == pytest.approx(scale * opt.param_groups[0]["lr"], rel=1e-12), step
+    moved = torch.cat([(t.detach() - b).abs() for t, b in zip(taus, before)])
+    other = (model.classifier.weight.detach() - classifier_before).abs().max()
+    # 4 steps of warmup-then-decay: each move is at most the summed rates (5e-4 + 1e-3 + 8.75e-4 + 7.5e-4) x scale
+    assert moved.max() <= 3.2e-3 * scale * 1.01 and moved.median() > 0.1 * scale * other
+
+
+def test_head_temperature_lr_scale_on_a_method_without_temperatures_is_one_line_before_any_data():
+    from oelm.config import config_from_dict
+
+    base = {"name": "t", "task": {"dataset": "tinystories", "block_size": 16}, "model": {"gpt": "gpt-tiny"}}
+    ok = config_from_dict({**base, "methods": [
+        {"name": "baseline"},
+        {"name": "tau100", "base": "oelm_temperature", "training": {"head_temperature_lr_scale": 100}}]})
+    assert ok.training_for(ok.methods[1]).head_temperature_lr_scale == 100.0
+    assert ok.training_for(ok.methods[0]).head_temperature_lr_scale == 1.0
+    with pytest.raises(ConfigError, match=r"methods\[oelm_freeze\]\.training\.head_temperature_lr_scale=10, but method "
+                                          r"'oelm_freeze' learns no head temperature") as err:
+        config_from_dict({**base, "methods": [
+            {"name": "oelm_freeze", "training": {"head_temperature_lr_scale": 10}}]})
+    named = [line for line in str(err.value).splitlines() if "head_temperature_lr_scale" in line]
+    assert len(named) == 1 and "set it under that method's training" in named[0]  # the field, the method, the fix
+    with pytest.raises(ConfigError, match=r"  - training\.head_temperature_lr_scale=10, but method 'baseline'"):
+        config_from_dict({**base, "training": {"head_temperature_lr_scale": 10},
+                          "methods": [{"name": "baseline"}, {"name": "oelm_temperature"}]})
+    with pytest.raises(ConfigError, match="head_temperature_lr_scale"):
+        config_from_dict({**base, "methods": [{"name": "oelm_temperature", "training": {"head_temperature_lr_scale": 0}}]})
+    # the optimizer refuses too, for a model built outside a config
+    model, _ = _outputs("bert", "oelm_freeze")
+    with pytest.raises(ConfigError, match="no trainable head_temperature"):
+        build_optimizer(model, 1e-3, TrainingConfig(head_temperature_lr_scale=10))

@@ -165,6 +165,13 @@ class ExperimentConfig(StrictModel):
                 # config): 1 for a model trained from scratch (step 0 = oelm_freeze: the default init's norms mean
                 # nothing), the norm ratio for pretrained weights (step 0 = oelm_rescaled); init_from runs load theirs
                 m.head_temperature = 1.0 if self.model.gpt is not None or self.init_from else "norm_ratio"
+            tau_scale = self.training_for(m).head_temperature_lr_scale
+            if tau_scale != 1.0 and cfg.head_temperature is None:
+                where = "methods[" + m.name + "].training" if "head_temperature_lr_scale" in m.training else "training"
+                raise ValueError(
+                    f"{where}.head_temperature_lr_scale={tau_scale:g}, but method {m.name!r} learns no head temperature "
+                    "(only oelm_temperature and methods based on it do); set it under that method's training: instead"
+                )
             gpt_only = cfg.needs_oelm_gpt() if self.model.gpt is None else []
             if gpt_only:
                 knob, what = gpt_only[0]

@@ -28,6 +28,14 @@ class TrainingConfig(StrictModel):
     weight_decay: Float = Field(0.01, ge=0, description="AdamW decoupled decay on 2-D+ trainable weights only.")
     adam_betas: tuple[Beta, Beta] = Field((0.9, 0.999), description="AdamW (beta1, beta2), each in [0, 1).")
     adam_eps: Float = Field(1e-8, gt=0)
+    head_temperature_lr_scale: Float = Field(
+        1.0, gt=0,
+        description="Learning rate of the learned per-head temperatures (oelm_temperature's head_temperature "
+        "parameters) as a multiple of the method's learning rate; the schedule scales both alike, and the "
+        "temperatures get no weight decay. 1 (default): one rate for all. Adam moves a parameter by about the "
+        "learning rate per step, so at 1e-4 a temperature near 2.5 changes by well under 1% in a few thousand "
+        "steps; a larger scale lets it learn. Only parameters named head_temperature are affected.",
+    )
     warmup_ratio: Float = Field(0.1, ge=0, lt=1, description="Linear warmup as a fraction of the steps.")
     warmup_steps: Int | None = Field(None, ge=0, description="Overrides warmup_ratio.")
     schedule: Literal["linear", "cosine", "constant", "wsd"] = Field(

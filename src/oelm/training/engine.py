@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 
 from oelm.config import TrainingConfig
 from oelm.errors import ConfigError, OELMError
+from oelm.method.temperature import TEMPERATURE_NAME
 from oelm.metrics import Metric, get_metric
 from oelm.records import RunFolder
 from oelm.runtime.distributed import cpu_only
@@ -59,24 +60,38 @@ def build_optimizer(model: nn.Module, learning_rate: float, config: TrainingConf
     the update nor the decoupled weight decay can change them. Fused (one kernel per step: ~6x
     faster than the per-tensor loop on CPU, 131 -> 23 ms for MiniLM) when :func:`use_fused_adamw`
     says so for ``device`` (default: where the parameters are); a dtype without a fused kernel falls back to the per-tensor loop.
+    With ``config.head_temperature_lr_scale`` != 1, the learned per-head temperatures (parameters named
+    ``head_temperature``, shape ``(num_heads,)``) form a third group at ``learning_rate x scale`` without
+    decay; at 1 they stay in the no-decay group (the optimizer of every earlier run, unchanged).
 
     Raises:
         OELMError: the model has no trainable parameter.
+        ConfigError: ``head_temperature_lr_scale`` != 1 and the model has no trainable temperature.
     """
-    decay, no_decay = [], []
-    for _, p in model.named_parameters():
+    scale = config.head_temperature_lr_scale
+    decay, no_decay, temperatures = [], [], []
+    for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        (decay if p.ndim >= 2 else no_decay).append(p)
-    if not decay and not no_decay:
+        if scale != 1.0 and name.rsplit(".", 1)[-1] == TEMPERATURE_NAME:
+            temperatures.append(p)
+        else:
+            (decay if p.ndim >= 2 else no_decay).append(p)
+    if not decay and not no_decay and not temperatures:
         raise OELMError("the model has no trainable parameters; nothing to optimize")
+    if scale != 1.0 and not temperatures:
+        raise ConfigError(
+            f"training.head_temperature_lr_scale={scale:g} but the model has no trainable {TEMPERATURE_NAME} "
+            "parameter (only oelm_temperature and methods based on it learn one); drop the setting or use such a method"
+        )
     groups = [
         {"params": decay, "weight_decay": config.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
+        {"params": temperatures, "weight_decay": 0.0, "lr": learning_rate * scale},
     ]
     groups = [g for g in groups if g["params"]]
     kwargs = {"lr": learning_rate, "betas": config.adam_betas, "eps": config.adam_eps}
-    if use_fused_adamw(decay + no_decay, device):
+    if use_fused_adamw(decay + no_decay + temperatures, device):
         try:
             return torch.optim.AdamW(groups, fused=True, **kwargs)
         except (RuntimeError, TypeError, ValueError):  # a dtype without a fused kernel
