@@ -214,7 +214,10 @@ def test_evidence2_configs_are_issue_49s_matrices():
         assert not any(sweep["selected_at_grid_edge"].values()), committed
     mechanism = configs["sst2_mechanism"]
     assert [m.name for m in mechanism.methods] == ["baseline", "oelm_pretrained_frozen", "oelm_freeze", "oelm_rescaled",
-                                                   "oelm_temperature", "oelm_polar"]
+                                                   "oelm_temperature", "oelm_polar", "oelm_temperature_tau_lr100"]
+    tau_lr100 = mechanism.methods[-1]  # added later (the config says why): tau at 100x the rate, else oelm_temperature
+    assert tau_lr100.base == "oelm_temperature" and mechanism.training_for(tau_lr100).head_temperature_lr_scale == 100
+    assert mechanism.learning_rate_candidates(tau_lr100) == mechanism.learning_rate_candidates(mechanism.methods[4])
     assert mechanism.seeds == [0, 1, 2, 3, 4] and mechanism.task.train_samples == 12000
     temperature = configs["tinystories_temperature"]
     assert [m.name for m in temperature.methods] == ["baseline", "oelm_freeze", "oelm_temperature"]
