@@ -148,6 +148,10 @@ RESEARCH: tuple[Claim, ...] = (
     _question("learned_temperature", "(ours) a learned temperature per head on frozen orthonormal Q/K: does it close "
               "OELM-Freeze's gap?", "oelm_temperature", "oelm_freeze", _MECHANISM2,
               setting="oelm_temperature (a trained scalar per head, started at the pretrained norm ratio) vs oelm_freeze"),
+    _question("learned_temperature_own_rate", "(ours) the learned temperature free to move (100× the rate) vs held at "
+              "its start: does learning it add anything?", "oelm_temperature_tau_lr100", "oelm_rescaled", _MECHANISM2,
+              setting="oelm_temperature with training.head_temperature_lr_scale 100 vs oelm_rescaled (the same start, "
+                      "fixed); added after oelm_temperature's τ stayed within 0.5% of its start at the shared rate"),
     _question("polar", "(ours) the nearest orthonormal rows per head (polar factor) vs QR's basis, both frozen",
               "oelm_polar", "oelm_freeze", _MECHANISM2, setting="U Vᵀ of each head's SVD vs QR's Gram–Schmidt rows"),
     _question("learned_temperature_scratch", "(ours) from scratch: a learned temperature per head on frozen orthogonal "
