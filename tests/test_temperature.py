@@ -199,8 +199,14 @@ def test_diagnostics_see_the_temperature(family):
     with torch.no_grad():
         for tau in _temperatures(tempered):
             tau.mul_(2.0)
-    doubled = attention_diagnostics(tempered, inputs)["per_head"]["logit_scale"][0]  # layer 0: the same inputs
+    again = attention_diagnostics(tempered, inputs)
+    doubled = again["per_head"]["logit_scale"][0]  # layer 0: the same inputs
     assert doubled == pytest.approx([2 * v for v in a["per_head"]["logit_scale"][0]], abs=3e-5)
+    # each head's learned tau is recorded where the model has one (and only there), [site][head]
+    taus = [t.tolist() for t in _temperatures(tempered)]
+    assert again["per_head"]["head_temperature"] == [pytest.approx(t, abs=1e-5) for t in taus]
+    assert a["per_head"]["head_temperature"] == [pytest.approx([v / 2 for v in t], abs=1e-5) for t in taus]
+    assert "head_temperature" not in b["per_head"] and set(a["mean"]) == set(b["mean"])
 
 
 def _train(model, family: str, steps: int = 3) -> None:

@@ -50,6 +50,7 @@ import torch
 from torch import nn
 
 from oelm.architectures import SplitQKV, architecture_of, find_attention_projections
+from oelm.method.temperature import TEMPERATURE_NAME
 
 __all__ = ["DIAGNOSTIC_EXAMPLES", "attention_entropy", "uniform_entropy", "effective_rank", "qk_effective_rank",
            "subspace_overlap", "qk_weights", "diagnostic_batch", "attention_diagnostics"]
@@ -444,8 +445,10 @@ def _site_record(site: _Site, reference: dict[str, tuple[torch.Tensor, torch.Ten
         ref_q, ref_k = reference[site.label]
         ov_q = _head_overlaps(site.query.weight.detach().double().cpu(), ref_q, site.heads, site.head_dim)
         ov_k = _head_overlaps(site.key.weight.detach().double().cpu(), ref_k, site.kv_heads, site.head_dim)
+    tau = getattr(site.query, TEMPERATURE_NAME, None)
     return {"entropy": entropy, "uniform_entropy": site.uniform / site.uniform_rows if site.uniform_rows else None,
-            "logit_scale": logit, "qk_effective_rank": ranks, "overlap_query": ov_q, "overlap_key": ov_k}
+            "logit_scale": logit, "qk_effective_rank": ranks, "overlap_query": ov_q, "overlap_key": ov_k,
+            "head_temperature": tau.detach().double().cpu().tolist() if isinstance(tau, torch.Tensor) else None}
 
 
 def attention_diagnostics(model: nn.Module, batch: dict[str, torch.Tensor], *,
@@ -463,7 +466,8 @@ def attention_diagnostics(model: nn.Module, batch: dict[str, torch.Tensor], *,
 
     Returns:
         ``{"sites": [labels], "entropy_source", "head_dim", "hidden_size", "per_head": {entropy,
-        logit_scale, qk_effective_rank, overlap_query, overlap_key: [site][head]}, "per_layer":
+        logit_scale, qk_effective_rank, overlap_query, overlap_key: [site][head]; and head_temperature, each
+        head's learned temperature τ_h (:mod:`oelm.method.temperature`), only where the model has one}, "per_layer":
         {entropy, uniform_entropy, logit_scale, qk_effective_rank, overlap: [site]}, "mean": {the same
         over every site and head, and normalized_entropy = entropy / uniform_entropy}, "seconds"}``.
         Units: nats (entropies), logits (scale), dimensions (rank), squared cosines (overlap); None
@@ -478,11 +482,14 @@ def attention_diagnostics(model: nn.Module, batch: dict[str, torch.Tensor], *,
     records = [_site_record(s, reference) for s in sites]
     per_head = {key: [[_r(v) for v in rec[key]] if rec[key] is not None else None for rec in records]
                 for key in ("entropy", "logit_scale", "qk_effective_rank", "overlap_query", "overlap_key")}
+    if any(rec["head_temperature"] is not None for rec in records):  # oelm_temperature: where each learned tau is
+        per_head["head_temperature"] = [[_r(v) for v in rec["head_temperature"]] if rec["head_temperature"] is not None
+                                        else None for rec in records]
     per_layer = {key: [_r(_mean(rec[key] or [])) for rec in records]
                  for key in ("entropy", "logit_scale", "qk_effective_rank")}
     per_layer["uniform_entropy"] = [_r(rec["uniform_entropy"]) for rec in records]
     per_layer["overlap"] = [_r(_mean((rec["overlap_query"] or []) + (rec["overlap_key"] or []))) for rec in records]
-    flat = {key: [v for rec in records for v in (rec[key] or [])] for key in per_head}
+    flat = {key: [v for rec in records for v in (rec[key] or [])] for key in per_head if key != "head_temperature"}
     mean = {"entropy": _mean(flat["entropy"]), "uniform_entropy": _mean([r["uniform_entropy"] for r in records]),
             "logit_scale": _mean(flat["logit_scale"]), "qk_effective_rank": _mean(flat["qk_effective_rank"]),
             "overlap": _mean(flat["overlap_query"] + flat["overlap_key"])}
