@@ -112,8 +112,6 @@ CLAIMS: tuple[Claim, ...] = (
                      "over the 4 MiB download limit)"),
 )
 
-_MECHANISM = ("configs/research/sst2_mechanism.yaml", "research-sst2-mechanism",
-              "all-MiniLM-L6-v2, 12,000 SST-2 sentences, 1 epoch, SST-2 test (1,821), 5 seeds")
 _MECHANISM2 = ("configs/evidence2/sst2_mechanism.yaml", "evidence2-sst2-mechanism",
                "all-MiniLM-L6-v2, 12,000 SST-2 sentences, until validation stops improving (cap 8 epochs), SST-2 test "
                "(1,821), 5 seeds")
@@ -142,9 +140,9 @@ def _question(key: str, text: str, method: str, reference: str, where: tuple[str
 #: The research matrices' rows (issue 36): our questions, and two seed claims tested on a second dataset.
 RESEARCH: tuple[Claim, ...] = (
     _question("pretrained_vs_qr", "(ours) pretrained vs orthogonalized Q/K: does the QR step matter?",
-              "oelm_pretrained_frozen", "oelm_freeze", _MECHANISM, setting="the pretrained Q/K frozen as they are vs QR per head"),
+              "oelm_pretrained_frozen", "oelm_freeze", _MECHANISM2, setting="the pretrained Q/K frozen as they are vs QR per head"),
     _question("temperature", "(ours) temperature: OELM-Freeze's rows at the pretrained per-head norm",
-              "oelm_rescaled", "oelm_freeze", _MECHANISM, setting="oelm_rescaled vs oelm_freeze"),
+              "oelm_rescaled", "oelm_freeze", _MECHANISM2, setting="oelm_rescaled vs oelm_freeze"),
     _question("learned_temperature", "(ours) a learned temperature per head on frozen orthonormal Q/K: does it close "
               "OELM-Freeze's gap?", "oelm_temperature", "oelm_freeze", _MECHANISM2,
               setting="oelm_temperature (a trained scalar per head, started at the pretrained norm ratio) vs oelm_freeze"),
