@@ -346,8 +346,9 @@ def test_head_temperature_lr_scale_on_a_method_without_temperatures_is_one_line_
         config_from_dict({**base, "methods": [
             {"name": "oelm_freeze", "training": {"head_temperature_lr_scale": 10}}]})
     named = [line for line in str(err.value).splitlines() if "head_temperature_lr_scale" in line]
-    assert len(named) == 1 and "set it under that method's training" in named[0]  # the field, the method, the fix
-    with pytest.raises(ConfigError, match=r"  - training\.head_temperature_lr_scale=10, but method 'baseline'"):
+    assert len(named) == 1 and named[0].endswith("drop it there, or base the method on oelm_temperature")  # field, method, fix
+    with pytest.raises(ConfigError, match=r"  - training\.head_temperature_lr_scale=10, but method 'baseline' .*; set it "
+                                          r"under the training: of the methods that learn one \(methods\[NAME\]\.training\)"):
         config_from_dict({**base, "training": {"head_temperature_lr_scale": 10},
                           "methods": [{"name": "baseline"}, {"name": "oelm_temperature"}]})
     with pytest.raises(ConfigError, match="head_temperature_lr_scale"):

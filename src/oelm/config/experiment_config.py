@@ -167,10 +167,12 @@ class ExperimentConfig(StrictModel):
                 m.head_temperature = 1.0 if self.model.gpt is not None or self.init_from else "norm_ratio"
             tau_scale = self.training_for(m).head_temperature_lr_scale
             if tau_scale != 1.0 and cfg.head_temperature is None:
-                where = "methods[" + m.name + "].training" if "head_temperature_lr_scale" in m.training else "training"
+                own = "head_temperature_lr_scale" in m.training
+                fix = ("drop it there, or base the method on oelm_temperature" if own else
+                       "set it under the training: of the methods that learn one (methods[NAME].training)")
                 raise ValueError(
-                    f"{where}.head_temperature_lr_scale={tau_scale:g}, but method {m.name!r} learns no head temperature "
-                    "(only oelm_temperature and methods based on it do); set it under that method's training: instead"
+                    f"{f'methods[{m.name}].training' if own else 'training'}.head_temperature_lr_scale={tau_scale:g}, but "
+                    f"method {m.name!r} learns no head temperature (only oelm_temperature and methods based on it do); {fix}"
                 )
             gpt_only = cfg.needs_oelm_gpt() if self.model.gpt is None else []
             if gpt_only:
