@@ -37,6 +37,7 @@ def start_temperatures(result: dict[str, Any]) -> list[list[float]]:
     import dataclasses
 
     from oelm import apply_oelm
+    from oelm.checkpoint.common import oelm_config_from
     from oelm.method.config import OELMConfig
     from oelm.method.temperature import TEMPERATURE_NAME
     from oelm.models.pretrained import load_pretrained
@@ -48,29 +49,23 @@ def start_temperatures(result: dict[str, Any]) -> list[list[float]]:
     if not pretrained:
         raise ValueError(f"run {result.get('run_name')!r} has no pretrained model: its temperatures start at 1")
     model, _ = load_pretrained(pretrained, "sequence_classification", num_labels=2)
-    names = {f.name for f in dataclasses.fields(OELMConfig)}
-    config = OELMConfig().replace(**{k: tuple(v) if isinstance(v, list) else v for k, v in method_config.items()
-                                     if k in names})
+    names = {f.name for f in dataclasses.fields(OELMConfig)}  # method_config also records the learning rate
+    config = oelm_config_from({"oelm_config": {k: v for k, v in method_config.items() if k in names}},
+                              where=f"run {result.get('run_name')}'s result.json")
     apply_oelm(model, config, seed=result.get("seed"))
     return [p.detach().double().tolist() for n, p in model.named_parameters() if n.endswith(TEMPERATURE_NAME)]
 
 
-def _final_results(folder: Path, method: str) -> dict[int, dict[str, Any]]:
-    out = {}
-    for path in sorted((folder / "runs").glob(f"{method}-*/result.json")):
-        r = json.loads(path.read_text())
-        if r.get("method") == method and (r.get("stage") == "final" or r.get("selected")):
-            out[int(r["seed"])] = r
-    return out
-
-
 def drift_rows(folder: Path, methods: list[str], against: str | None) -> list[str]:
     """One line per final run of ``methods`` in the matrix ``folder`` (module docstring)."""
+    from oelm.report import load_results  # the report's selector of final runs (sweep.json's selected rates)
+
+    finals = load_results(folder)
     lines = []
-    reference = _final_results(folder, against) if against else {}
+    reference = {run.seed: run.raw for run in finals.get(against, [])} if against else {}
     for method in methods:
         starts = None
-        for seed, r in sorted(_final_results(folder, method).items()):
+        for seed, r in ((run.seed, run.raw) for run in finals.get(method, [])):  # sorted by seed
             ends = ((r.get("diagnostics") or {}).get("per_head") or {}).get("head_temperature")
             if ends is not None:
                 starts = starts or start_temperatures(r)

@@ -32,7 +32,7 @@ def test_the_start_is_the_norm_ratio_and_the_drift_is_read_from_result_json(tmp_
                       "old-lr0.0001-seed0": _result("old", 0, {"logit_scale": [[1.02] * 12 for _ in range(6)]}),
                       "old-lr0.0002-seed0": _result("old", 0, {}, stage="sweep")}.items():
         (tmp_path / "runs" / name).mkdir(parents=True)
-        (tmp_path / "runs" / name / "result.json").write_text(json.dumps(res))
+        (tmp_path / "runs" / name / "result.json").write_text(json.dumps(res | {"run_name": name}))
     lines = drift_rows(tmp_path, ["tau", "old"], against="fixed")
     assert lines[0] == "tau seed 0: tau moved median 7.50%, max 10.00% from its start (72 heads)"
     assert lines[1] == "old seed 0: no recorded tau; logit scale against fixed's, per head: median 2.00%, max 2.00% apart"
