@@ -193,12 +193,14 @@ def test_evidence2_configs_are_issue_49s_matrices():
     """Issue 49's round 2, as written there: every run to convergence (early stopping under an epoch cap),
     a test split (predictions, seeds x examples intervals); full SST-2 with 5 seeds for baseline and
     oelm_freeze and 3 for the four controls; the single-rate matrices use exactly the committed sweep's
-    selections (chosen on validation, none at an edge); the swept ones grow their grids on validation."""
+    selections (chosen on validation, none at an edge); the swept ones grow their grids on validation; the
+    XNLI-en stand-in trains the claim's two methods to convergence."""
     import json
 
     results = ROOT.parent / "docs" / "results"
     configs = {p.stem: load_config(p) for p in EVIDENCE2}
-    assert set(configs) == {"sst2_full", "sst2_mechanism", "tinystories_temperature", "gpt_cls_imdb", "gpt_cls_ag_news"}
+    assert set(configs) == {"sst2_full", "sst2_mechanism", "tinystories_temperature", "gpt_cls_imdb", "gpt_cls_ag_news",
+                            "xnli_en"}
     for name, c in configs.items():
         assert c.task.test_split and c.training.early_stopping_patience and c.training.epochs > 1, name
         assert "baseline" in {m.name for m in c.methods}
@@ -220,8 +222,15 @@ def test_evidence2_configs_are_issue_49s_matrices():
     assert mechanism.learning_rate_candidates(tau_lr100) == mechanism.learning_rate_candidates(mechanism.methods[4])
     assert mechanism.seeds == [0, 1, 2, 3, 4] and mechanism.task.train_samples == 12000
     temperature = configs["tinystories_temperature"]
-    assert [m.name for m in temperature.methods] == ["baseline", "oelm_freeze", "oelm_temperature"]
-    for c in (mechanism, temperature):
+    # the original's two controls, added later (the config says why): the matrix's own starting grid
+    assert [m.name for m in temperature.methods] == ["baseline", "oelm_freeze", "oelm_temperature", "oelm_random", "oelm_global"]
+    assert {tuple(temperature.learning_rate_candidates(m)) for m in temperature.methods} == {(1e-3, 2e-3)}
+    # the XNLI-en stand-in to convergence: the claim's two methods, research-xnli-en's grid, 5 seeds
+    xnli = configs["xnli_en"]
+    assert [m.name for m in xnli.methods] == ["baseline", "oelm_freeze"] and xnli.seeds == [0, 1, 2, 3, 4]
+    assert all(xnli.learning_rate_candidates(m) == [5e-5, 1e-4, 2e-4] for m in xnli.methods)
+    assert (xnli.task.dataset, xnli.task.train_split, xnli.task.test_split) == ("xnli-en-dev", "train", "validation")
+    for c in (mechanism, temperature, xnli):
         assert c.max_grid_growth == 2 and all(len(c.learning_rate_candidates(m)) >= 2 for m in c.methods)
     # where each learned temperature starts: the pretrained norm ratio on MiniLM, 1 from scratch
     assert next(m for m in mechanism.methods if m.name == "oelm_temperature").head_temperature == "norm_ratio"
