@@ -200,7 +200,7 @@ def test_evidence2_configs_are_issue_49s_matrices():
     results = ROOT.parent / "docs" / "results"
     configs = {p.stem: load_config(p) for p in EVIDENCE2}
     assert set(configs) == {"sst2_full", "sst2_mechanism", "tinystories_temperature", "gpt_cls_imdb", "gpt_cls_ag_news",
-                            "xnli_en"}
+                            "xnli_en", "gutenberg_lm"}
     for name, c in configs.items():
         assert c.task.test_split and c.training.early_stopping_patience and c.training.epochs > 1, name
         assert "baseline" in {m.name for m in c.methods}
@@ -230,7 +230,12 @@ def test_evidence2_configs_are_issue_49s_matrices():
     assert [m.name for m in xnli.methods] == ["baseline", "oelm_freeze"] and xnli.seeds == [0, 1, 2, 3, 4]
     assert all(xnli.learning_rate_candidates(m) == [5e-5, 1e-4, 2e-4] for m in xnli.methods)
     assert (xnli.task.dataset, xnli.task.train_split, xnli.task.test_split) == ("xnli-en-dev", "train", "validation")
-    for c in (mechanism, temperature, xnli):
+    # Gutenberg with grids around research-gutenberg-lm's selections (all on its low edges), a higher epoch cap
+    gutenberg = configs["gutenberg_lm"]
+    assert {m.name: gutenberg.learning_rate_candidates(m) for m in gutenberg.methods} == {
+        "baseline": [5e-4, 1e-3, 2e-3], "oelm_freeze": [5e-4, 1e-3, 2e-3], "oelm_random": [2.5e-4, 5e-4, 1e-3]}
+    assert gutenberg.training.epochs == 30 and gutenberg.seeds == [0, 1, 2]
+    for c in (mechanism, temperature, xnli, gutenberg):
         assert c.max_grid_growth == 2 and all(len(c.learning_rate_candidates(m)) >= 2 for m in c.methods)
     # where each learned temperature starts: the pretrained norm ratio on MiniLM, 1 from scratch
     assert next(m for m in mechanism.methods if m.name == "oelm_temperature").head_temperature == "norm_ratio"
