@@ -34,11 +34,8 @@ def start_temperatures(result: dict[str, Any]) -> list[list[float]]:
     """``τ_h`` at step 0 of a run, ``[layer][head]``: the run's method applied to its pretrained model
     (task head left random: it does not touch the attention). Raises ValueError for a run trained from
     scratch or without a learned temperature."""
-    import dataclasses
-
     from oelm import apply_oelm
     from oelm.checkpoint.common import oelm_config_from
-    from oelm.method.config import OELMConfig
     from oelm.method.temperature import TEMPERATURE_NAME
     from oelm.models.pretrained import load_pretrained
 
@@ -49,8 +46,8 @@ def start_temperatures(result: dict[str, Any]) -> list[list[float]]:
     if not pretrained:
         raise ValueError(f"run {result.get('run_name')!r} has no pretrained model: its temperatures start at 1")
     model, _ = load_pretrained(pretrained, "sequence_classification", num_labels=2)
-    names = {f.name for f in dataclasses.fields(OELMConfig)}  # method_config also records the learning rate
-    config = oelm_config_from({"oelm_config": {k: v for k, v in method_config.items() if k in names}},
+    recipe = {k: v for k, v in method_config.items() if k != "learning_rate"}  # the run's OELMConfig.to_dict() + its rate
+    config = oelm_config_from({"oelm_config": recipe},
                               where=f"run {result.get('run_name')}'s result.json")
     apply_oelm(model, config, seed=result.get("seed"))
     return [p.detach().double().tolist() for n, p in model.named_parameters() if n.endswith(TEMPERATURE_NAME)]
