@@ -157,7 +157,7 @@ def test_trainable_percent_claim_is_recomputed(committed):
 
 @pytest.mark.parametrize(("mean", "verdict_text"), [(90.3, "within 2 points"), (88.9, "outside 2 points: see below")])
 def test_sst2_anchor_row_compares_baseline_with_the_published_minilm_figure(tmp_path, mean, verdict_text):
-    folder = tmp_path / "evidence-sst2-minilm"
+    folder = tmp_path / "evidence2-sst2-full"
     folder.mkdir()
     stat = {"mean": mean, "std": 0.4, "n": 3}
     (folder / "comparison.json").write_text(json.dumps({"methods": {"baseline": {"best_validation": stat}}}))
@@ -175,7 +175,7 @@ def test_a_verdict_carries_the_caveats_of_its_comparison(tmp_path):
     test results existed are named too; a comparison without them has no caveat."""
     from research.claims import caveats
 
-    shutil.copytree(RESULTS / "cpu-sst2", tmp_path / "evidence-sst2-minilm")
+    shutil.copytree(RESULTS / "cpu-sst2", tmp_path / "evidence2-sst2-full")
     row = next(l for l in claims_markdown(tmp_path).splitlines() if l.startswith("| BERT-base SST-2"))
     assert row.endswith("(caveat: baseline's learning rate is the lowest of its grid; "
                         "baseline still improving at its last evaluation in 2 seed(s); "
@@ -239,9 +239,11 @@ def test_fragile_reads_the_adjusted_p_when_there_is_one():
 
 
 def test_committed_fragile_row_says_so(committed):
-    row = next(l for l in committed[1].splitlines() if l.startswith("| …and orthogonality is what"))
-    assert "fragile: n = 3 and the interval ends 0.14 from 0)" in row
-    assert "| not reproduced at 22.7M parameters (caveat:" in row
+    """The scale-matched control on full SST-2: -4.06 [-8.35, +0.22] at n = 3, an interval end within
+    0.25 of 0."""
+    row = next(l for l in committed[1].splitlines() if l.startswith("| …and it is orthogonality, not scale"))
+    assert "[-8.35, +0.22]" in row and "n = 3 (test;" in row
+    assert "| not reproduced at 22.7M parameters (caveat: fragile: n = 3 and the interval ends 0.22 from 0) |" in row
 
 
 @pytest.mark.parametrize(("ci", "higher", "expected"), [

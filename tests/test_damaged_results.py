@@ -260,8 +260,8 @@ def test_claims_on_a_damaged_committed_comparison_names_it(tmp_path):
 
     results = tmp_path / "results"
     shutil.copytree(ROOT / "docs" / "results", results, ignore=shutil.ignore_patterns("runs", "report_files"))
-    (results / "evidence-sst2-minilm" / "comparison.json").write_text('{"methods": ')
-    with pytest.raises(DamagedFileError, match=r"evidence-sst2-minilm/comparison.json is damaged.*oelm report DIR"):
+    (results / "evidence2-sst2-full" / "comparison.json").write_text('{"methods": ')
+    with pytest.raises(DamagedFileError, match=r"evidence2-sst2-full/comparison.json is damaged.*oelm report DIR"):
         claims_markdown(results)
 
 
