@@ -86,9 +86,10 @@ CLAIMS: tuple[Claim, ...] = (
           comparison="evidence2-gpt-cls-ag-news", config="configs/evidence2/gpt_cls_ag_news.yaml", field="test",
           setting="gpt-tiny from scratch, causal, ALPS 10k train, AG News test"),
     Claim("xnli_standin", "…XNLI-en on a small-data stand-in: OELM-Freeze gains 1.08 points", "76.71 → 77.79", 1.08,
-          comparison="research-xnli-en", config="configs/research/xnli_en.yaml", field="test",
-          setting="all-MiniLM-L6-v2 trained on 1,992 English XNLI validation pairs (not MNLI), selected on 249 and tested "
-                  "on 249 held-out pairs: a small-data stand-in, not the benchmark"),
+          comparison="evidence2-xnli-en", config="configs/evidence2/xnli_en.yaml", field="test",
+          setting="all-MiniLM-L6-v2 trained on 1,992 English XNLI validation pairs (not MNLI) until validation stops "
+                  "improving (cap 10 epochs), selected and stopped on 249 and tested on 249 held-out pairs, 5 seeds: a "
+                  "small-data stand-in, not the benchmark"),
     Claim("xnli_gpt", "GPT classification XNLI: OELM-Freeze gains 11.60 points", "46.39 → 57.99", 11.60,
           untestable="XNLI trains on MNLI (not in the local data); 1,992 local pairs are too few for a GPT from scratch"),
     Claim("tinystories", "TinyStories: OELM-Freeze perplexity 9.8% higher", "4.27 → 4.69", 9.84,
