@@ -716,3 +716,25 @@ def test_report_of_a_swept_matrix_reads_every_final_runs_metrics(swept_lm):
     # baseline's best seed reaches baseline's own mean final validation: found only by reading the logs
     assert comparison["time_to_target"]["methods"]["baseline"]["reached"] >= 1
     assert comparison["methods"]["baseline"]["step_times"]["source"] == "every step"
+
+
+def test_a_report_without_plots_deletes_the_plots_an_earlier_report_drew(swept_lm, tmp_path, monkeypatch):
+    """`OELM_REPORT_PLOTS=0 oelm report` over a folder whose earlier report drew its plots: the
+    folder keeps no plot that its new report.md does not link (a stale learning-curve PNG would
+    pass for the current one); a file of the user's under report_files/ stays."""
+    import shutil
+
+    from oelm.report import REPORT_PLOTS
+
+    out = tmp_path / "copy"
+    shutil.copytree(swept_lm, out)
+    drawn = sorted(p.name for p in (out / "report_files").glob("*.png"))
+    assert "learning_curves.png" in drawn and set(drawn) <= set(REPORT_PLOTS)  # every plot drawn is one it knows
+    (out / "report_files" / "mine.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    monkeypatch.setenv("OELM_REPORT_PLOTS", "0")
+    assert main(["report", str(out)]) == 0
+    assert sorted(p.name for p in (out / "report_files").iterdir()) == ["mine.png"]
+    assert "report_files/" not in (out / "report.md").read_text()
+    monkeypatch.setenv("OELM_REPORT_PLOTS", "1")  # drawn again from the runs
+    assert main(["report", str(out)]) == 0
+    assert sorted(p.name for p in (out / "report_files").glob("*.png")) == sorted(drawn + ["mine.png"])

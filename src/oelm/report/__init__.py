@@ -24,10 +24,16 @@ from typing import TYPE_CHECKING, Any
 from oelm.io import inside, write_bytes_atomic, write_json_atomic, write_text_atomic
 
 __all__ = ["write_comparison", "compare_results", "comparison_warnings", "original_layout", "comparison_rows", "render_report",
-           "load_results", "PLOTS_ENV", "plots_wanted"]
+           "load_results", "PLOTS_ENV", "REPORT_PLOTS", "plots_wanted"]
 
 #: Environment variable: ``0`` leaves the plots out of the report (every table and number stays).
 PLOTS_ENV = "OELM_REPORT_PLOTS"
+
+
+#: Every plot a report draws, by its file name under ``report_files/``. A report written without one of
+#: them (``$OELM_REPORT_PLOTS=0``, or no step times any more) deletes an older copy of it, so the folder
+#: never holds a plot its report.md does not link; other files there are left alone.
+REPORT_PLOTS = ("learning_curves.png", "final_metric.png", "step_times.png", "convergence.png", "attention_entropy.png")
 
 
 def plots_wanted() -> bool:
@@ -109,7 +115,8 @@ def load_results(out: str | Path) -> dict[str, list[RunRecord]]:
 def write_comparison(config, results: dict[str, list[RunRecord]], out: str | Path) -> dict[str, Any]:
     """Compare ``results`` (method -> its final runs' records) and write comparison.json,
     original_layout.json, report.md (+ report_files/*.png) and report.html atomically into
-    ``out``. Returns the comparison.
+    ``out``; a plot of :data:`REPORT_PLOTS` that this report does not draw is deleted there (an older
+    report's copy would sit beside a report.md that no longer links it). Returns the comparison.
 
     Raises:
         OELMError: a file cannot be written (a read-only folder, a full disk): one line naming the
@@ -134,6 +141,9 @@ def write_comparison(config, results: dict[str, list[RunRecord]], out: str | Pat
         write_json_atomic(folder.original_layout, original_layout(comparison))
         for rel, png in images.items():
             write_bytes_atomic(inside(out, rel), png)  # report_files/ planted as a link: refused
+        for stale in set(REPORT_PLOTS) - {Path(rel).name for rel in images}:  # drawn by an earlier report
+            if (out / "report_files").is_dir():
+                inside(out, Path("report_files") / stale).unlink(missing_ok=True)
         write_text_atomic(folder.report_md, md)
         write_text_atomic(folder.report_html, render_html(comparison, sections))
     except OSError as exc:  # a read-only folder, a full disk: the runs' files are untouched
