@@ -8,6 +8,7 @@ either mistake fails them.
 from __future__ import annotations
 
 import json
+import os
 import time
 import types
 from pathlib import Path
@@ -341,7 +342,8 @@ def test_capture_environment_keys_and_json():
     assert env["device_type"] == "cpu" and env["cuda"] is None
     assert env["packages"]["torch"] is not None and env["packages"]["numpy"] is not None
     assert env["packages"]["oelm"] is not None
-    assert set(env["env"]) == {"OMP_NUM_THREADS", "OMP_WAIT_POLICY", "CUDA_VISIBLE_DEVICES", "HF_HUB_OFFLINE"}
+    assert set(env["env"]) == {"OMP_NUM_THREADS", "OMP_WAIT_POLICY", "CUDA_VISIBLE_DEVICES", "HF_HUB_OFFLINE",
+                               "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA"}
     assert env["timestamp_utc"].endswith("+00:00")
     assert env["matmul_probe"]["gflops"] > 0
     assert json.loads(json.dumps(env)) == env
@@ -351,6 +353,26 @@ def test_capture_environment_keys_and_json():
     if Path("/proc/cpuinfo").exists():
         family, model = env["cpu_family_model"].split("/")
         assert family.isdigit() and model.isdigit()
+
+
+def test_the_record_names_the_instruction_set_caps_a_run_ran_under():
+    """A run under ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`` (the caps that make an AVX-512
+    machine repeat an AVX2 machine's fp32 results bit for bit, docs/reliability.md) records both, and
+    PyTorch's kernels really dispatch to AVX2 there: the record tells the two machines' runs apart."""
+    import subprocess
+    import sys
+
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        pytest.skip("an x86-64 CPU with AVX2 is needed to cap PyTorch's kernels at AVX2")
+    code = ("import json; from oelm.runtime.environment import capture_environment; "
+            "e = capture_environment('cpu', probe=False); print(json.dumps([e['cpu_capability'], e['env']]))")
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    env.pop("MKL_ENABLE_INSTRUCTIONS", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True)
+    capability, recorded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert capability == "AVX2"
+    assert (recorded["ATEN_CPU_CAPABILITY"], recorded["ONEDNN_MAX_CPU_ISA"], recorded["MKL_ENABLE_INSTRUCTIONS"]) == (
+        "avx2", "AVX2", None)
 
 
 def test_oelm_speed_probe_turns_the_probes_around_each_run_on_or_off(monkeypatch, tmp_path, data_dir, capsys):

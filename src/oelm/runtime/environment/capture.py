@@ -34,8 +34,12 @@ SPEED_PROBE_ENV = "OELM_SPEED_PROBE"
 
 # Distributions whose versions change results or speed.
 _PACKAGES = ("torch", "transformers", "accelerate", "datasets", "tokenizers", "numpy", "pydantic", "oelm")
-# Environment variables that change speed or behaviour.
-_ENV_VARS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "CUDA_VISIBLE_DEVICES", "HF_HUB_OFFLINE")
+# Environment variables that change speed or behaviour. The last three cap the vector instruction set
+# of PyTorch's own CPU kernels, MKL's and oneDNN's, which decide the last bits of fp32 results
+# (docs/reliability.md, "Determinism": with PyTorch's and oneDNN's at AVX2 an AVX-512 machine repeats an
+# AVX2 machine's AG News and IMDB runs bit for bit; with either alone it does not).
+_ENV_VARS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "CUDA_VISIBLE_DEVICES", "HF_HUB_OFFLINE",
+             "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
 
 
 # -- speed probe -------------------------------------------------------------------------------
@@ -288,7 +292,9 @@ def capture_environment(device: torch.device | str = "cpu", probe: bool = True) 
     ``cpu_count`` (logical CPUs of the machine), ``cpu_affinity_count`` (CPUs this process may
     run on), ``cpu_model``, ``cpu_family_model`` (``"family/model"``, /proc/cpuinfo),
     ``cpu_capability`` (PyTorch's CPU kernel instruction set, e.g. ``"AVX512"``), ``load_average`` (1/5/15-minute, whole machine), ``memory_total_gib``,
-    ``env`` (speed-relevant environment variables, None when unset), ``cuda_available``,
+    ``env`` (environment variables that change speed or the last bits of results, None when unset:
+    threads, visible GPUs, and the instruction-set caps ``ATEN_CPU_CAPABILITY``,
+    ``MKL_ENABLE_INSTRUCTIONS``, ``ONEDNN_MAX_CPU_ISA``), ``cuda_available``,
     ``cuda`` (None unless ``device`` is CUDA: GPU name, count, compute capability, total memory
     in GiB, driver version via nvidia-smi, ``torch.version.cuda``, cuDNN version, and current
     memory use / utilization of every physical GPU), and ``matmul_probe`` (see
