@@ -141,11 +141,11 @@ def write_comparison(config, results: dict[str, list[RunRecord]], out: str | Pat
         write_json_atomic(folder.original_layout, original_layout(comparison))
         for rel, png in images.items():
             write_bytes_atomic(inside(out, rel), png)  # report_files/ planted as a link: refused
-        for stale in set(REPORT_PLOTS) - {Path(rel).name for rel in images}:  # drawn by an earlier report
-            if (out / "report_files").is_dir():
-                inside(out, Path("report_files") / stale).unlink(missing_ok=True)
         write_text_atomic(folder.report_md, md)
         write_text_atomic(folder.report_html, render_html(comparison, sections))
+        if (out / "report_files").is_dir():  # last: until the new report.md is written, the old one links them
+            for stale in set(REPORT_PLOTS) - {Path(rel).name for rel in images}:  # drawn by an earlier report
+                inside(out, Path("report_files") / stale).unlink(missing_ok=True)
     except OSError as exc:  # a read-only folder, a full disk: the runs' files are untouched
         from oelm.errors import OELMError
 
