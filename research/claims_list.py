@@ -124,8 +124,9 @@ _TS_TEMPERATURE = ("configs/evidence2/tinystories_temperature.yaml", "evidence2-
                    "epochs), perplexity on 414 held-out stories, 3 seeds")
 _INITS = ("configs/research/gpt_tiny_inits.yaml", "research-gpt-tiny-inits",
           "gpt-tiny from scratch, 800 TinyStories stories, perplexity on 414 held-out stories")
-_GUTENBERG = ("configs/research/gutenberg_lm.yaml", "research-gutenberg-lm",
-              "gpt-tiny from scratch on 3 Gutenberg novels, perplexity on 2 held-out books")
+_GUTENBERG = ("configs/evidence2/gutenberg_lm.yaml", "evidence2-gutenberg-lm",
+              "gpt-tiny from scratch on 3 Gutenberg novels until validation perplexity stops improving (cap 30 epochs), "
+              "perplexity on 2 held-out books, 3 seeds")
 _VARIANTS = ("configs/research/variants_sst2.yaml", "research-variants-sst2",
              "all-MiniLM-L6-v2, 12,000 SST-2 sentences, 1 epoch, SST-2 test (1,821)")
 _LORA = ("configs/research/lora_sst2.yaml", "research-lora-sst2",
