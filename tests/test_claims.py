@@ -157,7 +157,7 @@ def test_trainable_percent_claim_is_recomputed(committed):
 
 @pytest.mark.parametrize(("mean", "verdict_text"), [(90.3, "within 2 points"), (88.9, "outside 2 points: see below")])
 def test_sst2_anchor_row_compares_baseline_with_the_published_minilm_figure(tmp_path, mean, verdict_text):
-    folder = tmp_path / "evidence2-sst2-full"
+    folder = tmp_path / "evidence2-sst2-full-cap10"
     folder.mkdir()
     stat = {"mean": mean, "std": 0.4, "n": 3}
     (folder / "comparison.json").write_text(json.dumps({"methods": {"baseline": {"best_validation": stat}}}))
@@ -175,7 +175,7 @@ def test_a_verdict_carries_the_caveats_of_its_comparison(tmp_path):
     test results existed are named too; a comparison without them has no caveat."""
     from research.claims import caveats
 
-    shutil.copytree(RESULTS / "cpu-sst2", tmp_path / "evidence2-sst2-full")
+    shutil.copytree(RESULTS / "cpu-sst2", tmp_path / "evidence2-sst2-full-cap10")
     row = next(l for l in claims_markdown(tmp_path).splitlines() if l.startswith("| BERT-base SST-2"))
     assert row.endswith("(caveat: baseline's learning rate is the lowest of its grid; "
                         "baseline still improving at its last evaluation in 2 seed(s); "
